@@ -1,0 +1,53 @@
+"""Figures and widgets of Sequoia Studio.
+
+Every ``*_view`` module is a set of pure functions from data (step records,
+DP tables, profiles) to Plotly figures or HTML strings; they never import
+Gradio or load a model, so tests exercise them directly.  The ``*_tab``
+modules are the thin Gradio layer that lays those views out and wires events.
+
+The colour vocabulary is shared so a green node in the tree view and a green
+token in the text view mean the same thing.
+"""
+
+from __future__ import annotations
+
+#: Node / token status colours shared by every view.
+COLORS = {
+    "accepted": "#2ca02c",   # draft token accepted by the target
+    "rejected": "#d62728",   # verified and rejected
+    "unreached": "#b8b8b8",  # never verified (an ancestor or earlier sibling decided first)
+    "bonus": "#1f77b4",      # token sampled from the target after the accepted path
+    "root": "#555555",       # last committed token, input of this step
+    "added": "#ff7f0e",      # overlay: node added vs the static tree
+}
+
+#: Light backgrounds for the text view (same hues as ``COLORS``).
+TEXT_BACKGROUNDS = {
+    "accepted": "#c9ecc9",
+    "bonus": "#c6dcf2",
+    "prompt": "#eeeeee",
+}
+
+#: Colours of the decoding methods in comparison charts and curves.
+METHOD_COLORS = {
+    "ar": "#7f7f7f",
+    "target only": "#7f7f7f",
+    "chain": "#9467bd",
+    "specinfer": "#8c564b",
+    "kary": "#e377c2",
+    "binary": "#e377c2",
+    "sequoia": "#2ca02c",
+    "sequoia-auto": "#2ca02c",
+    "hf assisted": "#17becf",
+}
+
+
+def method_color(name: str) -> str:
+    """Colour of a method by (case-insensitive) name, grey when unknown."""
+    key = name.lower()
+    if key in METHOD_COLORS:
+        return METHOD_COLORS[key]
+    for prefix, color in METHOD_COLORS.items():
+        if key.startswith(prefix):
+            return color
+    return "#bcbd22"

@@ -1,0 +1,113 @@
+"""Side-by-side comparison of decoding methods on one prompt.
+
+A :class:`CompareRow` is one method's run; rows are built from step records
+(:func:`row_from_records`) or from a plain (token ids, seconds) result such
+as Hugging Face assisted generation.  ``figure(rows)`` draws four bar panels
+(latency, tokens/s, tokens per target call, speedup over the reference) and
+``table(rows)`` the same numbers plus the "identical output" flag.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from sequoia.trace import StepRecord
+
+from . import method_color
+
+REFERENCE = "target only"
+HEADERS = ["method", "tokens", "latency (s)", "tokens/s", "target calls", "tokens/call", "speedup", "identical"]
+
+
+@dataclass(frozen=True)
+class CompareRow:
+    method: str
+    tokens: int                       # new tokens generated
+    seconds: float                    # wall time of the whole generation
+    target_calls: int | None = None   # target forwards (None when the method does not report them)
+    token_ids: tuple[int, ...] = ()   # [tokens] the output, for identity checks
+    identical: bool | None = None     # output == reference output (None: not compared)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def tokens_per_call(self) -> float | None:
+        return self.tokens / self.target_calls if self.target_calls else None
+
+
+def row_from_records(method: str, records: Sequence[StepRecord], seconds: float | None = None) -> CompareRow:
+    """One method's row from its step records (``seconds`` defaults to the summed step times)."""
+    ids = tuple(t for r in records for t in r.new_tokens)
+    secs = sum(r.total_s for r in records) if seconds is None else seconds
+    return CompareRow(method=method, tokens=len(ids), seconds=secs, target_calls=len(records), token_ids=ids)
+
+
+def mark_identical(rows: Sequence[CompareRow], reference: str = REFERENCE) -> list[CompareRow]:
+    """Flag each row whose output equals the reference row's (the reference itself included)."""
+    ref = next((r for r in rows if r.method == reference), None)
+    if ref is None:
+        return list(rows)
+    return [replace(r, identical=(r.token_ids == ref.token_ids)) for r in rows]
+
+
+def speedups(rows: Sequence[CompareRow], reference: str = REFERENCE) -> list[float | None]:
+    """tokens/s of each row over the reference's (None without a reference)."""
+    ref = next((r for r in rows if r.method == reference), None)
+    if ref is None or ref.tokens_per_s == 0:
+        return [None] * len(rows)
+    return [r.tokens_per_s / ref.tokens_per_s for r in rows]
+
+
+def _flag(row: CompareRow) -> str:
+    return {True: "✓ identical", False: "✗ differs", None: "–"}[row.identical]
+
+
+def figure(rows: Sequence[CompareRow], reference: str = REFERENCE, title: str = "") -> go.Figure:
+    """Four bar panels, one bar per method; hover shows the identical-output flag."""
+    fig = make_subplots(rows=1, cols=4, subplot_titles=(
+        "latency (s)", "tokens / s", "tokens per target call", f"speedup vs {reference}"))
+    fig.update_layout(height=380, showlegend=False, margin=dict(l=40, r=20, t=60, b=80),
+                      plot_bgcolor="white", title=dict(text=title, x=0.01))
+    if not rows:
+        fig.add_annotation(text="no runs yet", x=0.5, y=0.5, xref="paper", yref="paper",
+                           showarrow=False, font=dict(size=16, color="#888"))
+        return fig
+    names = [r.method for r in rows]
+    colors = [method_color(n) for n in names]
+    flags = [_flag(r) for r in rows]
+    series = (
+        [r.seconds for r in rows],
+        [r.tokens_per_s for r in rows],
+        [r.tokens_per_call or 0.0 for r in rows],
+        [s or 0.0 for s in speedups(rows, reference)],
+    )
+    fmts = ("{:.2f}", "{:.1f}", "{:.2f}", "{:.2f}×")
+    for col, (ys, fmt) in enumerate(zip(series, fmts), start=1):
+        fig.add_trace(go.Bar(
+            x=names, y=ys, marker_color=colors, text=[fmt.format(y) for y in ys], textposition="auto",
+            customdata=flags, hovertemplate="%{x}: %{y:.3f}<br>%{customdata}<extra></extra>",
+        ), row=1, col=col)
+    fig.add_hline(y=1.0, line_dash="dot", line_color="#555", row=1, col=4)
+    fig.update_xaxes(tickangle=-30)
+    fig.update_yaxes(gridcolor="#eee")
+    return fig
+
+
+def table(rows: Sequence[CompareRow], reference: str = REFERENCE) -> list[list]:
+    """Rows for a table under :data:`HEADERS` (numbers rounded for display)."""
+    out = []
+    for r, s in zip(rows, speedups(rows, reference)):
+        per_call = r.tokens_per_call
+        out.append([
+            r.method, r.tokens, round(r.seconds, 3), round(r.tokens_per_s, 2),
+            r.target_calls if r.target_calls is not None else "–",
+            round(per_call, 2) if per_call is not None else "–",
+            round(s, 2) if s is not None else "–", _flag(r),
+        ])
+    return out

@@ -1,0 +1,148 @@
+"""App-wide state the tabs share, and the catalogue of acceptance vectors.
+
+:class:`AppContext` is built once by ``app.build_demo`` and handed to every
+tab.  It owns what is per *server*, not per browser session: the model pair
+(loaded lazily, once, from a loader callable), the engine around it, the
+hardware profile in use and the tree-size cap.  Per-session state lives in
+small dataclasses inside ``gr.State`` in each tab.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+
+#: Fallbacks until measured vectors exist in assets/acceptance/ (Qwen2.5-Coder 0.5B -> 1.5B).
+BUILTIN_ACCEPTANCE: dict[str, tuple[float, ...]] = {
+    "built-in: code, greedy, int8 draft": (0.797, 0.104, 0.048, 0.020, 0.010, 0.005),
+    "built-in: chat": (0.582, 0.151, 0.083, 0.040, 0.020, 0.010),
+}
+
+#: Largest tree budget the UI accepts (a server guard, far below sequoia.tree.MAX_TREE_SIZE on CPU).
+CPU_MAX_BUDGET = 128
+GPU_MAX_BUDGET = 512
+
+
+def acceptance_catalogue(assets_dir: Path = ASSETS) -> dict[str, tuple[float, ...]]:
+    """Measured vectors from ``assets/acceptance/*.json`` (first) plus the built-ins.
+
+    A file is ``{"acceptance": [...], "meta": {...}}``; it is listed under
+    ``meta["name"]`` or its file name.  Unreadable files are skipped.
+    """
+    out: dict[str, tuple[float, ...]] = {}
+    for path in sorted((Path(assets_dir) / "acceptance").glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+            vec = parse_acceptance(data["acceptance"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        meta = data.get("meta") if isinstance(data.get("meta"), dict) else {}
+        out[str(meta.get("name") or path.stem)] = vec
+    return {**out, **BUILTIN_ACCEPTANCE}
+
+
+def parse_acceptance(value: Any) -> tuple[float, ...]:
+    """A list, or text such as ``"0.8, 0.1"`` / ``"[0.8, 0.1]"``, as a validated vector."""
+    from sequoia.dp import check_acceptance
+
+    if isinstance(value, str):
+        text = value.strip()
+        if not text:
+            raise ValueError("the acceptance vector is empty")
+        try:
+            value = json.loads(text if text.startswith("[") else f"[{text}]")
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"acceptance vector: expected numbers separated by commas ({exc.msg})") from None
+    if not isinstance(value, (list, tuple)) or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in value):
+        raise ValueError("acceptance vector: expected a list of numbers")
+    return tuple(float(x) for x in check_acceptance(value))
+
+
+def format_acceptance(vec: tuple[float, ...]) -> str:
+    return ", ".join(f"{x:.4g}" for x in vec)
+
+
+def find_profiles(assets_dir: Path = ASSETS) -> list[Path]:
+    """Candidate hardware-profile files: ``assets/hardware/*.json`` then ``assets/*profile*.json``."""
+    root = Path(assets_dir)
+    return sorted((root / "hardware").glob("*.json")) + sorted(root.glob("*profile*.json"))
+
+
+@dataclass
+class AppContext:
+    """Server-wide state; ``pair()`` loads the model pair on first use."""
+
+    loader: Callable[[], Any]                 # returns a ModelPair (or anything shaped like one)
+    assets_dir: Path = ASSETS
+    max_budget: int | None = None             # None: by device (CPU_MAX_BUDGET / GPU_MAX_BUDGET)
+    profile: Any = None                       # sequoia.hardware.HardwareProfile in use
+    profile_source: str = ""                  # where it came from (file path / "measured now")
+    _pair: Any = field(default=None, repr=False)
+    _engine: Any = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @classmethod
+    def from_pair_or_loader(cls, pair_or_loader, **kwargs) -> "AppContext":
+        if callable(pair_or_loader) and not hasattr(pair_or_loader, "target"):
+            return cls(loader=pair_or_loader, **kwargs)
+        ctx = cls(loader=lambda: pair_or_loader, **kwargs)
+        ctx._pair = pair_or_loader
+        return ctx
+
+    def pair(self):
+        with self._lock:
+            if self._pair is None:
+                self._pair = self.loader()
+            return self._pair
+
+    @property
+    def loaded(self) -> bool:
+        return self._pair is not None
+
+    def engine(self):
+        from sequoia.engine import SpeculativeEngine
+
+        pair = self.pair()
+        with self._lock:
+            if self._engine is None:
+                self._engine = SpeculativeEngine(pair)
+            return self._engine
+
+    def budget_cap(self) -> int:
+        if self.max_budget is not None:
+            return self.max_budget
+        device = str(getattr(self._pair, "device", "cpu")) if self._pair is not None else "cpu"
+        return GPU_MAX_BUDGET if device.startswith("cuda") else CPU_MAX_BUDGET
+
+    def pair_label(self) -> str:
+        if self._pair is None:
+            return "model pair not loaded yet"
+        p = self._pair
+        return (f"draft **{getattr(p, 'draft_name', '?')}** → target **{getattr(p, 'target_name', '?')}** "
+                f"on {getattr(p, 'device', '?')} ({getattr(p, 'dtype', '?')})")
+
+    def load_profile(self) -> str:
+        """Use the first readable profile in assets/ (one for this pair preferred); return a note."""
+        from sequoia._meta import pair_name
+        from sequoia.hardware import HardwareProfile
+
+        found = []
+        for path in find_profiles(self.assets_dir):
+            try:
+                found.append((path, HardwareProfile.load(path)))
+            except ValueError:
+                continue
+        if not found:
+            return "No hardware profile in assets/ yet: press *Profile now*."
+        name = pair_name(self._pair) if self._pair is not None else None
+        path, prof = next(((p, h) for p, h in found if not h.pair or h.pair == name), found[0])
+        self.profile, self.profile_source = prof, str(path)
+        other = f" (measured for {prof.pair}, not this pair)" if name and prof.pair and prof.pair != name else ""
+        return f"Profile loaded from `{path.name}`{other}."

@@ -1,0 +1,106 @@
+"""Hardware-aware tree choice: the measured cost model and what it picked.
+
+``cost_figure``        target forward time against the number of tokens
+                       verified at once, the draft's time per tree level
+                       against its width, and the chosen tree size marked;
+``prediction_figure``  predicted vs measured time per generated token for
+                       each candidate configuration.
+
+Both take plain numbers (milliseconds, like the profile); :func:`cost_series`
+reads them off a :class:`sequoia.hardware.HardwareProfile`, and
+:func:`choice_markdown` describes a :class:`sequoia.optimizer.Choice`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import plotly.graph_objects as go
+
+from . import COLORS
+
+
+@dataclass(frozen=True)
+class CostSeries:
+    target_n: tuple[int, ...]           # [G] new tokens in one target forward (tree size + 1)
+    target_ms: tuple[float, ...]        # [G] ms of that forward
+    draft_width: tuple[int, ...] = ()   # [H] tokens in one draft level
+    draft_ms: tuple[float, ...] = ()    # [H] ms of that level
+    label: str = ""                     # device / dtype description
+
+
+@dataclass(frozen=True)
+class PredictionRow:
+    label: str                          # e.g. "sequoia n=32 d=6"
+    predicted_ms: float                 # predicted ms per generated token
+    measured_ms: float | None = None    # measured ms per generated token, once run
+    chosen: bool = False
+
+
+def cost_figure(cost: CostSeries, chosen_n: int | None = None) -> go.Figure:
+    """Target ms vs tokens per forward and draft ms vs level width (log x); chosen size marked."""
+    if len(cost.target_n) != len(cost.target_ms) or len(cost.draft_width) != len(cost.draft_ms):
+        raise ValueError("each cost curve needs as many times as grid points")
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=list(cost.target_n), y=list(cost.target_ms), mode="lines+markers",
+                             name="target forward (n tokens)", line=dict(color=COLORS["bonus"], width=2.5),
+                             hovertemplate="%{x} tokens: %{y:.1f} ms<extra>target</extra>"))
+    if cost.target_n:
+        per_token = cost.target_ms[0] / cost.target_n[0]
+        fig.add_trace(go.Scatter(x=list(cost.target_n), y=[per_token * n for n in cost.target_n],
+                                 mode="lines", name="target if linear in n (compute-bound)",
+                                 line=dict(color="#bbbbbb", dash="dot"), hoverinfo="skip"))
+    if cost.draft_width:
+        fig.add_trace(go.Scatter(x=list(cost.draft_width), y=list(cost.draft_ms), mode="lines+markers",
+                                 name="draft level (width tokens)", line=dict(color="#ff7f0e", width=2),
+                                 hovertemplate="width %{x}: %{y:.1f} ms<extra>draft</extra>"))
+    if chosen_n is not None:
+        fig.add_vline(x=chosen_n + 1, line_color=COLORS["accepted"], line_width=2,
+                      annotation_text=f"chosen: {chosen_n} draft tokens", annotation_position="top left")
+    top = max(list(cost.target_ms) + list(cost.draft_ms), default=1.0)
+    fig.update_layout(title=dict(text="measured cost" + (f" · {cost.label}" if cost.label else ""), x=0.01),
+                      height=400, margin=dict(l=50, r=20, t=50, b=45), plot_bgcolor="white",
+                      xaxis_title="tokens in one forward", yaxis_title="ms",
+                      legend=dict(orientation="h", y=-0.2))
+    fig.update_xaxes(type="log", gridcolor="#eee")
+    fig.update_yaxes(range=[0, top * 1.15], gridcolor="#eee")
+    return fig
+
+
+def prediction_figure(rows: Sequence[PredictionRow]) -> go.Figure:
+    """Grouped bars of predicted and measured ms per token; the chosen row starred."""
+    labels = [("★ " if r.chosen else "") + r.label for r in rows]
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=labels, y=[r.predicted_ms for r in rows], name="predicted",
+                         marker_color="#9ecae1", hovertemplate="%{x}: %{y:.1f} ms/token<extra>predicted</extra>"))
+    measured = [r.measured_ms for r in rows]
+    if any(m is not None for m in measured):
+        fig.add_trace(go.Bar(x=labels, y=measured, name="measured", marker_color=COLORS["bonus"],
+                             hovertemplate="%{x}: %{y:.1f} ms/token<extra>measured</extra>"))
+    fig.update_layout(barmode="group", title=dict(text="time per generated token", x=0.01), height=380,
+                      margin=dict(l=50, r=20, t=50, b=90), plot_bgcolor="white", yaxis_title="ms / token",
+                      legend=dict(orientation="h", y=1.08))
+    fig.update_xaxes(tickangle=-25)
+    fig.update_yaxes(gridcolor="#eee")
+    return fig
+
+
+def cost_series(profile) -> CostSeries:
+    """Read a :class:`sequoia.hardware.HardwareProfile` into a :class:`CostSeries`."""
+    return CostSeries(target_n=tuple(profile.target_n), target_ms=tuple(profile.target_ms),
+                      draft_width=tuple(profile.draft_width), draft_ms=tuple(profile.draft_ms),
+                      label=f"{profile.device} · {profile.dtype}")
+
+
+def choice_markdown(choice, acceptance_name: str = "") -> str:
+    """What the optimizer chose (a :class:`sequoia.optimizer.Choice`), in one paragraph."""
+    if choice.budget == 0:
+        return (f"**No speculation pays off** on this profile: target alone at "
+                f"{choice.baseline_ms:.1f} ms/token.")
+    src = f" for acceptance *{acceptance_name}*" if acceptance_name else ""
+    return (f"**Chosen tree{src}: {choice.budget} draft tokens, depth {choice.depth}** · "
+            f"{choice.expected_tokens:.2f} expected tokens/step · predicted "
+            f"**{choice.ms_per_token:.1f} ms/token** (draft {choice.cost.draft_ms:.1f} ms + "
+            f"verify {choice.cost.target_ms:.1f} ms per step) vs target alone "
+            f"{choice.baseline_ms:.1f} ms/token → **{choice.speedup:.2f}×** predicted speedup.")

@@ -1,0 +1,216 @@
+"""The decoding loop shared by every method.
+
+One step: the proposer grows a draft tree (:mod:`sequoia.drafter`); the target
+scores the whole tree in ONE forward with a tree attention mask and explicit
+position ids; the walk in :func:`walk` accepts a path plus one bonus token
+(:mod:`sequoia.sampling`); both KV caches are compacted to the accepted path;
+the step is yielded as a :class:`~sequoia.trace.StepRecord`.
+
+Cache invariant between steps: the target cache holds every committed token
+but the last (the next root); the draft cache holds a prefix of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from .config import MAX_PROMPT_TOKENS, GenerationConfig, SamplingConfig
+from .drafter import Draft, Drafter, Proposer
+from .kv_cache import KVCache
+from .masks import is_chain, verify_mask
+from .sampling import sample_token, verify_children, verify_greedy, warp
+from .trace import ACCEPTED, REJECTED, UNREACHED, StepRecord
+from .tree import Tree
+
+_DISPLAY = SamplingConfig(temperature=1.0)  # at T=0, show the models' raw confidence
+
+
+@dataclass
+class Walk:
+    path: list[int]                   # accepted node indices, root first
+    bonus: int
+    verified: set[int]                # nodes the target looked at
+
+
+class SpeculativeEngine:
+    """Runs any :class:`~sequoia.drafter.Proposer` against a draft/target pair."""
+
+    def __init__(self, pair) -> None:
+        self.pair = pair
+        self.device = pair.device
+        self.vocab_size = _shared_vocab(pair)
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        proposer: Proposer,
+        config: GenerationConfig,
+        should_stop: Callable[[], bool] | None = None,
+        with_texts: bool = True,
+    ) -> Iterator[StepRecord]:
+        self._check_request(prompt_ids, proposer, config)
+        gen = torch.Generator(device=self.device).manual_seed(config.seed)
+        state = _State(list(prompt_ids), KVCache(self.pair.target.config),
+                       Drafter(self.pair.draft, config.sampling, self.vocab_size))
+        self._prefill(state)
+        step = 0
+        while True:
+            record = self._step(state, proposer, config, gen, step, with_texts)
+            yield record
+            if record.finished or (should_stop is not None and should_stop()):
+                return
+            step += 1
+
+    # ------------------------------------------------------------------ a step
+    def _step(self, state, proposer, config, gen, step, with_texts) -> StepRecord:
+        t0 = _now(self.device)
+        draft = self._draft(state, proposer, gen)
+        t1 = _now(self.device)
+        logits = self._verify_forward(state, draft.tree, draft.tokens)
+        t2 = _now(self.device)
+        walk = walk_tree(draft, logits, config.sampling, proposer.mode, gen)
+        prefix = len(state.target) - draft.tree.n_nodes
+        state.target.keep(prefix, [prefix + v for v in walk.path])
+        if draft.tree.size:
+            state.drafter.commit(walk.path)
+        new, reason = self._commit(state, draft, walk, config)
+        record = self._record(step, draft, logits, walk, new, reason, config, proposer, with_texts)
+        t3 = _now(self.device)
+        return _with_times(record, t1 - t0, t2 - t1, t3 - t2)
+
+    def _draft(self, state, proposer, gen) -> Draft:
+        if getattr(proposer, "tree", None) is not None and proposer.tree.size == 0:
+            return Draft(tree=proposer.tree, tokens=[state.committed[-1]], q={}, q_token=[1.0])
+        state.drafter.begin(state.committed)
+        return proposer.propose(state.drafter, gen)
+
+    @torch.inference_mode()
+    def _verify_forward(self, state, tree: Tree, tokens: list[int]) -> torch.Tensor:
+        """Target logits at every node.  # [n_nodes, V]"""
+        prefix = len(state.target)
+        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        pos = tree.position_ids(prefix, self.device)[None]
+        mask = None if is_chain(tree) else verify_mask(tree, prefix, self.pair.target.dtype, self.device)
+        out = self.pair.target(input_ids=ids, position_ids=pos, attention_mask=mask,
+                               past_key_values=state.target.cache, use_cache=True)
+        return out.logits[0, :, : self.vocab_size]
+
+    def _prefill(self, state) -> None:
+        ctx = state.committed[:-1]
+        if ctx:
+            self._verify_forward(state, Tree.chain(len(ctx) - 1), ctx)
+
+    # ------------------------------------------------------------- bookkeeping
+    def _commit(self, state, draft: Draft, walk: Walk, config: GenerationConfig):
+        new = [draft.tokens[v] for v in walk.path[1:]] + [walk.bonus]
+        reason = None
+        eos = set(self.pair.eos_token_ids) if config.stop_at_eos else set()
+        for i, tok in enumerate(new):
+            if tok in eos:
+                new, reason = new[: i + 1], "eos"
+                break
+        room = config.max_new_tokens - state.n_new
+        if len(new) >= room:
+            new, reason = new[:room], reason or "length"
+        state.committed.extend(new)
+        state.n_new += len(new)
+        if reason is None and config.stop_strings and self._hit_stop(state, config):
+            reason = "stop"
+        return tuple(new), reason
+
+    def _hit_stop(self, state, config) -> bool:
+        tail = self.pair.tokenizer.decode(state.committed[-(state.n_new):], skip_special_tokens=True)
+        return any(s and s in tail for s in config.stop_strings)
+
+    def _record(self, step, draft, logits, walk, new, reason, config, proposer, with_texts) -> StepRecord:
+        tree = draft.tree
+        on_path = set(walk.path)
+        status = tuple(ACCEPTED if v in on_path else REJECTED if v in walk.verified else UNREACHED
+                       for v in range(tree.n_nodes))
+        tok = self.pair.tokenizer
+        texts = tuple(tok.batch_decode([[t] for t in draft.tokens])) if with_texts else ()
+        return StepRecord(
+            step=step, tree=tree, tokens=tuple(draft.tokens), texts=texts,
+            q=tuple(draft.q_token), p=node_target_probs(draft, logits, config.sampling),
+            accepted=tuple(walk.path), status=status, bonus=walk.bonus,
+            bonus_text=tok.decode([walk.bonus]) if with_texts else "",
+            new_tokens=new, draft_s=0.0, verify_s=0.0, other_s=0.0,
+            method=getattr(proposer, "name", "custom"), finished=reason is not None,
+            finish_reason=reason, extra=dict(draft.extra),
+        )
+
+    def _check_request(self, prompt_ids, proposer, config) -> None:
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        if len(prompt_ids) > MAX_PROMPT_TOKENS:
+            raise ValueError(f"the prompt has {len(prompt_ids)} tokens; the maximum is {MAX_PROMPT_TOKENS}")
+        limit = getattr(self.pair.target.config, "max_position_embeddings", None)
+        tree = getattr(proposer, "tree", None)
+        need = len(prompt_ids) + config.max_new_tokens + (tree.n_nodes if tree is not None else 0)
+        if limit and need > limit:
+            raise ValueError(f"prompt + max_new_tokens + tree ({need} positions) exceeds the target's "
+                             f"context of {limit}")
+
+
+@dataclass
+class _State:
+    committed: list[int]
+    target: KVCache
+    drafter: Drafter
+    n_new: int = 0
+
+
+def walk_tree(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, mode: str, gen) -> Walk:
+    """Accept a path from the root and draw the bonus token.  logits: [n_nodes, V] target."""
+    tree, node, path, verified = draft.tree, 0, [0], set()
+    while True:
+        kids = list(tree.children[node])
+        kid_tokens = [draft.tokens[c] for c in kids]
+        if sampling.greedy:
+            target = int(logits[node].argmax())
+            idx, bonus_dist = verify_greedy(target, kid_tokens), None
+            verified.update(kids if idx is None else kids[: idx + 1])
+        else:
+            p = warp(logits[node], sampling)
+            idx, bonus_dist = verify_children(p, draft.q.get(node), kid_tokens, mode, gen) if kids else (None, p)
+            verified.update(kids if idx is None else kids[: idx + 1])
+        if idx is None:
+            bonus = target if sampling.greedy else sample_token(bonus_dist, gen)
+            return Walk(path=path, bonus=bonus, verified=verified)
+        node = kids[idx]
+        path.append(node)
+
+
+def node_target_probs(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig) -> tuple[float, ...]:
+    """p of each node's token under its parent's target distribution (root: 1.0).  # [n_nodes]"""
+    tree = draft.tree
+    if tree.size == 0:
+        return (1.0,)
+    cfg = _DISPLAY if sampling.greedy else sampling
+    parents = torch.tensor(tree.parents[1:], device=logits.device)
+    toks = torch.tensor(draft.tokens[1:], device=logits.device)
+    out = []
+    for lo in range(0, len(parents), 64):  # chunks bound the [rows, V] float32 copy
+        rows = warp(logits[parents[lo: lo + 64]], cfg)
+        out.append(rows.gather(-1, toks[lo: lo + 64, None])[:, 0])
+    return (1.0,) + tuple(torch.cat(out).tolist())
+
+
+def _with_times(record: StepRecord, draft_s: float, verify_s: float, other_s: float) -> StepRecord:
+    return dataclasses.replace(record, draft_s=draft_s, verify_s=verify_s, other_s=other_s)
+
+
+def _now(device) -> float:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)  # honest wall times need the queue drained
+    return time.perf_counter()
+
+
+def _shared_vocab(pair) -> int:
+    """Logit columns both models share (embedding matrices are often padded)."""
+    return min(int(m.config.vocab_size) for m in (pair.draft, pair.target))

@@ -1,0 +1,79 @@
+"""Every decoding method as a proposer for the one engine loop.
+
+=================  ==========================================  ==================
+name               tree                                        children drawn
+=================  ==========================================  ==================
+``ar``             root only (target alone)                    -
+``chain``          a chain of ``budget`` tokens                 without replacement
+``specinfer``      ``width`` independent chains, ``depth`` long  with replacement
+``kary``           full ``width``-ary tree, ``depth`` levels     without replacement
+``sequoia``        DP-optimal for the acceptance vector          without replacement
+``sequoia-auto``   budget and depth chosen by the optimizer      without replacement
+``file``           any tree from a JSON file                    without replacement
+=================  ==========================================  ==================
+"""
+
+from __future__ import annotations
+
+from .config import check_budget
+from .drafter import StaticTreeProposer
+from .tree import Tree
+
+METHODS = ("ar", "chain", "specinfer", "kary", "sequoia", "sequoia-auto", "file")
+
+#: Measured on the embedded pair (int8 draft, greedy, teacher-forced); used when
+#: no acceptance vector is given.  See assets/acceptance/ for measured files.
+DEFAULT_ACCEPTANCE = (0.797, 0.104, 0.048, 0.020, 0.010, 0.005)
+
+
+def make_method(
+    name: str,
+    *,
+    budget: int | None = None,
+    depth: int | None = None,
+    width: int = 2,
+    acceptance=None,
+    profile=None,
+    tree_path: str | None = None,
+) -> StaticTreeProposer:
+    """Build a proposer; all parameters are validated here with readable errors."""
+    if name not in METHODS and name != "sequoia-dynamic":
+        raise ValueError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
+    acceptance = tuple(acceptance) if acceptance is not None else DEFAULT_ACCEPTANCE
+    if name == "ar":
+        return StaticTreeProposer(Tree.root_only(), name="ar")
+    if name == "chain":
+        budget = 4 if budget is None else budget
+        check_budget(budget)
+        return StaticTreeProposer(Tree.chain(budget), name="chain")
+    if name in ("specinfer", "kary"):
+        depth = 4 if depth is None else depth
+        check_budget(width * depth if name == "specinfer" else 1, depth)
+        tree = Tree.specinfer(width, depth) if name == "specinfer" else Tree.k_ary(width, depth)
+        mode = "with_replacement" if name == "specinfer" else "without_replacement"
+        return StaticTreeProposer(tree, mode=mode, name=name)
+    if name == "file":
+        if not tree_path:
+            raise ValueError("method 'file' needs a tree file (--tree-file)")
+        return StaticTreeProposer(Tree.from_json(tree_path), name="file")
+    if name == "sequoia":
+        return _sequoia(acceptance, 32 if budget is None else budget, depth)
+    return _auto(name, acceptance, profile, budget, depth)
+
+
+def _sequoia(acceptance, budget: int, depth: int | None) -> StaticTreeProposer:
+    from .dp import optimal_tree
+
+    check_budget(budget, depth)
+    return StaticTreeProposer(optimal_tree(acceptance, budget, depth).tree(), name="sequoia")
+
+
+def _auto(name, acceptance, profile, budget, depth) -> StaticTreeProposer:
+    """Let the hardware-aware optimizer choose budget and depth."""
+    from .hardware import HardwareProfile  # noqa: F401  (profile type)
+    from .optimizer import choose_tree
+
+    if profile is None:
+        raise ValueError(f"method {name!r} needs a hardware profile (python -m sequoia profile)")
+    choice = choose_tree(acceptance, profile, max_budget=budget or 128, max_depth=depth or 16)
+    return StaticTreeProposer(choice.tree, name="sequoia-auto")

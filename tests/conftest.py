@@ -1,0 +1,76 @@
+"""Shared fixtures: tiny random-weight models built from a config (nothing downloaded)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "embedded: needs the embedded Qwen2.5-Coder pair (slow, converts once)")
+    config.addinivalue_line("markers", "slow: takes more than a few seconds")
+    config.addinivalue_line("markers", "browser: drives headless Chromium")
+    config.addinivalue_line("markers", "gpu: needs CUDA")
+
+
+class CharTokenizer:
+    """Just enough of a tokenizer for the engine: token i decodes to a short string."""
+
+    def __init__(self, vocab: int) -> None:
+        self.vocab = vocab
+
+    def __len__(self) -> int:
+        return self.vocab
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return "".join(f"<{int(i)}>" for i in ids)
+
+    def batch_decode(self, seqs, skip_special_tokens: bool = False) -> list[str]:
+        return [self.decode(s) for s in seqs]
+
+
+def tiny_model(seed: int, vocab: int = 48, init: float = 0.3, layers: int = 2, hidden: int = 32):
+    cfg = Qwen2Config(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        tie_word_embeddings=False, initializer_range=init, attn_implementation="sdpa",
+    )
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(cfg).eval().float()
+
+
+def perturbed(model, scale: float, seed: int):
+    """A copy of ``model`` with noise on every weight: a draft that agrees only partly."""
+    import copy
+
+    out = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for prm in out.parameters():
+            prm.add_(torch.randn(prm.shape, generator=g) * scale * prm.std().clamp(min=1e-3))
+    return out
+
+
+def make_pair(draft, target, vocab: int, eos=()) -> SimpleNamespace:
+    return SimpleNamespace(draft=draft, target=target, tokenizer=CharTokenizer(vocab), device=torch.device("cpu"),
+                           dtype=torch.float32, eos_token_ids=tuple(eos), draft_name="tiny-draft",
+                           target_name="tiny-target", vocab_size=vocab)
+
+
+@pytest.fixture(scope="session")
+def tiny_target():
+    return tiny_model(0)
+
+
+@pytest.fixture(scope="session")
+def tiny_pairs(tiny_target):
+    """draft == target (all accepted), a noisy copy (some accepted), an unrelated model (mostly rejected)."""
+    vocab = tiny_target.config.vocab_size
+    return {
+        "same": make_pair(tiny_target, tiny_target, vocab),
+        "noisy": make_pair(perturbed(tiny_target, 0.5, 1), tiny_target, vocab),
+        "random": make_pair(tiny_model(7), tiny_target, vocab),
+    }

@@ -1,0 +1,256 @@
+"""Figure structure of the UI views on hand-made records (no Gradio, no model)."""
+
+from dataclasses import replace
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+
+from components import COLORS, compare_view, dp_view, hardware_view, stats_view, text_view, tree_view
+from sequoia.trace import ACCEPTED, REJECTED, UNREACHED, StepRecord
+from sequoia.tree import Tree
+
+# root -> 1, 2, 3 ; 1 -> 4, 5 ; 2 -> 6 ; 4 -> 7
+TREE = Tree((-1, 0, 0, 0, 1, 1, 2, 4))
+
+
+def _trace(fig: go.Figure, name: str):
+    found = [t for t in fig.data if t.name == name]
+    assert len(found) == 1, f"expected one trace named {name!r}, got {[t.name for t in fig.data]}"
+    return found[0]
+
+
+def _nodes(fig: go.Figure) -> dict[int, str]:
+    """node index -> trace (status) name, over the node traces."""
+    out = {}
+    for t in fig.data:
+        if t.mode and "markers" in t.mode and t.name != "added vs static":
+            for i in t.customdata:
+                assert i not in out, f"node {i} drawn twice"
+                out[int(i)] = t.name
+    return out
+
+
+# ------------------------------------------------------------------ tree view
+def test_escape_token_makes_whitespace_visible_and_html_safe():
+    assert tree_view.escape_token(" def") == "\u2423def"
+    assert tree_view.escape_token("\n\t") == "\u21b5\u21e5"
+    assert tree_view.escape_token("") == "\u2205"
+    assert tree_view.escape_token("<b>") == "&lt;b&gt;"
+    assert tree_view.escape_token("x" * 40, max_len=10).endswith("\u2026")
+
+
+def test_tree_positions_layered_and_parents_centered():
+    pos = tree_view.tree_positions(TREE.parents)
+    assert [pos[i][1] for i in range(TREE.n_nodes)] == [-d for d in TREE.depths]
+    # leaves in DFS order: 7, 5, 6, 3 get x = 0, 1, 2, 3
+    assert [pos[i][0] for i in (7, 5, 6, 3)] == [0, 1, 2, 3]
+    assert pos[1][0] == (pos[4][0] + pos[5][0]) / 2
+    assert pos[0][0] == (pos[1][0] + pos[3][0]) / 2
+    # siblings in sampling order, left to right
+    assert pos[1][0] < pos[2][0] < pos[3][0]
+
+
+def test_tree_figure_nodes_statuses_and_bonus():
+    rec = StepRecord.fake(TREE, (0, 1, 5))
+    fig = tree_view.figure(rec)
+    nodes = _nodes(fig)
+    assert len(nodes) == TREE.n_nodes + 1  # every node plus the bonus
+    assert nodes[0] == "root" and nodes[TREE.n_nodes] == "bonus"
+    for i in range(1, TREE.n_nodes):
+        assert nodes[i] == rec.status[i]
+    assert {i for i, s in nodes.items() if s == ACCEPTED} == {1, 5}
+    assert {i for i, s in nodes.items() if s == REJECTED} == {2, 3, 4}
+    assert {i for i, s in nodes.items() if s == UNREACHED} == {6, 7}
+
+
+def test_tree_figure_colours_distinct_per_status():
+    fig = tree_view.figure(StepRecord.fake(TREE, (0, 2, 6)))
+    for status in ("root", ACCEPTED, REJECTED, UNREACHED, "bonus"):
+        assert _trace(fig, status).marker.color == COLORS[status]
+    assert len({COLORS[s] for s in ("root", ACCEPTED, REJECTED, UNREACHED, "bonus")}) == 5
+
+
+def test_tree_figure_highlights_accepted_path_to_bonus():
+    rec = StepRecord.fake(TREE, (0, 1, 4, 7))
+    fig = tree_view.figure(rec)
+    pos = tree_view.tree_positions(list(TREE.parents) + [7])
+    hi = _trace(fig, "accepted path")
+    segments = [(hi.x[k], hi.y[k], hi.x[k + 1], hi.y[k + 1]) for k in range(0, len(hi.x), 3)]
+    path = [0, 1, 4, 7, TREE.n_nodes]
+    expected = [(*pos[a], *pos[b]) for a, b in zip(path[:-1], path[1:])]
+    assert segments == expected
+    plain = _trace(fig, "edges")
+    assert len(plain.x) == 3 * (TREE.size - 3)  # the other edges, 3 points each
+
+
+def test_tree_figure_labels_and_hover():
+    rec = StepRecord.fake(TREE, (0,))
+    rec = replace(rec, texts=("\n",) + rec.texts[1:], bonus_text=" if")
+    fig = tree_view.figure(rec)
+    root = _trace(fig, "root")
+    assert root.text == ("\u21b5",)
+    assert _trace(fig, "bonus").text == ("\u2423if",)
+    hover = _trace(fig, REJECTED).hovertext[0]
+    assert "q (draft) = 0.5000" in hover and "p (target) = 0.4000" in hover
+    assert "depth 1" in hover and "rank 0" in hover
+    assert "0 accepted + 1 bonus" in fig.layout.title.text
+
+
+def test_tree_figure_root_only_tree():
+    rec = StepRecord.fake(Tree.root_only(), (0,))
+    nodes = _nodes(tree_view.figure(rec))
+    assert nodes == {0: "root", 1: "bonus"}
+
+
+def test_tree_figure_hides_labels_on_big_trees():
+    big = Tree.k_ary(3, 4)  # 120 nodes
+    fig = tree_view.figure(StepRecord.fake(big, (0, 1)))
+    assert all(t.mode == "markers" for t in fig.data if t.name in ("root", ACCEPTED, REJECTED, UNREACHED))
+
+
+def test_tree_figure_overlay_added_pruned():
+    rec = replace(StepRecord.fake(TREE, (0, 1)), extra={"added": [3, 6], "pruned": 2})
+    fig = tree_view.figure(rec)
+    assert list(_trace(fig, "added vs static").customdata) == [3, 6]
+    assert "+2 added" in fig.layout.title.text and "2 pruned" in fig.layout.title.text
+    fig = tree_view.figure(rec, overlay=False)
+    assert "added vs static" not in [t.name for t in fig.data]
+
+
+def test_shape_figure_reach_probabilities():
+    acc = [0.5, 0.25]
+    fig = tree_view.shape_figure(Tree((-1, 0, 0, 1)), acc)
+    labels = {int(i): lab for t in fig.data if t.customdata is not None for i, lab in zip(t.customdata, t.text)}
+    assert labels[1] == "0.50" and labels[2] == "0.25" and labels[3] == "0.25"
+
+
+# ------------------------------------------------------------------ stats view
+def _run():
+    return [
+        StepRecord.fake(TREE, (0, 1, 5), step=0),
+        StepRecord.fake(TREE, (0,), step=1),
+        StepRecord.fake(Tree.chain(3), (0, 1, 2, 3), step=2),
+    ]
+
+
+def test_stats_figure_panels():
+    fig = stats_view.figure(_run())
+    hist = fig.data[0]
+    assert list(hist.x) == [1, 2, 3, 4] and list(hist.y) == [1, 0, 1, 1]
+    assert list(fig.data[1].y) == [3, 1, 4]
+    by_rank = [t for t in fig.data if t.name == "by rank"][0]
+    # rank 0: 6 accepted-path parents (root twice, node 1, the chain's 3 nodes), 4 accepted
+    assert by_rank.y[0] == pytest.approx(4 / 6)
+    split = {t.name: list(t.y) for t in fig.data if t.name in ("draft", "verify", "other")}
+    assert split["draft"] == pytest.approx([10.0] * 3) and split["verify"] == pytest.approx([20.0] * 3)
+
+
+def test_stats_empty_and_summary():
+    fig = stats_view.figure([])
+    assert len(fig.data) == 0 and fig.layout.annotations[-1].text == "no steps yet"
+    md = stats_view.summary_markdown(_run())
+    assert "**8** tokens in **3** target calls" in md and "2.67" in md
+    assert stats_view.summary_markdown([]) == "*No steps yet.*"
+
+
+# ------------------------------------------------------------------ text view
+def test_text_view_marks_and_escapes():
+    rec = StepRecord.fake(TREE, (0, 1, 5))
+    rec = replace(rec, texts=rec.texts[:1] + ("<a>",) + rec.texts[2:], bonus_text="&\n")
+    out = text_view.html_view([rec], prompt="say <hi>", selected_step=0)
+    assert "&lt;a&gt;" in out and "<a>" not in out
+    assert "say &lt;hi&gt;" in out and "&amp;\n" in out
+    assert out.count('title="draft token accepted by the target"') == 2
+    assert out.count('title="bonus token sampled from the target"') == 1
+    assert "draft token accepted</span>" in out  # legend
+    assert "outline:2px" in out
+
+
+def test_text_view_respects_trimmed_steps():
+    rec = replace(StepRecord.fake(TREE, (0, 1, 5)), new_tokens=(101,))
+    assert text_view.step_segments(rec) == [("accepted", "t1")]
+    assert text_view.plain_text(_run()) == "t1t5b7b7t1t2t3b7"
+
+
+# ------------------------------------------------------------------ DP view
+def test_dp_heatmap_and_selection():
+    table = np.arange(12, dtype=float).reshape(4, 3)
+    fig = dp_view.heatmap(table, selected=(2, 1))
+    assert fig.data[0].type == "heatmap" and np.asarray(fig.data[0].z).shape == (4, 3)
+    rect = fig.layout.shapes[0]
+    assert (rect.x0, rect.x1, rect.y0, rect.y1) == (0.5, 1.5, 1.5, 2.5)
+    assert "7.000" in fig.layout.title.text
+    with pytest.raises(ValueError):
+        dp_view.heatmap(np.zeros(3))
+
+
+def test_dp_tree_figure_and_curves():
+    fig = dp_view.tree_figure(Tree.chain(3), [0.8, 0.1], value=2.952)
+    assert len(_nodes(fig)) == 4 and "2.952" in fig.layout.title.text
+    fig = dp_view.curves([1, 2, 4], {"sequoia": [1.8, 2.4, 3.0], "chain": [1.8, 2.4, 2.9]})
+    assert [t.name for t in fig.data] == ["Sequoia (DP)", "chain"]
+    with pytest.raises(ValueError):
+        dp_view.curves([1, 2], {"chain": [1.0]})
+    assert dp_view.curve_sizes(20) == [1, 2, 4, 8, 16, 20]
+    assert dp_view.curve_sizes(16) == [1, 2, 4, 8, 16]
+
+
+def test_dp_view_with_real_dp():
+    dp = pytest.importorskip("sequoia.dp")
+    res = dp.optimal_tree([0.797, 0.104, 0.048, 0.02, 0.01, 0.005], 16, 6)
+    fig = dp_view.tree_figure(res.tree(16, 6), res.acceptance, res.value(16, 6))
+    assert len(_nodes(fig)) == res.tree(16, 6).n_nodes
+
+
+# ------------------------------------------------------------------ compare view
+def test_compare_rows_flags_and_figure():
+    run = _run()
+    rows = [compare_view.row_from_records("target only", run, seconds=2.0),
+            compare_view.row_from_records("sequoia", run, seconds=1.0),
+            compare_view.CompareRow("hf assisted", tokens=8, seconds=1.6, token_ids=(1, 2))]
+    rows = compare_view.mark_identical(rows)
+    assert [r.identical for r in rows] == [True, True, False]
+    assert compare_view.speedups(rows) == [1.0, 2.0, 1.25]
+    tab = compare_view.table(rows)
+    assert len(tab[0]) == len(compare_view.HEADERS)
+    assert tab[1][-1] == "✓ identical" and tab[2][-1] == "✗ differs" and tab[2][4] == "–"
+    fig = compare_view.figure(rows)
+    assert len(fig.data) == 4 and list(fig.data[3].y) == [1.0, 2.0, 1.25]
+    assert list(fig.data[2].y)[:2] == [pytest.approx(8 / 3)] * 2
+
+
+def test_compare_without_reference():
+    rows = [compare_view.CompareRow("sequoia", 4, 1.0)]
+    assert compare_view.mark_identical(rows)[0].identical is None
+    assert compare_view.table(rows)[0][6] == "–"
+    assert len(compare_view.figure([]).data) == 0
+
+
+# ------------------------------------------------------------------ hardware view
+def test_hardware_figures():
+    cost = hardware_view.CostSeries((1, 2, 4, 8, 16), (300, 310, 330, 360, 420), (1, 2, 4), (40, 41, 45), "cpu")
+    fig = hardware_view.cost_figure(cost, chosen_n=15)
+    assert list(fig.data[0].y) == [300, 310, 330, 360, 420]
+    assert [t.name for t in fig.data][2].startswith("draft")
+    assert any("chosen: 15" in (a.text or "") for a in fig.layout.annotations)
+    rows = [hardware_view.PredictionRow("sequoia n=15", 100, 120, chosen=True),
+            hardware_view.PredictionRow("chain n=4", 150)]
+    fig = hardware_view.prediction_figure(rows)
+    assert [t.name for t in fig.data] == ["predicted", "measured"]
+    assert fig.data[0].x[0].startswith("★")
+    with pytest.raises(ValueError):
+        hardware_view.cost_figure(hardware_view.CostSeries((1, 2), (0.1,)))
+
+
+def test_hardware_from_profile_and_choice():
+    hw = pytest.importorskip("sequoia.hardware")
+    opt = pytest.importorskip("sequoia.optimizer")
+    prof = hw.HardwareProfile.hand_made(lambda n: 300 + 2 * n, lambda w: 40 + w)
+    cost = hardware_view.cost_series(prof)
+    assert cost.target_n == prof.target_n and cost.draft_ms == prof.draft_ms
+    choice = opt.choose_tree([0.797, 0.104, 0.048, 0.02, 0.01, 0.005], prof, max_budget=32, max_depth=8)
+    md = hardware_view.choice_markdown(choice, "code")
+    assert f"{choice.budget} draft tokens" in md and "speedup" in md
+    slow_draft = hw.HardwareProfile.hand_made(lambda n: 10.0, lambda w: 1000.0)
+    assert "No speculation" in hardware_view.choice_markdown(opt.choose_tree([0.5], slow_draft, 8, 4))

@@ -1,0 +1,135 @@
+"""Hardware profiles: interpolation, JSON round trip, clear errors, measuring a tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from sequoia.hardware import HardwareProfile, measure_profile
+
+from conftest import make_pair, tiny_model
+
+
+def _profile(**kw) -> HardwareProfile:
+    base = dict(device="test", dtype="torch.float32", context_len=16, target_n=(1, 2, 4), target_ms=(10.0, 12.0, 20.0),
+                draft_width=(1, 4), draft_ms=(2.0, 5.0), pair="a+b", date="2025-01-01", version="0.1.0", repeats=3)
+    base.update(kw)
+    return HardwareProfile(**base)
+
+
+def test_interpolation_and_extrapolation():
+    prof = _profile()
+    assert prof.target(1) == 10.0
+    assert prof.target(3) == pytest.approx(16.0)
+    assert prof.target(6) == pytest.approx(28.0)  # last segment: slope 4 ms per token
+    assert prof.draft(2) == pytest.approx(3.0)
+    assert list(prof.target(torch.tensor([1, 3]).numpy())) == pytest.approx([10.0, 16.0])
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        prof.target(0)
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(target_n=(1, 2)), "has 2 points"),
+    (dict(target_n=(1, 4, 2)), "strictly increasing"),
+    (dict(target_ms=(10.0, -1.0, 2.0)), "positive finite"),
+    (dict(draft_width=()), "must not be empty"),
+    (dict(draft_ms=(2.0, float("nan"))), "positive finite"),
+])
+def test_invalid_profiles(kw, msg):
+    if "draft_width" in kw:
+        kw["draft_ms"] = ()
+    with pytest.raises(ValueError, match=msg):
+        _profile(**kw)
+
+
+def test_json_round_trip(tmp_path):
+    prof = _profile()
+    path = tmp_path / "hw.json"
+    prof.save(path)
+    assert HardwareProfile.load(path) == prof
+    assert HardwareProfile.load(path, pair="a+b") == prof
+
+
+@pytest.mark.parametrize("content, msg", [
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", "JSON object"),
+    (json.dumps({"format": "sequoia-acceptance/1", "values": [0.5]}), "not a hardware profile file.*sequoia-acceptance/1"),
+    (json.dumps({"parents": [-1]}), "no 'format' field"),
+])
+def test_malformed_files(tmp_path, content, msg):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=msg):
+        HardwareProfile.load(path)
+
+
+def test_broken_fields_name_the_problem(tmp_path):
+    data = _profile().to_dict()
+    path = tmp_path / "hw.json"
+    for key, value, msg in [
+        ("target_ms", None, "missing field 'target_ms'"),
+        ("target_ms", "fast", "'target_ms' must be list"),
+        ("target_n", [1, 2.5, 4], "'target_n' must be a list of integers"),
+        ("draft_ms", [2.0, "x"], "'draft_ms' must be a list of finite numbers"),
+        ("target_ms", [10.0, 12.0], "has 3 points but target_ms has 2"),
+    ]:
+        broken = dict(data)
+        if value is None:
+            del broken[key]
+        else:
+            broken[key] = value
+        path.write_text(json.dumps(broken))
+        with pytest.raises(ValueError, match=msg) as info:
+            HardwareProfile.load(path)
+        assert str(path) in str(info.value)
+
+
+def test_mismatched_pair(tmp_path):
+    path = tmp_path / "hw.json"
+    _profile().save(path)
+    with pytest.raises(ValueError, match="measured for pair 'a\\+b', not 'c\\+d'"):
+        HardwareProfile.load(path, pair="c+d")
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ValueError, match="no such hardware profile file"):
+        HardwareProfile.load(tmp_path / "absent.json")
+
+
+def test_measure_profile_tiny_model():
+    target = tiny_model(0, vocab=64, hidden=32)
+    draft = tiny_model(1, vocab=64, hidden=16)
+    pair = make_pair(draft, target, 64)
+    seen = []
+    prof = measure_profile(pair, context_len=12, target_grid=(1, 4, 9), draft_grid=(1, 3), repeats=2, warmup=1,
+                           generator=torch.Generator().manual_seed(3), progress=lambda *a: seen.append(a))
+    assert prof.target_n == (1, 4, 9) and prof.draft_width == (1, 3)
+    assert all(t > 0 for t in prof.target_ms + prof.draft_ms)
+    assert prof.context_len == 12 and prof.repeats == 2
+    assert prof.pair == "tiny-draft+tiny-target"
+    assert prof.dtype == "torch.float32" and prof.device.startswith("cpu")
+    import sequoia
+
+    assert prof.version == sequoia.__version__
+    assert [s[:2] for s in seen] == [(1, 5), (2, 5), (3, 5), (4, 5), (5, 5)]
+    assert seen[-1][2] == "draft width=3"
+
+
+def test_measure_profile_leaves_cache_length_stable(monkeypatch):
+    """Every timed forward must see the same context: the cache is cropped back each time."""
+    from sequoia import hardware
+
+    lengths = []
+    real = hardware.KVCache.crop
+
+    def spy(self, length):
+        real(self, length)
+        lengths.append(len(self))
+
+    monkeypatch.setattr(hardware.KVCache, "crop", spy)
+    pair = make_pair(tiny_model(1, vocab=64, hidden=16), tiny_model(0, vocab=64), 64)
+    measure_profile(pair, context_len=7, target_grid=(2, 5), draft_grid=(1,), repeats=1, warmup=1,
+                    progress=lambda *a: None)
+    assert lengths and set(lengths) == {7}
