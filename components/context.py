@@ -32,19 +32,34 @@ GPU_MAX_BUDGET = 512
 def acceptance_catalogue(assets_dir: Path = ASSETS) -> dict[str, tuple[float, ...]]:
     """Measured vectors from ``assets/acceptance/*.json`` (first) plus the built-ins.
 
-    A file is ``{"acceptance": [...], "meta": {...}}``; it is listed under
-    ``meta["name"]`` or its file name.  Unreadable files are skipped.
+    Files are :class:`sequoia.acceptance.AcceptanceVector` JSON
+    (``format: sequoia-acceptance/1``), listed as "stem (T=…, prompt set)";
+    the plain ``{"acceptance": [...], "meta": {"name": ...}}`` form is read
+    too.  Unreadable files are skipped.
     """
     out: dict[str, tuple[float, ...]] = {}
     for path in sorted((Path(assets_dir) / "acceptance").glob("*.json")):
-        try:
-            data = json.loads(path.read_text())
-            vec = parse_acceptance(data["acceptance"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        meta = data.get("meta") if isinstance(data.get("meta"), dict) else {}
-        out[str(meta.get("name") or path.stem)] = vec
+        found = _read_vector(path)
+        if found is not None:
+            out[found[0]] = found[1]
     return {**out, **BUILTIN_ACCEPTANCE}
+
+
+def _read_vector(path: Path) -> tuple[str, tuple[float, ...]] | None:
+    from sequoia.acceptance import AcceptanceVector
+
+    try:
+        vec = AcceptanceVector.load(path)
+        where = f", {vec.prompt_set}" if vec.prompt_set else ""
+        return f"{path.stem} (T={vec.temperature:g}{where})", vec.values
+    except ValueError:
+        pass
+    try:
+        data = json.loads(path.read_text())
+        meta = data.get("meta") if isinstance(data.get("meta"), dict) else {}
+        return str(meta.get("name") or path.stem), parse_acceptance(data["acceptance"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def parse_acceptance(value: Any) -> tuple[float, ...]:

@@ -47,6 +47,10 @@ def heatmap(table: np.ndarray, selected: tuple[int, int] | None = None, title: s
         n, d = selected
         fig.add_shape(type="rect", x0=d - 0.5, x1=d + 0.5, y0=n - 0.5, y1=n + 0.5,
                       line=dict(color="#ff2d2d", width=3))
+        # The cell can be one pixel tall on a large table: a marker keeps it findable.
+        fig.add_trace(go.Scatter(x=[d], y=[n], mode="markers", name="selected", showlegend=False,
+                                 hoverinfo="skip", marker=dict(symbol="x-thin-open", size=16,
+                                                               line=dict(width=3, color="#ff2d2d"))))
         title = title or f"selected n={n}, d={d}: {table[n, d]:.3f} {zlabel}"
     fig.update_layout(title=dict(text=title, x=0.01), height=460, margin=dict(l=50, r=20, t=50, b=45),
                       xaxis_title="depth limit d", yaxis_title="tree size n (draft tokens)")
@@ -77,8 +81,8 @@ def curves(sizes: Sequence[int], series: dict[str, Sequence[float]], title: str 
                       height=420, margin=dict(l=50, r=20, t=50, b=45), plot_bgcolor="white",
                       xaxis_title="tree size n (draft tokens)", yaxis_title="expected tokens / step",
                       legend=dict(orientation="h", y=-0.18))
-    fig.update_xaxes(type="log" if len(sizes) > 1 and max(sizes) / max(1, min(sizes)) >= 32 else "linear",
-                     gridcolor="#eee")
+    log = len(sizes) > 1 and max(sizes) / max(1, min(sizes)) >= 32
+    fig.update_xaxes(type="log" if log else "linear", tickvals=list(sizes) if log else None, gridcolor="#eee")
     fig.update_yaxes(gridcolor="#eee")
     return fig
 

@@ -55,10 +55,13 @@ def cost_figure(cost: CostSeries, chosen_n: int | None = None) -> go.Figure:
         fig.add_trace(go.Scatter(x=list(cost.draft_width), y=list(cost.draft_ms), mode="lines+markers",
                                  name="draft level (width tokens)", line=dict(color="#ff7f0e", width=2),
                                  hovertemplate="width %{x}: %{y:.1f} ms<extra>draft</extra>"))
-    if chosen_n is not None:
-        fig.add_vline(x=chosen_n + 1, line_color=COLORS["accepted"], line_width=2,
-                      annotation_text=f"chosen: {chosen_n} draft tokens", annotation_position="top left")
     top = max(list(cost.target_ms) + list(cost.draft_ms), default=1.0)
+    if chosen_n is not None:
+        # A trace, not add_vline: shape coordinates on a log axis are log10 units.
+        fig.add_trace(go.Scatter(x=[chosen_n + 1, chosen_n + 1], y=[0, top * 1.1], mode="lines+text",
+                                 name=f"chosen: {chosen_n} draft tokens", text=["", f"chosen: {chosen_n} draft tokens"],
+                                 textposition="middle left", hoverinfo="skip",
+                                 line=dict(color=COLORS["accepted"], width=2)))
     fig.update_layout(title=dict(text="measured cost" + (f" · {cost.label}" if cost.label else ""), x=0.01),
                       height=400, margin=dict(l=50, r=20, t=50, b=45), plot_bgcolor="white",
                       xaxis_title="tokens in one forward", yaxis_title="ms",

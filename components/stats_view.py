@@ -28,7 +28,7 @@ def figure(records: Sequence[StepRecord]) -> go.Figure:
     fig = make_subplots(rows=2, cols=3, subplot_titles=_TITLES,
                         horizontal_spacing=0.08, vertical_spacing=0.18)
     fig.update_layout(height=560, margin=dict(l=40, r=20, t=50, b=40), showlegend=True,
-                      barmode="stack", legend=dict(orientation="h", y=-0.08), plot_bgcolor="white")
+                      barmode="stack", legend=dict(orientation="h", x=1, xanchor="right", y=0.44, yanchor="bottom"), plot_bgcolor="white")
     if not records:
         fig.add_annotation(text="no steps yet", x=0.5, y=0.5, xref="paper", yref="paper",
                            showarrow=False, font=dict(size=16, color="#888"))

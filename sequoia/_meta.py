@@ -49,7 +49,7 @@ def read_json(path: str | Path, fmt: str, what: str) -> dict:
     found = data.get("format")
     if found != fmt:
         hint = f"it is a {found!r} file" if found else "it has no 'format' field"
-        raise ValueError(f"{path}: not a {what} file (expected format {fmt!r}; {hint})")
+        raise ValueError(f"{path}: expected a {what} file (format {fmt!r}), but {hint}")
     return data
 
 

@@ -117,7 +117,7 @@ class HardwareProfile:
     @classmethod
     def load(cls, path: str | Path, pair: str | None = None) -> "HardwareProfile":
         """Read a profile; with ``pair``, refuse one measured for another model pair."""
-        prof = cls.from_dict(read_json(path, FORMAT, "hardware profile"), source=str(path))
+        prof = cls.from_dict(read_json(path, FORMAT, "Sequoia hardware profile"), source=str(path))
         if pair is not None and prof.pair and prof.pair != pair:
             raise ValueError(f"{path}: profile was measured for pair {prof.pair!r}, not {pair!r}")
         return prof

@@ -4,10 +4,10 @@ The DP (:mod:`sequoia.dp`) gives, for every budget n and depth limit d, the
 tree with the most expected tokens per step.  Which cell is best depends on
 the machine: a step costs
 
-    draft:  d draft forwards, one per level.  The first one (at the root) also
-            feeds the tokens committed by the previous step, about E of them;
-            level l >= 1 forwards only the level-l nodes that have children
-            (see :class:`sequoia.drafter.Drafter`).
+    draft:  d draft forwards, one per level.  The first one feeds the root
+            (plus at most one accepted leaf the draft never saw: costed as one
+            token); level l >= 1 forwards only the level-l nodes that have
+            children (see :class:`sequoia.drafter.Drafter`).
     target: one forward of the tree's n + 1 tokens.
 
 and yields E(n, d) tokens on average, so the predicted time per token is
@@ -63,20 +63,20 @@ class Choice:
         }
 
 
-def draft_widths(tree: Tree, expected: float = 1.0) -> tuple[float, ...]:
-    """Tokens the draft forwards at each level: ~``expected`` at the root, then the nodes with children."""
+def draft_widths(tree: Tree) -> tuple[int, ...]:
+    """Tokens the draft forwards at each level: the root, then the nodes with children."""
     if tree.depth == 0:
         return ()
     parents_at = [set() for _ in range(tree.depth)]  # level -> nodes there with children
     for v in range(1, tree.n_nodes):
         p = tree.parents[v]
         parents_at[tree.depths[p]].add(p)
-    return (max(1.0, expected),) + tuple(float(len(s)) for s in parents_at[1:])
+    return (1,) + tuple(len(s) for s in parents_at[1:])
 
 
 def step_cost(tree: Tree, expected: float, profile: HardwareProfile) -> StepCost:
     """Predicted cost of one step with ``tree`` yielding ``expected`` tokens on average."""
-    draft = sum(profile.draft(w) for w in draft_widths(tree, expected))
+    draft = sum(profile.draft(w) for w in draft_widths(tree))
     return StepCost(draft_ms=draft, target_ms=profile.target(tree.n_nodes), expected_tokens=expected)
 
 
@@ -116,9 +116,6 @@ def predicted_grid(dp: DPResult, profile: HardwareProfile) -> np.ndarray:
     sizes, widths = cell_shapes(dp)                         # [B+1, D+1], [B+1, D+1, D]
     expected = dp.table                                     # [B+1, D+1]
     draft = np.where(widths > 0, profile.draft(np.maximum(widths, 1)), 0.0)  # [B+1, D+1, D]
-    if draft.shape[-1]:
-        # The root level also feeds the ~E tokens committed by the previous step.
-        draft[..., 0] = np.where(widths[..., 0] > 0, profile.draft(np.maximum(expected, 1.0)), 0.0)
     total = draft.sum(-1) + profile.target(sizes + 1)
     return total / expected
 

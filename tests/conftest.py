@@ -8,6 +8,21 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+# Tiny models gain nothing from threads, and on a shared 2-core machine thread
+# contention makes them ~6x slower.  Tests of real-size models raise this
+# again with the `full_threads` fixture.
+torch.set_num_threads(1)
+
+
+@pytest.fixture
+def full_threads():
+    import os
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)
+    yield
+    torch.set_num_threads(before)
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "embedded: needs the embedded Qwen2.5-Coder pair (slow, converts once)")

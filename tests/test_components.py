@@ -233,7 +233,7 @@ def test_hardware_figures():
     fig = hardware_view.cost_figure(cost, chosen_n=15)
     assert list(fig.data[0].y) == [300, 310, 330, 360, 420]
     assert [t.name for t in fig.data][2].startswith("draft")
-    assert any("chosen: 15" in (a.text or "") for a in fig.layout.annotations)
+    assert [t for t in fig.data if t.name == "chosen: 15 draft tokens"][0].x == (16, 16)
     rows = [hardware_view.PredictionRow("sequoia n=15", 100, 120, chosen=True),
             hardware_view.PredictionRow("chain n=4", 150)]
     fig = hardware_view.prediction_figure(rows)

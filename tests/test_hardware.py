@@ -55,7 +55,7 @@ def test_json_round_trip(tmp_path):
 @pytest.mark.parametrize("content, msg", [
     ("{not json", "not valid JSON"),
     ("[1, 2]", "JSON object"),
-    (json.dumps({"format": "sequoia-acceptance/1", "values": [0.5]}), "not a hardware profile file.*sequoia-acceptance/1"),
+    (json.dumps({"format": "sequoia-acceptance/1", "values": [0.5]}), r"expected a Sequoia hardware profile file \(format 'sequoia-hardware/1'\), but it is a 'sequoia-acceptance/1' file"),
     (json.dumps({"parents": [-1]}), "no 'format' field"),
 ])
 def test_malformed_files(tmp_path, content, msg):
@@ -94,7 +94,7 @@ def test_mismatched_pair(tmp_path):
 
 
 def test_missing_file(tmp_path):
-    with pytest.raises(ValueError, match="no such hardware profile file"):
+    with pytest.raises(ValueError, match="no such Sequoia hardware profile file"):
         HardwareProfile.load(tmp_path / "absent.json")
 
 

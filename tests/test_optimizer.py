@@ -83,18 +83,18 @@ def test_cell_shapes_match_rebuilt_trees(acc):
             assert sizes[n, d] == tree.size
             expect = [0] * 7
             for level, w in enumerate(draft_widths(tree)):
-                expect[level] = int(w)
+                expect[level] = w
             assert list(widths[n, d]) == expect
 
 
 def test_draft_widths_follow_the_drafter():
     tree = Tree((-1, 0, 0, 1, 1, 2, 3))  # level 1: nodes 1, 2 both have children; level 2: only node 3
-    assert draft_widths(tree, expected=2.5) == (2.5, 2.0, 1.0)
+    assert draft_widths(tree) == (1, 2, 1)
     assert draft_widths(Tree.root_only()) == ()
     prof = HardwareProfile.hand_made(target=FLAT(10.0), draft=lambda w: w)
     cost = predict(tree, ACC, prof)
-    e = expected_tokens(tree, ACC)
-    assert cost.draft_ms == pytest.approx(max(1.0, e) + 2.0 + 1.0)
+    assert cost.expected_tokens == pytest.approx(expected_tokens(tree, ACC))
+    assert cost.draft_ms == pytest.approx(1.0 + 2.0 + 1.0)
     assert cost.target_ms == 10.0
 
 

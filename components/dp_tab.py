@@ -1,0 +1,123 @@
+"""DP explorer tab: the Sequoia dynamic program for one acceptance vector.
+
+Pick a measured vector (or edit one), set the largest budget and depth, and
+see the table of expected tokens per step, the optimal tree of any cell
+(chosen with the size / depth sliders, since Plotly clicks do not reach
+Gradio) and the scaling curves against chains, k chains and binary trees.
+No model is needed.
+"""
+
+# No ``from __future__ import annotations``: gr.api reads the return annotation.
+
+from dataclasses import dataclass
+
+import gradio as gr
+
+from sequoia.config import MAX_DEPTH, check_budget
+from sequoia.tree import MAX_TREE_SIZE
+
+from . import dp_view
+from .context import AppContext, acceptance_catalogue, format_acceptance, parse_acceptance
+
+
+@dataclass
+class DPSession:
+    """Per-session state: the last solved table (``sequoia.dp.DPResult``)."""
+
+    result: object = None
+
+
+def solve(acceptance_text: str, budget, depth):
+    """Validated DP solve; raises ValueError with a readable message."""
+    from sequoia.dp import optimal_tree
+
+    acc = parse_acceptance(acceptance_text)
+    budget, depth = int(budget), int(depth)
+    check_budget(budget, depth)
+    return optimal_tree(acc, budget, depth)
+
+
+def cell_views(result, n, d):
+    """Heatmap with (n, d) outlined, that cell's tree and a one-line description."""
+    n = min(max(int(n), 0), result.budget)
+    d = min(max(int(d), 0), result.depth)
+    tree = result.tree(n, d)
+    value = result.value(n, d)
+    heat = dp_view.heatmap(result.table, selected=(n, d))
+    fig = dp_view.tree_figure(tree, result.acceptance, value)
+    md = (f"**n = {n}, d = {d}**: {value:.3f} expected tokens/step with a tree of "
+          f"{tree.size} nodes and depth {tree.depth} · parents `{list(tree.parents)}`")
+    return heat, fig, md
+
+
+def on_solve(acceptance_text, budget, depth, n, d, session: DPSession):
+    try:
+        result = solve(acceptance_text, budget, depth)
+    except ValueError as exc:
+        raise gr.Error(str(exc), title="Cannot solve the DP") from None
+    from sequoia.dp import baseline_curves
+
+    sizes = dp_view.curve_sizes(result.budget)
+    curves = dp_view.curves(sizes, baseline_curves(result.acceptance, sizes))
+    n = min(int(n), result.budget)
+    d = min(int(d), result.depth)
+    heat, fig, md = cell_views(result, n, d)
+    return (heat, fig, md, curves,
+            gr.Slider(maximum=result.budget, value=n), gr.Slider(maximum=result.depth, value=d),
+            DPSession(result))
+
+
+def on_cell(n, d, session: DPSession):
+    if session is None or session.result is None:
+        return gr.skip(), gr.skip(), "*Press **Solve** first.*"
+    return cell_views(session.result, n, d)
+
+
+def on_pick(name, catalogue):
+    return format_acceptance(catalogue[name]) if name in catalogue else gr.skip()
+
+
+def dp_api(acceptance: str, budget: int = 32, depth: int = 8) -> dict:
+    """Solve the DP; returns the table, the optimal tree and the baseline curves."""
+    from sequoia.dp import baseline_curves
+
+    try:
+        result = solve(acceptance, budget, depth)
+    except ValueError as exc:
+        raise gr.Error(str(exc)) from None
+    sizes = dp_view.curve_sizes(result.budget)
+    return {**result.to_dict(), "curve_sizes": sizes, "curves": baseline_curves(result.acceptance, sizes)}
+
+
+def build(ctx: AppContext, demo: gr.Blocks) -> None:
+    catalogue = acceptance_catalogue(ctx.assets_dir)
+    names = list(catalogue)
+    with gr.Row():
+        with gr.Column(scale=1, min_width=300):
+            pick = gr.Dropdown(names, value=names[0], label="acceptance vector")
+            vector = gr.Textbox(format_acceptance(catalogue[names[0]]), label="p_1, p_2, … (editable)",
+                                info="p_k: chance the k-th sampled child is the accepted one; sum ≤ 1")
+            budget = gr.Slider(1, MAX_TREE_SIZE, value=128, step=1, label="largest budget n")
+            depth = gr.Slider(1, MAX_DEPTH, value=16, step=1, label="largest depth d")
+            solve_btn = gr.Button("Solve", variant="primary")
+            gr.Markdown("**Cell** (Plotly clicks do not reach the server; pick the cell here)")
+            n = gr.Slider(0, 128, value=32, step=1, label="tree size n")
+            d = gr.Slider(0, 16, value=8, step=1, label="depth d")
+            cell_md = gr.Markdown()
+        with gr.Column(scale=2):
+            heat = gr.Plot(label="expected tokens per step (DP table)")
+            tree = gr.Plot(label="optimal tree of the selected cell")
+    curves = gr.Plot(label="scaling: expected tokens per step vs tree size")
+    session = gr.State(DPSession())
+
+    pick.change(lambda name: on_pick(name, catalogue), pick, vector, api_visibility="private")
+    solve_inputs = [vector, budget, depth, n, d, session]
+    solve_outputs = [heat, tree, cell_md, curves, n, d, session]
+    solve_btn.click(on_solve, solve_inputs, solve_outputs, api_visibility="private", concurrency_limit=4)
+    vector.submit(on_solve, solve_inputs, solve_outputs, api_visibility="private", concurrency_limit=4)
+    for s in (n, d):
+        s.release(on_cell, [n, d, session], [heat, tree, cell_md], api_visibility="private",
+                  concurrency_limit=4)
+    gr.api(dp_api, api_name="dp", concurrency_limit=4)
+    # Show the default vector solved as soon as the page opens.
+    demo.load(on_solve, solve_inputs, solve_outputs, api_visibility="private", concurrency_limit=4)

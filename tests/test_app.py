@@ -1,0 +1,176 @@
+"""The Gradio layer on a tiny random-weight pair: handlers, errors, API endpoints."""
+
+from types import SimpleNamespace
+
+import gradio as gr
+import pytest
+
+import app
+from components import compare_tab, dp_tab, hardware_tab, live_tab
+from components.context import BUILTIN_ACCEPTANCE, AppContext, acceptance_catalogue, parse_acceptance
+
+CODE = next(iter(BUILTIN_ACCEPTANCE))
+
+
+def _encode(prompt: str, chat: bool = True) -> list[int]:
+    if not prompt.strip():
+        raise ValueError("the prompt is empty")
+    return [1 + ord(c) % 40 for c in prompt]
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_pairs):
+    # draft == target: every draft token is accepted, so runs are short and deterministic.
+    return SimpleNamespace(**vars(tiny_pairs["same"]), encode_prompt=_encode)
+
+
+@pytest.fixture(scope="module")
+def demo(pair, tmp_path_factory):
+    return app.build_demo(pair, assets_dir=tmp_path_factory.mktemp("assets"), max_budget=24)
+
+
+@pytest.fixture()
+def ctx(demo) -> AppContext:
+    return demo.sequoia_context
+
+
+def _stream(ctx, prompt="def f(x):", method="Sequoia (budget & depth)", budget=8, depth=3, temperature=0.0,
+            top_p=1.0, max_new=12, seed=0):
+    return list(live_tab.decode_stream(ctx, prompt, method, budget, depth, temperature, top_p, max_new, seed,
+                                       CODE, True))
+
+
+def test_build_demo_names_api_endpoints(demo):
+    names = {fn.api_name for fn in demo.fns.values()}
+    assert {"decode", "decode_stream", "dp", "compare"} <= names
+
+
+def test_loader_is_lazy(tmp_path):
+    calls = []
+    demo = app.build_demo(lambda: calls.append(1), assets_dir=tmp_path)
+    assert isinstance(demo, gr.Blocks) and calls == []
+
+
+def test_decode_stream_yields_every_step(ctx):
+    outs = _stream(ctx)
+    *steps, final = outs
+    session = final[-1]
+    assert len(steps) == len(session.records) >= 1
+    assert sum(r.n_new for r in session.records) == 12
+    html, tree, stats, summary, _, _ = final
+    assert "draft token accepted by the target" in html and "**12** tokens" in summary
+    assert tree is not None and stats is not None
+    slider = steps[-1][4]
+    assert slider.maximum == max(len(session.records) - 1, 1)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(prompt="   "), "prompt is empty"),
+    (dict(budget=500), "above this server's cap of 24"),
+    (dict(temperature=-1), "temperature"),
+    (dict(top_p=0), "top_p"),
+    (dict(max_new=0), "max new tokens"),
+    (dict(seed=1.5), "seed"),
+    (dict(method="beam search"), "unknown method"),
+])
+def test_decode_errors_are_readable(ctx, kwargs, message):
+    with pytest.raises(gr.Error, match=message):
+        _stream(ctx, **kwargs)
+
+
+def test_every_method_streams(ctx):
+    for method in live_tab.METHODS:
+        final = _stream(ctx, method=method, max_new=6)[-1]
+        assert sum(r.n_new for r in final[-1].records) == 6
+
+
+def test_show_step_revisits_a_step(ctx):
+    session = _stream(ctx)[-1][-1]
+    tree, html = live_tab.show_step(0, session)
+    assert "step 0" in tree.layout.title.text and "outline:2px" in html
+    assert live_tab.show_step(0, live_tab.LiveSession())[0] is None
+
+
+def test_decode_api_returns_text_and_steps(ctx, pair):
+    text, steps = live_tab.decode_api_fn(ctx)("abc", "chain", 4, 4, 0.0, 1.0, 8, 0)
+    ids = [t for s in steps for t in s["new_tokens"]]
+    assert len(ids) == 8 and text == pair.tokenizer.decode(ids)
+    assert {"parents", "accepted", "status", "q", "p", "bonus"} <= set(steps[0])
+
+
+def test_compare_identical_at_greedy(ctx):
+    seen = []
+    rows, notes = compare_tab.run_comparison(ctx, "x = 1", 8, 3, 0.0, 1.0, 10, 0,
+                                             progress=lambda f, desc: seen.append(f))
+    assert [r.method for r in rows][:4] == ["target only", "chain", "specinfer", "sequoia"]
+    assert all(r.identical for r in rows)
+    assert seen[0] == 0 and seen[-1] == 1.0
+    md = compare_tab._notes_markdown(rows, notes, 0.0)
+    assert "reproduce the target-only output" in md
+
+
+def test_compare_api_rows(ctx):
+    rows = compare_tab.compare_api_fn(ctx)("x", 4, 2, 0.0, 1.0, 4, 0, False)
+    assert [r["method"] for r in rows] == ["target only", "chain", "specinfer", "sequoia"]
+    assert all(r["identical"] == "✓ identical" for r in rows)
+
+
+def test_dp_tab_solve_and_cell():
+    heat, tree, md, curves, n, d, session = dp_tab.on_solve("0.8, 0.1", 16, 4, 40, 2, dp_tab.DPSession())
+    assert n.value == 16 and d.value == 2 and "n = 16, d = 2" in md
+    assert len(curves.data) == 4
+    heat, tree, md = dp_tab.on_cell(5, 1, session)
+    assert "n = 5, d = 1" in md
+    with pytest.raises(gr.Error, match="sum to at most 1"):
+        dp_tab.on_solve("0.9, 0.5", 16, 4, 4, 2, dp_tab.DPSession())
+    with pytest.raises(gr.Error, match="budget"):
+        dp_tab.on_solve("0.5", 5000, 4, 4, 2, dp_tab.DPSession())
+    out = dp_tab.dp_api("[0.8, 0.1]", 8, 3)
+    assert out["budget"] == 8 and set(out["curves"]) >= {"sequoia", "chain"}
+
+
+def test_acceptance_catalogue_reads_assets(tmp_path):
+    (tmp_path / "acceptance").mkdir()
+    (tmp_path / "acceptance" / "mine.json").write_text('{"acceptance": [0.6, 0.2], "meta": {"name": "my vec"}}')
+    (tmp_path / "acceptance" / "broken.json").write_text("{")
+    cat = acceptance_catalogue(tmp_path)
+    assert list(cat)[0] == "my vec" and cat["my vec"] == (0.6, 0.2)
+    assert set(BUILTIN_ACCEPTANCE) <= set(cat)
+    assert parse_acceptance("0.5, 0.25") == (0.5, 0.25)
+    with pytest.raises(ValueError):
+        parse_acceptance("a, b")
+
+
+def test_hardware_tab_with_hand_made_profile(ctx):
+    from sequoia.hardware import HardwareProfile
+
+    assert hardware_tab.views(ctx, CODE, 16, 4, None)[0] is None  # no profile yet
+    ctx.profile = HardwareProfile.hand_made(lambda n: 30 + 0.5 * n, lambda w: 3 + 0.1 * w)
+    ctx.profile_source = "hand-made"
+    try:
+        cost, md, grid, pred = hardware_tab.views(ctx, CODE, 16, 4, hardware_tab.HardwareSession())
+        assert "Chosen tree" in md and len(pred.data) == 1
+        measured = hardware_tab.measure(ctx, 16, 4, BUILTIN_ACCEPTANCE[CODE])
+        assert set(measured) == {"target only", "sequoia (chosen)"}
+        pred = hardware_tab.views(ctx, CODE, 16, 4, hardware_tab.HardwareSession(measured))[3]
+        assert [t.name for t in pred.data] == ["predicted", "measured"]
+    finally:
+        ctx.profile = None
+
+
+@pytest.mark.slow
+def test_gradio_client_end_to_end(demo):
+    from gradio_client import Client
+
+    demo.queue(default_concurrency_limit=1, max_size=8)
+    _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True)
+    try:
+        client = Client(url, verbose=False)
+        text, steps = client.predict("hi", "sequoia", 8, 3, 0.0, 1.0, 6, 0, True, api_name="/decode")
+        assert isinstance(text, str) and sum(len(s["new_tokens"]) for s in steps) == 6
+        with pytest.raises(Exception, match="prompt is empty"):
+            client.predict("", api_name="/decode")
+        out = client.predict("0.8, 0.1", 8, 3, api_name="/dp")  # the server still serves after the error
+        assert out["budget"] == 8
+    finally:
+        demo.close()
