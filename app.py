@@ -44,10 +44,11 @@ def build_demo(pair_or_loader: Any | Callable[[], Any], assets_dir: Path = ASSET
                max_budget: int | None = None) -> gr.Blocks:
     """The whole app for a model pair, or a zero-argument callable that loads one on first use."""
     ctx = AppContext.from_pair_or_loader(pair_or_loader, assets_dir=Path(assets_dir), max_budget=max_budget)
-    profile_note = ctx.load_profile() if ctx.loaded else ""
+    if ctx.loaded:
+        ctx.load_profile()
     with gr.Blocks(title="Sequoia Studio") as demo:
         gr.HTML(_HEADER)
-        gr.Markdown(ctx.pair_label() + (f" · {profile_note}" if profile_note else ""))
+        gr.Markdown(ctx.pair_label())
         gr.HTML(_legend())
         with gr.Tabs():
             with gr.Tab("Live decoding"):
@@ -62,7 +63,19 @@ def build_demo(pair_or_loader: Any | Callable[[], Any], assets_dir: Path = ASSET
     return demo
 
 
-def load_from_env(env: Mapping[str, str] = os.environ):
+class _ConsoleProgress:
+    """progress(fraction, description) for load_pair: one console line per new description."""
+
+    def __init__(self) -> None:
+        self.last = None
+
+    def __call__(self, fraction: float, description: str) -> None:
+        if description != self.last:
+            print(f"  [{fraction:4.0%}] {description}", flush=True)
+            self.last = description
+
+
+def load_from_env(env: Mapping[str, str] = os.environ, progress: Callable[[float, str], None] | None = None):
     """Load the pair named by SEQUOIA_DRAFT / SEQUOIA_TARGET / SEQUOIA_DEVICE / SEQUOIA_DTYPE."""
     from sequoia.models import load_pair
 
@@ -71,13 +84,17 @@ def load_from_env(env: Mapping[str, str] = os.environ):
         target=env.get("SEQUOIA_TARGET") or "embedded",
         device=env.get("SEQUOIA_DEVICE") or None,
         dtype=env.get("SEQUOIA_DTYPE") or "auto",
+        progress=progress,
     )
 
 
 def main() -> None:
     print("Sequoia Studio: loading the model pair (the first run converts the embedded GGUF files once) …",
           flush=True)
-    pair = load_from_env()
+    try:
+        pair = load_from_env(progress=_ConsoleProgress())
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise SystemExit(f"Sequoia Studio: could not load the model pair: {exc}") from None
     demo = build_demo(pair)
     # One model, one request at a time; GRADIO_SERVER_NAME / GRADIO_SERVER_PORT are read by gradio itself.
     demo.queue(default_concurrency_limit=1, max_size=QUEUE_MAX_SIZE)

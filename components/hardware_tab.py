@@ -49,6 +49,8 @@ def predictions(ctx: AppContext, acceptance, budget: int, depth: int, measured: 
 
 def views(ctx: AppContext, acceptance_name, budget, depth, session: HardwareSession):
     """(cost figure, choice markdown, predicted-grid heatmap, prediction bars)."""
+    if ctx.profile is None and ctx.loaded:
+        ctx.load_profile()
     if ctx.profile is None:
         empty = "*No hardware profile yet: press **Profile now** (or add one under assets/hardware/).*"
         return None, empty, None, None

@@ -66,7 +66,8 @@ def cost_figure(cost: CostSeries, chosen_n: int | None = None) -> go.Figure:
                       height=400, margin=dict(l=50, r=20, t=50, b=45), plot_bgcolor="white",
                       xaxis_title="tokens in one forward", yaxis_title="ms",
                       legend=dict(orientation="h", y=-0.2))
-    fig.update_xaxes(type="log", gridcolor="#eee")
+    ticks = sorted(set(cost.target_n) | set(cost.draft_width))
+    fig.update_xaxes(type="log", tickvals=ticks, gridcolor="#eee")
     fig.update_yaxes(range=[0, top * 1.15], gridcolor="#eee")
     return fig
 

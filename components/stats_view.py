@@ -27,8 +27,9 @@ def figure(records: Sequence[StepRecord]) -> go.Figure:
     """The six-panel statistics figure; an empty run gives an annotated empty figure."""
     fig = make_subplots(rows=2, cols=3, subplot_titles=_TITLES,
                         horizontal_spacing=0.08, vertical_spacing=0.18)
-    fig.update_layout(height=560, margin=dict(l=40, r=20, t=50, b=40), showlegend=True,
-                      barmode="stack", legend=dict(orientation="h", x=1, xanchor="right", y=0.44, yanchor="bottom"), plot_bgcolor="white")
+    fig.update_layout(height=580, margin=dict(l=40, r=20, t=50, b=60), showlegend=True, barmode="stack",
+                      legend=dict(orientation="h", x=1, xanchor="right", y=-0.1, yanchor="top"),
+                      plot_bgcolor="white")
     if not records:
         fig.add_annotation(text="no steps yet", x=0.5, y=0.5, xref="paper", yref="paper",
                            showarrow=False, font=dict(size=16, color="#888"))
@@ -84,7 +85,7 @@ def _time_panels(fig: go.Figure, s: RunStats, records: Sequence[StepRecord]) -> 
     parts = (("draft", "draft_s", "#ff7f0e"), ("verify", "verify_s", "#1f77b4"), ("other", "other_s", "#c7c7c7"))
     for name, attr, color in parts:
         fig.add_trace(go.Bar(x=steps, y=[1000 * getattr(r, attr) for r in records], name=name,
-                             marker_color=color, legendgroup="time",
+                             marker_color=color,
                              hovertemplate=f"{name}: %{{y:.1f}} ms<extra></extra>"), row=2, col=3)
     fig.update_xaxes(title_text="step", row=2, col=3)
     fig.update_yaxes(title_text="ms", row=2, col=3)

@@ -70,10 +70,9 @@ def _sequoia(acceptance, budget: int, depth: int | None) -> StaticTreeProposer:
 
 def _auto(name, acceptance, profile, budget, depth) -> StaticTreeProposer:
     """Let the hardware-aware optimizer choose budget and depth."""
-    from .hardware import HardwareProfile  # noqa: F401  (profile type)
     from .optimizer import choose_tree
 
     if profile is None:
         raise ValueError(f"method {name!r} needs a hardware profile (python -m sequoia profile)")
-    choice = choose_tree(acceptance, profile, max_budget=budget or 128, max_depth=depth or 16)
+    choice = choose_tree(acceptance, profile, max_budget=budget, max_depth=depth or 16)
     return StaticTreeProposer(choice.tree, name="sequoia-auto")

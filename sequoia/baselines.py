@@ -1,0 +1,86 @@
+"""The peers: Hugging Face ``generate`` with the target alone, and its assisted generation.
+
+They run outside the engine loop (that is the point of a peer), so they yield
+no step records; what a comparison needs from them is the output tokens, the
+wall time and how many times the target model was called.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from .config import GenerationConfig
+
+
+@dataclass(frozen=True)
+class BaselineRun:
+    name: str                  # "hf-generate" | "hf-assisted"
+    tokens: tuple[int, ...]    # generated tokens (prompt excluded)
+    seconds: float
+    target_calls: int          # forwards of the target model
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.tokens) / self.seconds if self.seconds > 0 else 0.0
+
+
+def hf_generate(pair, prompt_ids: list[int], config: GenerationConfig, assisted: bool = False) -> BaselineRun:
+    """Run ``pair.target.generate`` (with ``assistant_model=pair.draft`` when ``assisted``).
+
+    Hugging Face sampling draws from torch's global generator, so it is seeded
+    here with ``config.seed``; the engine itself never touches global state.
+    """
+    if not prompt_ids:
+        raise ValueError("the prompt is empty")
+    kwargs = _generate_kwargs(pair, config)
+    if assisted:
+        kwargs["assistant_model"] = pair.draft
+    ids = torch.tensor([prompt_ids], device=pair.device)
+    torch.manual_seed(config.seed)
+    with _count_calls(pair.target) as calls, torch.inference_mode():
+        start = time.perf_counter()
+        out = pair.target.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+        if pair.device.type == "cuda":
+            torch.cuda.synchronize(pair.device)
+        seconds = time.perf_counter() - start
+    tokens = _trim(out[0, len(prompt_ids):].tolist(), pair.eos_token_ids if config.stop_at_eos else ())
+    return BaselineRun("hf-assisted" if assisted else "hf-generate", tuple(tokens), seconds, calls[0])
+
+
+def _generate_kwargs(pair, config: GenerationConfig) -> dict:
+    s = config.sampling
+    eos = list(pair.eos_token_ids) if config.stop_at_eos and pair.eos_token_ids else None
+    kwargs = dict(max_new_tokens=config.max_new_tokens, do_sample=not s.greedy, eos_token_id=eos,
+                  pad_token_id=(eos or [0])[0])
+    if s.greedy:
+        kwargs.update(temperature=None, top_p=None, top_k=None)
+    else:
+        kwargs.update(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k or None)
+    if config.stop_strings:
+        kwargs.update(stop_strings=list(config.stop_strings), tokenizer=pair.tokenizer)
+    return kwargs
+
+
+def _trim(tokens: list[int], eos) -> list[int]:
+    for i, t in enumerate(tokens):
+        if t in eos:
+            return tokens[: i + 1]
+    return tokens
+
+
+@contextmanager
+def _count_calls(model):
+    calls = [0]
+
+    def hook(*_):
+        calls[0] += 1
+
+    handle = model.register_forward_pre_hook(hook)
+    try:
+        yield calls
+    finally:
+        handle.remove()
