@@ -1,0 +1,48 @@
+"""Regenerate the shipped acceptance vectors of the embedded pair (assets/acceptance/).
+
+    .venv/bin/python scripts/measure_acceptance_assets.py [max_new_tokens]
+
+Teacher-forced (see :mod:`sequoia.acceptance`), width 16, for each prompt set
+(assets/prompts/code.jsonl, chat.jsonl) at greedy, T=0.6 and T=1.0.  The
+continuations are written by the target, so this takes a while on a CPU
+(about 12 prompts x max_new_tokens target decode steps per file).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from sequoia.acceptance import load_prompts, measure_acceptance
+from sequoia.config import SamplingConfig
+from sequoia.models import load_pair
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = ROOT / "assets" / "prompts"
+OUT = ROOT / "assets" / "acceptance"
+SETTINGS = {"greedy": SamplingConfig(0.0), "t0.6": SamplingConfig(0.6), "t1.0": SamplingConfig(1.0)}
+WIDTH = 16
+SEED = 0
+
+
+def main(max_new_tokens: int = 64) -> None:
+    pair = load_pair()
+    OUT.mkdir(parents=True, exist_ok=True)
+    for set_name in ("code", "chat"):
+        prompts = load_prompts(PROMPTS / f"{set_name}.jsonl")
+        for tag, sampling in SETTINGS.items():
+            t0 = time.perf_counter()
+            vec = measure_acceptance(pair, prompts, sampling, width=WIDTH, max_new_tokens=max_new_tokens,
+                                     generator=torch.Generator().manual_seed(SEED), prompt_set=set_name)
+            path = OUT / f"embedded-{set_name}-{tag}.json"
+            vec.save(path)
+            head = ", ".join(f"{v:.3f}" for v in vec.values[:4])
+            print(f"{path.name}: p = [{head}, ...] sum {sum(vec.values):.3f} over {vec.positions} positions "
+                  f"({time.perf_counter() - t0:.0f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main(*(int(a) for a in sys.argv[1:2]))
