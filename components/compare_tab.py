@@ -1,7 +1,8 @@
 """Compare tab: every method on one prompt, one after another.
 
-Target only, chain, SpecInfer, Sequoia and Hugging Face assisted generation
-run with the same settings; the bars and the table come from
+Target only, chain, SpecInfer, Sequoia (and Sequoia auto when a hardware
+profile is loaded) and Hugging Face assisted generation run with the same
+settings; the bars and the table come from
 :mod:`components.compare_view`.  At temperature 0 every lossless method must
 reproduce the target-only output token for token, which the "identical"
 column checks.
@@ -46,10 +47,11 @@ def run_comparison(ctx: AppContext, prompt, budget, depth, temperature, top_p, m
                    acceptance=None, chat=True, include_hf=True,
                    progress: Callable[[float, str], None] | None = None):
     """All rows (reference first, identical flags set) and notes; ValueError on bad input."""
-    total = len(RUNS) + int(include_hf)
+    runs = RUNS + ((("sequoia-auto", "Sequoia (auto)"),) if ctx.profile is not None else ())
+    total = len(runs) + int(include_hf)
     rows, notes = [], []
     first_req = None
-    for i, (name, label) in enumerate(RUNS):
+    for i, (name, label) in enumerate(runs):
         if progress:
             progress(i / total, f"running {name}")
         req = make_request(ctx, prompt, label, budget, depth, temperature, top_p, max_new_tokens,
@@ -60,7 +62,7 @@ def run_comparison(ctx: AppContext, prompt, budget, depth, temperature, top_p, m
         rows.append(compare_view.row_from_records(name, records, seconds=time.perf_counter() - t0))
     if include_hf:
         if progress:
-            progress(len(RUNS) / total, "running HF assisted generation")
+            progress(len(runs) / total, "running HF assisted generation")
         hf = _hf_row(ctx, first_req)
         if isinstance(hf, compare_view.CompareRow):
             rows.append(hf)

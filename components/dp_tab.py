@@ -116,8 +116,8 @@ def build(ctx: AppContext, demo: gr.Blocks) -> None:
     solve_btn.click(on_solve, solve_inputs, solve_outputs, api_visibility="private", concurrency_limit=4)
     vector.submit(on_solve, solve_inputs, solve_outputs, api_visibility="private", concurrency_limit=4)
     for s in (n, d):
-        s.release(on_cell, [n, d, session], [heat, tree, cell_md], api_visibility="private",
-                  concurrency_limit=4)
+        s.input(on_cell, [n, d, session], [heat, tree, cell_md], api_visibility="private",
+                trigger_mode="always_last", concurrency_limit=4)
     gr.api(dp_api, api_name="dp", concurrency_limit=4)
     # Show the default vector solved as soon as the page opens.
     demo.load(on_solve, solve_inputs, solve_outputs, api_visibility="private", concurrency_limit=4)

@@ -228,5 +228,6 @@ def build(ctx: AppContext) -> None:
                          [text, tree, stats, summary, step, session], api_name="decode_stream",
                          concurrency_id="model")
     stop_btn.click(None, None, None, cancels=[event], api_visibility="private")
-    step.release(show_step, [step, session], [tree, text], api_visibility="private")
+    # input (user moves only, not the updates streamed during decoding); always_last drops stale drags.
+    step.input(show_step, [step, session], [tree, text], api_visibility="private", trigger_mode="always_last")
     gr.api(decode_api_fn(ctx), api_name="decode", concurrency_id="model")

@@ -89,3 +89,17 @@ def tiny_pairs(tiny_target):
         "noisy": make_pair(perturbed(tiny_target, 0.5, 1), tiny_target, vocab),
         "random": make_pair(tiny_model(7), tiny_target, vocab),
     }
+
+
+@pytest.fixture(scope="session")
+def embedded_pair_fp32():
+    """The real embedded pair with an fp32 target: exactness tests need fp32 logits (see MODELS.md)."""
+    import os
+
+    from sequoia.models import load_pair
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        yield load_pair(dtype="fp32", draft_int8=True)
+    finally:
+        torch.set_num_threads(1)

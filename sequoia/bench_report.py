@@ -1,0 +1,148 @@
+"""Summaries of a bench run (medians per prompt set) and their JSON / Markdown forms.
+
+Every number here is computed from :class:`sequoia.bench.RunResult` alone.
+``speedup`` is the median over prompts of each prompt's tokens/s ratio to
+``hf-generate`` on the same prompt and temperature (the target alone), and
+``vs_assisted`` the same ratio to ``hf-assisted``: per-prompt ratios cancel
+how long or easy each prompt is, which medians of tokens/s alone do not.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .bench import BENCH_METHODS, BenchResult, RunResult
+
+FORMAT = "sequoia-bench/1"
+
+
+@dataclass(frozen=True)
+class MethodSummary:
+    method: str
+    prompt_set: str
+    temperature: float
+    runs: int
+    tokens_per_s: float               # median over prompts
+    speedup: float                    # median per-prompt ratio to hf-generate (nan without it)
+    vs_assisted: float                # median per-prompt ratio to hf-assisted (nan without it)
+    tokens_per_call: float            # median new tokens per target forward
+    new_tokens: int                   # summed over prompts
+    draft_frac: float | None          # of the summed step time (engine methods)
+    verify_frac: float | None
+    other_frac: float | None
+    outside_frac: float | None        # of wall time spent outside steps (prefill, generator)
+    mismatches: int | None            # T=0: prompts whose output differs from target-only greedy
+    compared: int | None              # T=0: prompts compared
+
+
+def summarize_runs(runs: list[RunResult]) -> list[MethodSummary]:
+    """One summary per (prompt set, temperature, method), in report order."""
+    groups: dict[tuple, list[RunResult]] = {}
+    for r in runs:
+        groups.setdefault((r.prompt_set, r.temperature, r.method), []).append(r)
+    index = {(r.prompt_set, r.temperature, r.method, r.prompt_index): r for r in runs}
+    order = {m: i for i, m in enumerate(BENCH_METHODS)}
+    out = []
+    for (set_name, temp, method), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], order[kv[0][2]])):
+        def ratio_to(other: str) -> float:
+            ratios = [r.tokens_per_s / base.tokens_per_s for r in rs
+                      if (base := index.get((set_name, temp, other, r.prompt_index))) and base.tokens_per_s > 0]
+            return statistics.median(ratios) if ratios else math.nan
+
+        out.append(MethodSummary(
+            method=method, prompt_set=set_name, temperature=temp, runs=len(rs),
+            tokens_per_s=statistics.median(r.tokens_per_s for r in rs),
+            speedup=ratio_to("hf-generate"), vs_assisted=ratio_to("hf-assisted"),
+            tokens_per_call=statistics.median(r.tokens_per_call for r in rs),
+            new_tokens=sum(r.new_tokens for r in rs), **_split(rs), **_equality(rs),
+        ))
+    return out
+
+
+def _split(rs: list[RunResult]) -> dict:
+    if any(r.steps is None for r in rs):
+        return dict(draft_frac=None, verify_frac=None, other_frac=None, outside_frac=None)
+    draft, verify, other = (sum(getattr(r, k) for r in rs) for k in ("draft_s", "verify_s", "other_s"))
+    steps = (draft + verify + other) or 1.0
+    wall = sum(r.seconds for r in rs) or 1.0
+    return dict(draft_frac=draft / steps, verify_frac=verify / steps, other_frac=other / steps,
+                outside_frac=sum(r.outside_steps_s for r in rs) / wall)
+
+
+def _equality(rs: list[RunResult]) -> dict:
+    flags = [r.matches_reference for r in rs if r.matches_reference is not None]
+    if not flags:
+        return dict(mismatches=None, compared=None)
+    return dict(mismatches=sum(not f for f in flags), compared=len(flags))
+
+
+# ---------------------------------------------------------------------------- JSON
+def to_dict(result: BenchResult) -> dict:
+    return {
+        "format": FORMAT, "pair": result.pair, "device": result.device, "started": result.started,
+        "seconds": result.seconds, "config": asdict(result.config),
+        "trees": [t.to_dict() for t in result.trees], "profile": result.profile,
+        "summary": [_finite(asdict(s)) for s in summarize_runs(result.runs)],
+        "runs": [r.to_dict() for r in result.runs],
+    }
+
+
+def write_json(result: BenchResult, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(to_dict(result), indent=1))
+
+
+def _finite(d: dict) -> dict:
+    """JSON has no NaN: missing ratios become null."""
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
+
+
+# ---------------------------------------------------------------------------- Markdown
+_COLUMNS = ("prompts", "T", "method", "tokens/s", "speedup", "vs assisted", "tokens/call",
+            "draft / verify / other", "greedy = target")
+
+
+def markdown_table(summaries: list[MethodSummary]) -> str:
+    """One row per (prompt set, temperature, method); medians over prompts."""
+    lines = ["| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
+    for s in summaries:
+        split = ("-" if s.draft_frac is None else
+                 f"{s.draft_frac:.0%} / {s.verify_frac:.0%} / {s.other_frac:.0%}")
+        equal = "-" if s.compared is None else f"{s.compared - s.mismatches}/{s.compared}"
+        cells = (f"{s.prompt_set} ({s.runs})", f"{s.temperature:g}", s.method, f"{s.tokens_per_s:.2f}",
+                 _x(s.speedup), _x(s.vs_assisted), f"{s.tokens_per_call:.2f}", split, equal)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def markdown_report(result: BenchResult) -> str:
+    cfg = result.config
+    head = [
+        f"# Bench: {result.pair}", "",
+        f"{result.device}; {cfg.max_new_tokens} new tokens; temperatures {', '.join(f'{t:g}' for t in cfg.temperatures)}; "
+        f"{result.seconds / 60:.1f} min in all (started {result.started}).", "",
+        "Medians over the prompts of each set.  *speedup*: tokens/s over `hf-generate` (target alone) on the "
+        "same prompt; *vs assisted*: over `hf-assisted`; *tokens/call*: new tokens per target forward "
+        "(prefill included); the split is of the engine's step time; *greedy = target*: outputs equal to "
+        "target-only greedy at T=0.", "",
+        markdown_table(summarize_runs(result.runs)),
+    ]
+    if result.trees:
+        head += ["Sequoia trees (optimizer's choice):", ""]
+        for t in result.trees:
+            head.append(f"- {t.prompt_set}, T={t.temperature:g}: {t.tree.size} tokens, depth {t.tree.depth}, "
+                        f"predicted {t.expected_tokens:.2f} tokens/step and {t.predicted_speedup:.2f}x "
+                        f"(acceptance: {t.acceptance_source})")
+        head.append("")
+    return "\n".join(head)
+
+
+def write_markdown(result: BenchResult, path: str | Path) -> None:
+    Path(path).write_text(markdown_report(result))
+
+
+def _x(v: float) -> str:
+    return "-" if math.isnan(v) else f"{v:.2f}x"

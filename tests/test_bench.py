@@ -1,0 +1,203 @@
+"""The bench library on tiny random-weight models: structure, equality flags, JSON and Markdown.
+
+No timing is asserted: only that every number is there and consistent.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+
+from sequoia.bench import (
+    BenchConfig,
+    PromptSet,
+    RunResult,
+    TreeChoice,
+    _compare_with_reference,
+    load_prompt_sets,
+    run_bench,
+)
+from sequoia.bench_report import FORMAT, markdown_report, markdown_table, summarize_runs, to_dict, write_json
+from sequoia.hardware import HardwareProfile
+from sequoia.tree import Tree
+
+PROMPTS = (PromptSet("code", ((3, 5, 7, 9), (11, 2, 4))), PromptSet("chat", ((1, 8, 20, 6, 2),)))
+
+
+def _pair(base):
+    """A tiny pair whose eos is a token that random models rarely emit (runs reach max_new_tokens)."""
+    return SimpleNamespace(**{**vars(base), "eos_token_ids": (47,)})
+
+
+def _trees(temps=(0.0,), tree=Tree.k_ary(2, 2)):
+    return [TreeChoice(s.name, t, tree, (0.8, 0.1), "test", 1.5, 2.0) for s in PROMPTS for t in temps]
+
+
+@pytest.fixture(scope="module")
+def greedy_result(tiny_pairs):
+    config = BenchConfig(max_new_tokens=8, temperatures=(0.0,), warmup_tokens=2)
+    return run_bench(_pair(tiny_pairs["noisy"]), PROMPTS, config, _trees(), progress=lambda *a: None)
+
+
+def test_every_method_runs_on_every_prompt(greedy_result):
+    runs = greedy_result.runs
+    assert len(runs) == 3 * len(BenchConfig().methods)
+    for r in runs:
+        assert 1 <= r.new_tokens <= 8 and r.seconds > 0 and r.target_calls >= 1
+        assert r.tokens_per_s > 0 and 0 < r.tokens_per_call <= r.new_tokens
+    keys = {(r.prompt_set, r.prompt_index) for r in runs}
+    assert keys == {("code", 0), ("code", 1), ("chat", 0)}
+
+
+def test_engine_runs_carry_a_time_split_and_hf_runs_do_not(greedy_result):
+    for r in greedy_result.runs:
+        if r.method.startswith("hf-"):
+            assert r.steps is None and r.draft_s is None and r.outside_steps_s is None
+        else:
+            assert r.steps >= 1 and r.draft_s >= 0 and r.verify_s > 0 and r.other_s >= 0
+            assert r.outside_steps_s >= 0
+            # one forward per step plus the prefill of prompt[:-1]
+            assert r.target_calls == r.steps + 1
+    ar = [r for r in greedy_result.runs if r.method == "ar"]
+    assert all(r.tree_size == 0 for r in ar)
+
+
+def test_greedy_outputs_equal_target_only(greedy_result):
+    """In fp32 every method reproduces target-only greedy decoding, and the flags say so."""
+    for r in greedy_result.runs:
+        if r.method == "hf-generate":
+            assert r.matches_reference is None
+        else:
+            assert r.reference == "hf-generate"
+            assert r.matches_reference is True and r.agree_prefix == r.new_tokens
+
+
+def test_equality_flag_catches_a_difference():
+    ref = RunResult("hf-generate", "code", 0, 0.0, 4, (1, 2, 3, 4), 1.0, 4)
+    other = replace(ref, method="chain", tokens=(1, 2, 9, 4))
+    out = {r.method: r for r in _compare_with_reference([other, ref])}
+    assert out["chain"].matches_reference is False and out["chain"].agree_prefix == 2
+    assert out["hf-generate"].matches_reference is None
+    # without a target-only run there is nothing to compare with
+    assert _compare_with_reference([other])[0].matches_reference is None
+
+
+def test_sampled_runs_are_not_compared(tiny_pairs):
+    config = BenchConfig(max_new_tokens=6, temperatures=(0.6,), methods=("hf-generate", "sequoia"),
+                         warmup_tokens=0)
+    res = run_bench(_pair(tiny_pairs["noisy"]), PROMPTS[:1], config, _trees((0.6,)), progress=lambda *a: None)
+    assert len(res.runs) == 4
+    assert all(r.matches_reference is None for r in res.runs)
+
+
+def test_summaries_medians_and_ratios(greedy_result):
+    sums = summarize_runs(greedy_result.runs)
+    assert len(sums) == 2 * len(BenchConfig().methods)
+    by = {(s.prompt_set, s.method): s for s in sums}
+    hf = by[("code", "hf-generate")]
+    assert hf.speedup == pytest.approx(1.0) and hf.runs == 2 and hf.mismatches is None
+    seq = by[("code", "sequoia")]
+    assert seq.mismatches == 0 and seq.compared == 2
+    assert math.isclose(seq.draft_frac + seq.verify_frac + seq.other_frac, 1.0)
+    assert by[("code", "hf-assisted")].vs_assisted == pytest.approx(1.0)
+    assert by[("code", "hf-assisted")].draft_frac is None
+
+
+def test_summary_ratio_is_per_prompt():
+    def run(method, idx, secs):
+        return RunResult(method, "s", idx, 0.0, 3, (1,) * 10, secs, 10)
+
+    runs = [run("hf-generate", 0, 10.0), run("hf-generate", 1, 1.0), run("ar", 0, 5.0), run("ar", 1, 0.5)]
+    ar = next(s for s in summarize_runs(runs) if s.method == "ar")
+    assert ar.speedup == pytest.approx(2.0)           # both prompts 2x, whatever their speeds
+    assert ar.tokens_per_s == pytest.approx((2 + 20) / 2)
+    assert math.isnan(ar.vs_assisted)
+
+
+def test_json_and_markdown(greedy_result, tmp_path):
+    path = tmp_path / "bench.json"
+    write_json(greedy_result, path)
+    data = json.loads(path.read_text())
+    assert data["format"] == FORMAT
+    assert len(data["runs"]) == len(greedy_result.runs) and len(data["summary"]) == 12
+    assert data["trees"][0]["budget"] == 6 and data["config"]["max_new_tokens"] == 8
+    assert all(s["vs_assisted"] is not None for s in data["summary"])
+    assert isinstance(data["runs"][0]["tokens"], list)
+    table = markdown_table(summarize_runs(greedy_result.runs))
+    lines = table.strip().splitlines()
+    assert len(lines) == 2 + 12 and lines[0].startswith("| prompts |")
+    assert all(line.count("|") == lines[0].count("|") for line in lines)
+    assert "| sequoia |" in table and "2/2" in table
+    report = markdown_report(greedy_result)
+    assert "Sequoia trees" in report and table in report
+    json.dumps(to_dict(greedy_result))  # no NaN sneaks into the JSON
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="unknown bench method"):
+        BenchConfig(methods=("ar", "medusa"))
+    with pytest.raises(ValueError, match="temperature"):
+        BenchConfig(temperatures=(-1.0,))
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        BenchConfig(max_new_tokens=0)
+
+
+def test_sequoia_needs_a_tree(tiny_pairs):
+    config = BenchConfig(max_new_tokens=4, methods=("sequoia",), warmup_tokens=0)
+    with pytest.raises(ValueError, match="no Sequoia tree"):
+        run_bench(_pair(tiny_pairs["same"]), PROMPTS, config, [], progress=lambda *a: None)
+
+
+def test_load_prompt_sets(tmp_path):
+    from sequoia.cli import ASSETS
+
+    sets = load_prompt_sets("code,chat", ASSETS / "prompts", limit=2)
+    assert [s.name for s in sets] == ["code", "chat"] and all(len(s.prompts) == 2 for s in sets)
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text('{"prompt": "hello"}\n{"prompt": "world"}\n')
+    (own,) = load_prompt_sets(str(mine), ASSETS / "prompts")
+    assert own == PromptSet("mine", ("hello", "world"))
+    with pytest.raises(ValueError, match="no prompt set"):
+        load_prompt_sets("nope", ASSETS / "prompts")
+
+
+def test_tree_choice_from_files(tmp_path):
+    from sequoia.acceptance import AcceptanceVector
+    from sequoia.bench_trees import acceptance_files, choose_trees, pick_acceptance
+
+    AcceptanceVector((0.9, 0.05), temperature=0.0, prompt_set="code").save(tmp_path / "code-t0.json")
+    AcceptanceVector((0.6, 0.2), temperature=0.6, prompt_set="chat").save(tmp_path / "chat-t06.json")
+    (tmp_path / "junk.json").write_text("{}")
+    files = acceptance_files(tmp_path)
+    assert len(files) == 2
+    assert pick_acceptance(files, "code", 0.0)[0] == (0.9, 0.05)
+    assert pick_acceptance(files, "code", 0.6)[0] == (0.6, 0.2)       # same T beats same set
+    assert pick_acceptance(files, "chat", 0.0)[0] == (0.9, 0.05)
+    assert pick_acceptance([], "chat", 0.0)[1] == "default"
+    prof = HardwareProfile.hand_made(lambda n: 100.0 + n, lambda w: 10.0 + w)
+    trees = choose_trees([PromptSet("code", ("x",))], (0.0, 0.6), files, prof, max_budget=32)
+    assert [t.temperature for t in trees] == [0.0, 0.6]
+    assert all(t.tree.size >= 1 and t.predicted_speedup > 1 for t in trees)
+    assert trees[0].acceptance_source.endswith("code-t0.json")
+
+
+def test_figures_are_built_from_summaries(greedy_result, tmp_path):
+    pytest.importorskip("plotly")
+    from sequoia.bench_figures import robustness_figure, scalability_figure, speed_figure, speedup_figure
+    from sequoia.bench_figures import time_split_figure, write_figures
+
+    sums = summarize_runs(greedy_result.runs)
+    assert len(speed_figure(sums).data) == len(BenchConfig().methods)
+    assert len(speedup_figure(sums).data) == len(BenchConfig().methods)
+    assert [t.name for t in time_split_figure(sums).data] == ["draft", "verify", "other"]
+    rows = [{"shape": s, "size": n, "tokens_per_call": 1 + n / 10} for s in ("chain", "sequoia") for n in (1, 2, 4)]
+    assert len(scalability_figure(rows, {"chain": [1, 2, 3]}, [1, 2, 4]).data) == 3
+    rob = [{"temperature": t, "mode": m, "children": k, "rejection": 1 / k}
+           for t in (0.2, 1.0) for m in ("topk", "with_replacement") for k in (1, 2)]
+    assert len(robustness_figure(rob).data) == 4
+    paths, _ = write_figures({"speed": speed_figure(sums)}, tmp_path, png=False)
+    assert paths == [tmp_path / "speed.html"] and (tmp_path / "plotly.min.js").exists()
