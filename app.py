@@ -89,6 +89,10 @@ def load_from_env(env: Mapping[str, str] = os.environ, progress: Callable[[float
 
 
 def main() -> None:
+    import torch
+
+    # Denormal floats make CPU matmuls of small activations many times slower.
+    torch.set_flush_denormal(True)
     print("Sequoia Studio: loading the model pair (the first run converts the embedded GGUF files once) …",
           flush=True)
     try:

@@ -31,16 +31,14 @@ HF_ROW = "hf assisted"
 
 def _hf_row(ctx: AppContext, req) -> compare_view.CompareRow | str:
     """HF assisted generation with the same pair, or a note why it was skipped."""
+    from sequoia.baselines import hf_generate
+
     try:
-        from sequoia.engine import hf_assisted_generate
-    except ImportError:
-        return "HF assisted generation is not available in this build."
-    try:
-        ids, seconds = hf_assisted_generate(ctx.pair(), req.prompt_ids, req.config)
-    except (ValueError, RuntimeError, NotImplementedError) as exc:
+        run = hf_generate(ctx.pair(), req.prompt_ids, req.config, assisted=True)
+    except (ValueError, RuntimeError, NotImplementedError, TypeError) as exc:
         return f"HF assisted generation failed: {exc}"
-    ids = tuple(int(t) for t in ids)
-    return compare_view.CompareRow(HF_ROW, tokens=len(ids), seconds=float(seconds), token_ids=ids)
+    return compare_view.CompareRow(HF_ROW, tokens=len(run.tokens), seconds=run.seconds,
+                                   target_calls=run.target_calls, token_ids=run.tokens)
 
 
 def run_comparison(ctx: AppContext, prompt, budget, depth, temperature, top_p, max_new_tokens, seed,

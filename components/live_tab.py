@@ -20,7 +20,7 @@ from sequoia.config import MAX_NEW_TOKENS, GenerationConfig, SamplingConfig, che
 from sequoia.trace import StepRecord
 
 from . import stats_view, text_view, tree_view
-from .context import AppContext, acceptance_catalogue
+from .context import AppContext, acceptance_catalogue, parse_acceptance
 
 #: UI label -> sequoia.methods name.
 METHODS = {
@@ -176,11 +176,15 @@ def decode_api_fn(ctx: AppContext):
     """The typed function behind the ``/decode`` API endpoint."""
     def decode(prompt: str, method: str = "sequoia", budget: int = 32, depth: int = 8,
                temperature: float = 0.0, top_p: float = 1.0, max_new_tokens: int = 64,
-               seed: int = 0, chat: bool = True) -> tuple[str, list]:
-        """Generate with one method; returns the text and one JSON object per step."""
+               seed: int = 0, chat: bool = True, acceptance: str = "") -> tuple[str, list]:
+        """Generate with one method; returns the text and one JSON object per step.
+
+        ``acceptance`` (e.g. "0.8, 0.1, 0.05") sets the vector the Sequoia tree is built for.
+        """
         try:
+            vec = parse_acceptance(acceptance) if acceptance.strip() else None
             req = make_request(ctx, prompt, method, budget, depth, temperature, top_p, max_new_tokens,
-                               seed, None, chat)
+                               seed, vec, chat)
             records = list(run_decode(ctx, req))
         except ValueError as exc:
             raise gr.Error(str(exc)) from None

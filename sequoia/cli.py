@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    import torch
+
+    torch.set_flush_denormal(True)  # denormals make CPU matmuls of small activations many times slower
     try:
         return _COMMANDS[args.command](args)
     except (ValueError, FileNotFoundError) as exc:

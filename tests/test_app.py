@@ -96,6 +96,10 @@ def test_decode_api_returns_text_and_steps(ctx, pair):
     ids = [t for s in steps for t in s["new_tokens"]]
     assert len(ids) == 8 and text == pair.tokenizer.decode(ids)
     assert {"parents", "accepted", "status", "q", "p", "bonus"} <= set(steps[0])
+    _, steps = live_tab.decode_api_fn(ctx)("abc", "sequoia", 6, 6, 0.0, 1.0, 4, 0, True, "1.0")
+    assert steps[0]["parents"] == [-1, 0, 1, 2, 3, 4, 5]  # p = (1.0,): the optimal tree is a chain
+    with pytest.raises(gr.Error, match="sum to at most 1"):
+        live_tab.decode_api_fn(ctx)("abc", "sequoia", 6, 6, 0.0, 1.0, 4, 0, True, "0.9, 0.9")
 
 
 def test_compare_identical_at_greedy(ctx):
