@@ -4,11 +4,14 @@
     SEQUOIA_DRAFT=Qwen/Qwen2.5-0.5B-Instruct SEQUOIA_TARGET=Qwen/Qwen2.5-7B-Instruct \\
     SEQUOIA_DEVICE=cuda SEQUOIA_DTYPE=bfloat16 python app.py
 
-Nothing is loaded at import: ``main()`` reads the environment, loads the
-pair (with progress on the console), builds the Blocks and launches.  Tests
-call :func:`build_demo` with a tiny model pair instead.  Named API endpoints
-for ``gradio_client``: ``/decode`` (text + one JSON object per step),
-``/decode_stream`` (the streaming UI handler), ``/dp`` and ``/compare``.
+Nothing is loaded at import.  ``main()`` reads the environment, builds the
+page and serves it at once while the pair loads in a background thread: a
+banner at the top shows the loading progress (the console prints it too),
+the DP explorer works meanwhile, and model handlers answer "still loading"
+until the pair is ready.  Tests call :func:`build_demo` with a tiny model
+pair instead.  Named API endpoints for ``gradio_client``: ``/decode`` (text +
+one JSON object per step), ``/decode_stream`` (the streaming UI handler),
+``/dp`` and ``/compare``.
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ from typing import Any
 
 import gradio as gr
 
-from components import COLORS, compare_tab, dp_tab, hardware_tab, live_tab
-from components.context import ASSETS, AppContext
+from components import compare_tab, dp_tab, hardware_tab, live_tab, status_view
+from components.context import ASSETS, AppContext, LoadStatus, budget_cap_for
 
 CSS_PATH = ASSETS / "studio.css"
-QUEUE_MAX_SIZE = 16  # waiting requests beyond this are refused rather than queued for minutes
+QUEUE_MAX_SIZE = 16     # waiting requests beyond this are refused rather than queued for minutes
+STATUS_POLL_S = 1.0     # how often an open page re-reads the loading progress until the models are ready
 
 _HEADER = """<div class="sq-header">
 <h1>Sequoia Studio</h1>
@@ -33,23 +37,21 @@ the target verifies it in one forward, and the output is distributed exactly as 
 </div>"""
 
 
-def _legend() -> str:
-    items = [("accepted", "accepted draft token"), ("rejected", "rejected"), ("unreached", "never verified"),
-             ("bonus", "target bonus token")]
-    spans = "".join(f'<span><i style="background:{COLORS[k]}"></i>{label}</span>' for k, label in items)
-    return f'<div class="sq-legend">{spans}</div>'
-
-
 def build_demo(pair_or_loader: Any | Callable[[], Any], assets_dir: Path = ASSETS,
-               max_budget: int | None = None) -> gr.Blocks:
-    """The whole app for a model pair, or a zero-argument callable that loads one on first use."""
-    ctx = AppContext.from_pair_or_loader(pair_or_loader, assets_dir=Path(assets_dir), max_budget=max_budget)
+               max_budget: int | None = None, status: LoadStatus | None = None) -> gr.Blocks:
+    """The whole app for a model pair, or a zero-argument callable that loads one.
+
+    A loader runs on first use, or in the background once ``demo.sequoia_context.start_loading()``
+    is called; ``status`` is the progress object the loader reports to (shown in the page banner).
+    """
+    ctx = AppContext.from_pair_or_loader(pair_or_loader, assets_dir=Path(assets_dir), max_budget=max_budget,
+                                         **({"status": status} if status is not None else {}))
     if ctx.loaded:
         ctx.load_profile()
     with gr.Blocks(title="Sequoia Studio") as demo:
         gr.HTML(_HEADER)
-        gr.Markdown(ctx.pair_label())
-        gr.HTML(_legend())
+        banner = gr.HTML(_banner(ctx))
+        ready = gr.State(ctx.status.ready)  # flips once, when the models are ready; its change refreshes views
         with gr.Tabs():
             with gr.Tab("Live decoding"):
                 live_tab.build(ctx)
@@ -57,10 +59,32 @@ def build_demo(pair_or_loader: Any | Callable[[], Any], assets_dir: Path = ASSET
                 dp_tab.build(ctx, demo)
             with gr.Tab("Compare"):
                 compare_tab.build(ctx)
-            with gr.Tab("Hardware"):
-                hardware_tab.build(ctx, demo)
+            with gr.Tab("Hardware") as hardware:
+                hardware_tab.build(ctx, demo, refresh_on=(hardware.select, ready.change))
+        _wire_status(ctx, demo, banner, ready)
+    # Model work runs one request at a time (components.context.MODEL_WORK); the rest waits in one queue.
+    demo.queue(default_concurrency_limit=1, max_size=QUEUE_MAX_SIZE)
     demo.sequoia_context = ctx  # for tests and scripts; not used by the UI
     return demo
+
+
+def _banner(ctx: AppContext) -> str:
+    return status_view.banner_html(ctx.status, ctx.pair_label())
+
+
+def _wire_status(ctx: AppContext, demo: gr.Blocks, banner: gr.HTML, ready: gr.State) -> None:
+    """Re-render the banner every STATUS_POLL_S until loading ends, then stop polling and set ``ready``."""
+    timer = gr.Timer(STATUS_POLL_S, active=not ctx.status.ready)
+
+    def poll():
+        done = ctx.status.ready or ctx.status.error is not None
+        return _banner(ctx), gr.Timer(active=not done), ctx.status.ready
+
+    # No concurrency limit: a status read must never wait behind a decode.  (queue=False would skip the
+    # queue entirely, but then neither the timer update nor the state change reach the page.)
+    for trigger in (demo.load, timer.tick):
+        trigger(poll, None, [banner, timer, ready], show_progress="hidden", api_visibility="private",
+                concurrency_limit=None)
 
 
 class _ConsoleProgress:
@@ -88,20 +112,27 @@ def load_from_env(env: Mapping[str, str] = os.environ, progress: Callable[[float
     )
 
 
+def _env_budget_cap(env: Mapping[str, str] = os.environ) -> int | None:
+    """The tree-size cap for the device the pair will load on (sliders are laid out before it loads)."""
+    from sequoia.models import resolve_device
+
+    try:
+        return budget_cap_for(resolve_device(env.get("SEQUOIA_DEVICE") or None))
+    except ValueError:
+        return None  # the loader fails with the same message, and the banner shows it
+
+
 def main() -> None:
     import torch
 
     # Denormal floats make CPU matmuls of small activations many times slower.
     torch.set_flush_denormal(True)
-    print("Sequoia Studio: loading the model pair (the first run converts the embedded GGUF files once) …",
-          flush=True)
-    try:
-        pair = load_from_env(progress=_ConsoleProgress())
-    except (ValueError, RuntimeError, OSError) as exc:
-        raise SystemExit(f"Sequoia Studio: could not load the model pair: {exc}") from None
-    demo = build_demo(pair)
-    # One model, one request at a time; GRADIO_SERVER_NAME / GRADIO_SERVER_PORT are read by gradio itself.
-    demo.queue(default_concurrency_limit=1, max_size=QUEUE_MAX_SIZE)
+    print("Sequoia Studio: loading the model pair in the background (the first run converts the embedded "
+          "GGUF files once); the page is up meanwhile and shows the progress.", flush=True)
+    status = LoadStatus(listener=_ConsoleProgress())
+    demo = build_demo(lambda: load_from_env(progress=status), max_budget=_env_budget_cap(), status=status)
+    demo.sequoia_context.start_loading()
+    # GRADIO_SERVER_NAME / GRADIO_SERVER_PORT are read by gradio itself.
     demo.launch(css_paths=[CSS_PATH] if CSS_PATH.exists() else None, show_error=True)
 
 

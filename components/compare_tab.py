@@ -5,18 +5,21 @@ profile is loaded) and Hugging Face assisted generation run with the same
 settings; the bars and the table come from
 :mod:`components.compare_view`.  At temperature 0 every lossless method must
 reproduce the target-only output token for token, which the "identical"
-column checks.
+column checks.  The handler streams: bars and table grow as each method
+finishes, and Stop closes the running decode between two steps.
 """
 
 # No ``from __future__ import annotations``: gr.api reads the return annotation.
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import closing
+from dataclasses import dataclass, field, replace
 
 import gradio as gr
 
 from . import compare_view
-from .context import AppContext, acceptance_catalogue
+from .context import MODEL_WORK, AppContext, acceptance_catalogue
 from .live_tab import make_request, run_decode
 
 #: (row name, method label for make_request), in run order; the first is the reference.
@@ -41,34 +44,85 @@ def _hf_row(ctx: AppContext, req) -> compare_view.CompareRow | str:
                                    target_calls=run.target_calls, token_ids=run.tokens)
 
 
+@dataclass
+class CompareState:
+    """Where a comparison stands; :func:`iter_comparison` yields it after every step."""
+
+    total: int                                                  # methods to run
+    rows: list = field(default_factory=list)                    # finished CompareRows, identical flags set
+    notes: list = field(default_factory=list)                   # e.g. why HF assisted generation was skipped
+    running: str | None = None                                  # method now running (None: done)
+    tokens: int = 0                                             # its tokens so far
+
+    @property
+    def fraction(self) -> float:
+        return (len(self.rows) + len(self.notes)) / self.total if self.running else 1.0
+
+
+def _timed(steps: Iterator):
+    """(record, seconds inside the engine so far): wall time without the pauses of whoever consumes it."""
+    spent = 0.0
+    while True:
+        t0 = time.perf_counter()
+        rec = next(steps, None)
+        spent += time.perf_counter() - t0
+        if rec is None:
+            return
+        yield rec, spent
+
+
+def _warm_up(ctx: AppContext, req) -> None:
+    """Two target-only tokens first, so the reference run does not pay first-call costs for everyone."""
+    warm = replace(req, config=replace(req.config, max_new_tokens=min(2, req.config.max_new_tokens)))
+    with closing(run_decode(ctx, warm)) as steps:
+        for _ in steps:
+            pass
+
+
+def iter_comparison(ctx: AppContext, prompt, budget, depth, temperature, top_p, max_new_tokens, seed,
+                    acceptance=None, chat=True, include_hf=True) -> Iterator[CompareState]:
+    """Run every method in turn; ValueError on bad input before anything runs.
+
+    Closing this generator (Stop) closes the running engine generator and frees its caches.
+    """
+    runs = RUNS + ((("sequoia-auto", "Sequoia (auto)"),) if ctx.profile is not None else ())
+    reqs = [make_request(ctx, prompt, label, budget, depth, temperature, top_p, max_new_tokens, seed,
+                         acceptance, chat) for _, label in runs]
+    state = CompareState(total=len(runs) + int(include_hf))
+    _warm_up(ctx, reqs[0])
+    for (name, _), req in zip(runs, reqs):
+        state.running, state.tokens, records, seconds = name, 0, [], 0.0
+        yield state
+        with closing(run_decode(ctx, req)) as steps:
+            for rec, seconds in _timed(steps):
+                records.append(rec)
+                state.tokens += rec.n_new
+                yield state
+        row = compare_view.row_from_records(name, records, seconds=seconds)
+        state.rows = compare_view.mark_identical([*state.rows, row])
+    if include_hf:
+        state.running, state.tokens = HF_ROW, 0
+        yield state
+        hf = _hf_row(ctx, reqs[0])
+        if isinstance(hf, compare_view.CompareRow):
+            state.rows = compare_view.mark_identical([*state.rows, hf])
+        else:
+            state.notes.append(hf)
+    state.running = None
+    yield state
+
+
 def run_comparison(ctx: AppContext, prompt, budget, depth, temperature, top_p, max_new_tokens, seed,
                    acceptance=None, chat=True, include_hf=True,
                    progress: Callable[[float, str], None] | None = None):
     """All rows (reference first, identical flags set) and notes; ValueError on bad input."""
-    runs = RUNS + ((("sequoia-auto", "Sequoia (auto)"),) if ctx.profile is not None else ())
-    total = len(runs) + int(include_hf)
-    rows, notes = [], []
-    first_req = None
-    for i, (name, label) in enumerate(runs):
-        if progress:
-            progress(i / total, f"running {name}")
-        req = make_request(ctx, prompt, label, budget, depth, temperature, top_p, max_new_tokens,
-                           seed, acceptance, chat)
-        first_req = first_req or req
-        t0 = time.perf_counter()
-        records = list(run_decode(ctx, req))
-        rows.append(compare_view.row_from_records(name, records, seconds=time.perf_counter() - t0))
-    if include_hf:
-        if progress:
-            progress(len(runs) / total, "running HF assisted generation")
-        hf = _hf_row(ctx, first_req)
-        if isinstance(hf, compare_view.CompareRow):
-            rows.append(hf)
-        else:
-            notes.append(hf)
-    if progress:
-        progress(1.0, "done")
-    return compare_view.mark_identical(rows), notes
+    running = ""
+    for state in iter_comparison(ctx, prompt, budget, depth, temperature, top_p, max_new_tokens, seed,
+                                 acceptance, chat, include_hf):
+        if progress and state.running != running:
+            running = state.running
+            progress(state.fraction, f"running {running}" if running else "done")
+    return state.rows, state.notes
 
 
 def _notes_markdown(rows, notes, temperature) -> str:
@@ -82,17 +136,25 @@ def _notes_markdown(rows, notes, temperature) -> str:
     return "\n\n".join(lines)
 
 
-def on_compare(ctx, prompt, budget, depth, temperature, top_p, max_new, seed, acceptance_name, chat, include_hf,
-               progress=gr.Progress()):
+def on_compare(ctx, prompt, budget, depth, temperature, top_p, max_new, seed, acceptance_name, chat, include_hf):
+    """Generator handler: the bars and table grow as each method finishes; a line says what runs now."""
     acceptance = acceptance_catalogue(ctx.assets_dir).get(acceptance_name)
+    shown = -1
     try:
-        rows, notes = run_comparison(ctx, prompt, budget, depth, temperature, top_p, max_new, seed, acceptance,
-                                     chat, include_hf, progress=lambda f, desc: progress(f, desc=desc))
+        for state in iter_comparison(ctx, prompt, budget, depth, temperature, top_p, max_new, seed, acceptance,
+                                     chat, include_hf):
+            md = _notes_markdown(state.rows, state.notes, temperature) if state.running is None else (
+                f"*Running **{state.running}** ({len(state.rows) + len(state.notes) + 1} of {state.total}): "
+                f"{state.tokens} tokens so far…*")
+            if len(state.rows) == shown:
+                yield gr.skip(), gr.skip(), md
+                continue
+            shown = len(state.rows)
+            yield compare_view.figure(state.rows), compare_view.table(state.rows), md
     except ValueError as exc:
         raise gr.Error(str(exc), title="Cannot compare") from None
     except RuntimeError as exc:
         raise gr.Error(f"comparison failed: {exc}", title="Decoding error") from None
-    return (compare_view.figure(rows), compare_view.table(rows), _notes_markdown(rows, notes, temperature))
 
 
 def compare_api_fn(ctx: AppContext):
@@ -126,15 +188,18 @@ def build(ctx: AppContext) -> None:
                 seed = gr.Number(0, precision=0, minimum=0, label="seed")
             acceptance = gr.Dropdown(choices, value=choices[0], label="acceptance vector (Sequoia tree)")
             include_hf = gr.Checkbox(value=True, label="include HF assisted generation")
-            run_btn = gr.Button("Run comparison", variant="primary")
+            with gr.Row():
+                run_btn = gr.Button("Run comparison", variant="primary")
+                stop_btn = gr.Button("Stop", variant="stop")
         with gr.Column(scale=2):
             bars = gr.Plot(label="comparison")
             table = gr.Dataframe(headers=compare_view.HEADERS, label="results", interactive=False)
             notes = gr.Markdown()
 
-    def handler(*args, progress=gr.Progress()):
-        return on_compare(ctx, *args, progress=progress)
+    def handler(*args):
+        yield from on_compare(ctx, *args)
 
-    run_btn.click(handler, [prompt, budget, depth, temperature, top_p, max_new, seed, acceptance, chat, include_hf],
-                  [bars, table, notes], api_visibility="private", concurrency_id="model")
-    gr.api(compare_api_fn(ctx), api_name="compare", concurrency_id="model")
+    event = run_btn.click(handler, [prompt, budget, depth, temperature, top_p, max_new, seed, acceptance, chat,
+                                    include_hf], [bars, table, notes], api_visibility="private", **MODEL_WORK)
+    stop_btn.click(None, None, None, cancels=[event], api_visibility="private")
+    gr.api(compare_api_fn(ctx), api_name="compare", **MODEL_WORK)

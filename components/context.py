@@ -2,15 +2,24 @@
 
 :class:`AppContext` is built once by ``app.build_demo`` and handed to every
 tab.  It owns what is per *server*, not per browser session: the model pair
-(loaded lazily, once, from a loader callable), the engine around it, the
-hardware profile in use and the tree-size cap.  Per-session state lives in
-small dataclasses inside ``gr.State`` in each tab.
+(loaded once from a loader callable, either in a background thread started
+by :meth:`AppContext.start_loading` or on first use), its
+:class:`LoadStatus`, the engine around it, the hardware profile in use and
+the tree-size cap.  Per-session state lives in small dataclasses inside
+``gr.State`` in each tab.
+
+While the pair is loading, :meth:`AppContext.pair` raises
+:class:`ModelsNotReady` at once instead of blocking a worker for minutes;
+it is a ``ValueError`` so every handler's "readable message" path shows it.
 """
 
 from __future__ import annotations
 
+import html
 import json
 import threading
+import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +36,52 @@ BUILTIN_ACCEPTANCE: dict[str, tuple[float, ...]] = {
 #: Largest tree budget the UI accepts (a server guard, far below sequoia.tree.MAX_TREE_SIZE on CPU).
 CPU_MAX_BUDGET = 128
 GPU_MAX_BUDGET = 512
+
+#: Queue settings for events (``**MODEL_WORK``).  There is one model pair, so everything that runs it
+#: (Live, Compare, Hardware and their API endpoints) shares one queue slot; model-free work (the DP
+#: explorer) has its own slots and stays responsive while a long decode runs.
+MODEL_WORK = {"concurrency_id": "model", "concurrency_limit": 1}
+LIGHT_WORK = {"concurrency_limit": 4}
+
+
+def budget_cap_for(device: Any) -> int:
+    """Largest tree budget the UI accepts on a device (a torch.device or its name)."""
+    return GPU_MAX_BUDGET if str(device).startswith("cuda") else CPU_MAX_BUDGET
+
+
+class ModelsNotReady(ValueError):
+    """The model pair is still loading, or failed to load; the message says which."""
+
+
+@dataclass
+class LoadStatus:
+    """Progress of the model load, written by the loader and read by the page banner.
+
+    Callable as the loader's ``progress(fraction, description)``; ``listener``
+    (e.g. a console printer) sees every update too.
+    """
+
+    fraction: float = 0.0
+    description: str = "waiting to start"
+    error: str | None = None
+    ready: bool = False
+    started: float | None = None            # time.monotonic() when loading began
+    listener: Callable[[float, str], None] | None = field(default=None, repr=False)
+
+    def __call__(self, fraction: float, description: str) -> None:
+        if self.started is None:
+            self.started = time.monotonic()
+        self.fraction, self.description = min(max(float(fraction), 0.0), 1.0), str(description)
+        if self.listener is not None:
+            self.listener(self.fraction, self.description)
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started if self.started is not None else 0.0
+
+    def summary(self) -> str:
+        """One line, e.g. "42%, converting the target, 35 s"."""
+        return f"{self.fraction:.0%}, {self.description}, {self.elapsed_s:.0f} s"
 
 
 def acceptance_catalogue(assets_dir: Path = ASSETS) -> dict[str, tuple[float, ...]]:
@@ -92,16 +147,18 @@ def find_profiles(assets_dir: Path = ASSETS) -> list[Path]:
 
 @dataclass
 class AppContext:
-    """Server-wide state; ``pair()`` loads the model pair on first use."""
+    """Server-wide state; the model pair is loaded once, in the background or on first use."""
 
     loader: Callable[[], Any]                 # returns a ModelPair (or anything shaped like one)
     assets_dir: Path = ASSETS
     max_budget: int | None = None             # None: by device (CPU_MAX_BUDGET / GPU_MAX_BUDGET)
+    status: LoadStatus = field(default_factory=LoadStatus)
     profile: Any = None                       # sequoia.hardware.HardwareProfile in use
     profile_source: str = ""                  # where it came from (file path / "measured now")
     _pair: Any = field(default=None, repr=False)
     _engine: Any = field(default=None, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _load_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _engine_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
     def from_pair_or_loader(cls, pair_or_loader, **kwargs) -> "AppContext":
@@ -109,13 +166,49 @@ class AppContext:
             return cls(loader=pair_or_loader, **kwargs)
         ctx = cls(loader=lambda: pair_or_loader, **kwargs)
         ctx._pair = pair_or_loader
+        ctx.status.fraction, ctx.status.description, ctx.status.ready = 1.0, "models ready", True
         return ctx
 
     def pair(self):
-        with self._lock:
-            if self._pair is None:
-                self._pair = self.loader()
+        """The loaded pair; loads it now if nobody has started to; ModelsNotReady while another thread is."""
+        if self._pair is not None:
             return self._pair
+        if self.status.error is not None:
+            raise ModelsNotReady(f"the model pair could not be loaded: {self.status.error}")
+        if not self._load_lock.acquire(blocking=False):
+            raise ModelsNotReady(f"the models are still loading ({self.status.summary()}); "
+                                 "try again when the banner at the top says they are ready")
+        try:
+            if self._pair is None:
+                self._load()
+            return self._pair
+        finally:
+            self._load_lock.release()
+
+    def _load(self) -> None:
+        self.status(0.0, "loading the model pair")
+        try:
+            self._pair = self.loader()
+        except Exception as exc:
+            self.status.error = f"{type(exc).__name__}: {exc}"
+            raise
+        self.load_profile()
+        self.status(1.0, "models ready")
+        self.status.ready = True
+
+    def start_loading(self) -> threading.Thread:
+        """Load the pair in a daemon thread so the page can come up (and show progress) meanwhile."""
+        def run() -> None:
+            try:
+                self.pair()
+            except ModelsNotReady:
+                pass                          # someone else is loading it
+            except Exception:
+                traceback.print_exc()         # the banner shows the message; the console the traceback
+
+        thread = threading.Thread(target=run, name="sequoia-model-loader", daemon=True)
+        thread.start()
+        return thread
 
     @property
     def loaded(self) -> bool:
@@ -125,7 +218,7 @@ class AppContext:
         from sequoia.engine import SpeculativeEngine
 
         pair = self.pair()
-        with self._lock:
+        with self._engine_lock:
             if self._engine is None:
                 self._engine = SpeculativeEngine(pair)
             return self._engine
@@ -133,15 +226,15 @@ class AppContext:
     def budget_cap(self) -> int:
         if self.max_budget is not None:
             return self.max_budget
-        device = str(getattr(self._pair, "device", "cpu")) if self._pair is not None else "cpu"
-        return GPU_MAX_BUDGET if device.startswith("cuda") else CPU_MAX_BUDGET
+        return budget_cap_for(getattr(self._pair, "device", "cpu") if self._pair is not None else "cpu")
 
     def pair_label(self) -> str:
+        """The loaded pair in one line of HTML (names escaped)."""
         if self._pair is None:
             return "model pair not loaded yet"
         p = self._pair
-        return (f"draft **{getattr(p, 'draft_name', '?')}** → target **{getattr(p, 'target_name', '?')}** "
-                f"on {getattr(p, 'device', '?')} ({getattr(p, 'dtype', '?')})")
+        esc = [html.escape(str(getattr(p, k, "?"))) for k in ("draft_name", "target_name", "device", "dtype")]
+        return f"draft <b>{esc[0]}</b> → target <b>{esc[1]}</b> on {esc[2]} ({esc[3]})"
 
     def load_profile(self) -> str:
         """Use the first readable profile in assets/ (one for this pair preferred); return a note."""

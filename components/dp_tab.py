@@ -17,7 +17,7 @@ from sequoia.config import MAX_DEPTH, check_budget
 from sequoia.tree import MAX_TREE_SIZE
 
 from . import dp_view
-from .context import AppContext, acceptance_catalogue, format_acceptance, parse_acceptance
+from .context import LIGHT_WORK, AppContext, acceptance_catalogue, format_acceptance, parse_acceptance
 
 
 @dataclass
@@ -103,21 +103,21 @@ def build(ctx: AppContext, demo: gr.Blocks) -> None:
             gr.Markdown("**Cell** (Plotly clicks do not reach the server; pick the cell here)")
             n = gr.Slider(0, 128, value=32, step=1, label="tree size n")
             d = gr.Slider(0, 16, value=8, step=1, label="depth d")
-            cell_md = gr.Markdown()
+            cell_md = gr.Markdown(elem_id="sq-dp-cell")
         with gr.Column(scale=2):
             heat = gr.Plot(label="expected tokens per step (DP table)")
             tree = gr.Plot(label="optimal tree of the selected cell")
     curves = gr.Plot(label="scaling: expected tokens per step vs tree size")
     session = gr.State(DPSession())
 
-    pick.change(lambda name: on_pick(name, catalogue), pick, vector, api_visibility="private")
+    pick.change(lambda name: on_pick(name, catalogue), pick, vector, api_visibility="private", **LIGHT_WORK)
     solve_inputs = [vector, budget, depth, n, d, session]
     solve_outputs = [heat, tree, cell_md, curves, n, d, session]
-    solve_btn.click(on_solve, solve_inputs, solve_outputs, api_visibility="private", concurrency_limit=4)
-    vector.submit(on_solve, solve_inputs, solve_outputs, api_visibility="private", concurrency_limit=4)
+    solve_btn.click(on_solve, solve_inputs, solve_outputs, api_visibility="private", **LIGHT_WORK)
+    vector.submit(on_solve, solve_inputs, solve_outputs, api_visibility="private", **LIGHT_WORK)
     for s in (n, d):
         s.input(on_cell, [n, d, session], [heat, tree, cell_md], api_visibility="private",
-                trigger_mode="always_last", concurrency_limit=4)
-    gr.api(dp_api, api_name="dp", concurrency_limit=4)
+                trigger_mode="always_last", **LIGHT_WORK)
+    gr.api(dp_api, api_name="dp", **LIGHT_WORK)
     # Show the default vector solved as soon as the page opens.
-    demo.load(on_solve, solve_inputs, solve_outputs, api_visibility="private", concurrency_limit=4)
+    demo.load(on_solve, solve_inputs, solve_outputs, api_visibility="private", **LIGHT_WORK)

@@ -15,7 +15,7 @@ import gradio as gr
 from sequoia.tree import Tree
 
 from . import dp_view, hardware_view
-from .context import AppContext, acceptance_catalogue
+from .context import LIGHT_WORK, MODEL_WORK, AppContext, ModelsNotReady, acceptance_catalogue
 from .live_tab import make_request, run_decode
 
 QUICK_TARGET_GRID = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -51,8 +51,12 @@ def views(ctx: AppContext, acceptance_name, budget, depth, session: HardwareSess
     """(cost figure, choice markdown, predicted-grid heatmap, prediction bars)."""
     if ctx.profile is None and ctx.loaded:
         ctx.load_profile()
+    if ctx.profile is None and not ctx.loaded:
+        return None, "*The models are still loading; the hardware view fills in once they are ready.*", None, None
     if ctx.profile is None:
-        empty = "*No hardware profile yet: press **Profile now** (or add one under assets/hardware/).*"
+        empty = ("*No hardware profile yet.* Press **Profile now** to time the target and the draft on this "
+                 "machine (or add a profile under assets/hardware/); then **Measure predicted vs real** "
+                 "puts real decoding times beside the predictions.")
         return None, empty, None, None
     acc = acceptance_catalogue(ctx.assets_dir).get(acceptance_name)
     if acc is None:
@@ -90,7 +94,9 @@ def measure(ctx: AppContext, budget: int, depth: int, acceptance) -> dict[str, f
     return out
 
 
-def build(ctx: AppContext, demo: gr.Blocks) -> None:
+def build(ctx: AppContext, demo: gr.Blocks, refresh_on=()) -> None:
+    """Lay out the tab; it refreshes on page load and on each of ``refresh_on`` (event triggers such as the
+    tab's ``select``: the profile is server-wide and may change under an open page)."""
     choices = list(acceptance_catalogue(ctx.assets_dir))
     with gr.Row():
         with gr.Column(scale=1, min_width=300):
@@ -102,7 +108,7 @@ def build(ctx: AppContext, demo: gr.Blocks) -> None:
             with gr.Row():
                 quick = gr.Checkbox(value=True, label="quick profile (fewer points)")
                 prof_btn = gr.Button("Profile now")
-            prof_file = gr.File(label="measured profile (JSON)", interactive=False)
+            prof_file = gr.File(label="measured profile (JSON)", interactive=False, visible=False)
             measure_btn = gr.Button("Measure predicted vs real", variant="primary")
         with gr.Column(scale=2):
             cost = gr.Plot(label="cost model")
@@ -118,23 +124,24 @@ def build(ctx: AppContext, demo: gr.Blocks) -> None:
     def on_profile(q, name, b, d, s, progress=gr.Progress()):
         try:
             path = profile_now(ctx, q, progress=lambda done, total, label: progress(done / total, desc=label))
+        except ModelsNotReady as exc:
+            raise gr.Error(str(exc)) from None
         except (ValueError, RuntimeError) as exc:
             raise gr.Error(f"profiling failed: {exc}") from None
-        return (path, *views(ctx, name, b, d, s))
+        return (gr.File(path, visible=True), *views(ctx, name, b, d, s))
 
     def on_measure(name, b, d, s):
-        if ctx.profile is None:
-            raise gr.Error("profile the machine first (Profile now)")
         try:
+            ctx.pair()  # ModelsNotReady while loading: say so rather than "no profile"
+            if ctx.profile is None:
+                raise ValueError("there is no hardware profile yet: press Profile now first")
             measured = measure(ctx, int(b), int(d), acceptance_catalogue(ctx.assets_dir).get(name))
         except ValueError as exc:
             raise gr.Error(str(exc)) from None
         s = HardwareSession(measured)
         return (*views(ctx, name, b, d, s), s)
 
-    for trigger in (acceptance.change, budget.release, depth.release):
-        trigger(refresh, inputs, outputs, api_visibility="private")
-    prof_btn.click(on_profile, [quick, *inputs], [prof_file, *outputs], api_visibility="private",
-                   concurrency_id="model")
-    measure_btn.click(on_measure, inputs, [*outputs, session], api_visibility="private", concurrency_id="model")
-    demo.load(refresh, inputs, outputs, api_visibility="private")
+    for trigger in (acceptance.change, budget.release, depth.release, demo.load, *refresh_on):
+        trigger(refresh, inputs, outputs, api_visibility="private", **LIGHT_WORK)
+    prof_btn.click(on_profile, [quick, *inputs], [prof_file, *outputs], api_visibility="private", **MODEL_WORK)
+    measure_btn.click(on_measure, inputs, [*outputs, session], api_visibility="private", **MODEL_WORK)

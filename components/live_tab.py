@@ -12,6 +12,7 @@ shared with the API endpoint and the Compare tab.
 
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass, field
 
 import gradio as gr
@@ -20,7 +21,7 @@ from sequoia.config import MAX_NEW_TOKENS, GenerationConfig, SamplingConfig, che
 from sequoia.trace import StepRecord
 
 from . import stats_view, text_view, tree_view
-from .context import AppContext, acceptance_catalogue, parse_acceptance
+from .context import LIGHT_WORK, MODEL_WORK, AppContext, acceptance_catalogue, parse_acceptance
 
 #: UI label -> sequoia.methods name.
 METHODS = {
@@ -136,7 +137,11 @@ def _views(session: LiveSession, selected: int | None, stats: bool):
 
 def decode_stream(ctx: AppContext, prompt, method, budget, depth, temperature, top_p, max_new_tokens,
                   seed, acceptance_name, chat):
-    """Generator handler: yields (html, tree, stats, summary, slider, session) per step."""
+    """Generator handler: yields (html, tree, stats, summary, slider, session) per step.
+
+    Stop (or a closed page) closes this generator at a ``yield``; ``closing`` then closes the engine's
+    generator at once, which frees its KV caches instead of leaving them to the garbage collector.
+    """
     try:
         acceptance = acceptance_catalogue(ctx.assets_dir).get(acceptance_name)
         req = make_request(ctx, prompt, method, budget, depth, temperature, top_p, max_new_tokens,
@@ -146,21 +151,27 @@ def decode_stream(ctx: AppContext, prompt, method, budget, depth, temperature, t
     if req.note:
         gr.Warning(req.note)
     session = LiveSession(prompt=prompt)
-    last_stats = 0.0
     try:
-        for rec in run_decode(ctx, req):
-            session.records.append(rec)
-            now = time.monotonic()
-            stats = rec.finished or now - last_stats >= _STATS_EVERY_S
-            last_stats = now if stats else last_stats
-            n = len(session.records)
-            slider = gr.Slider(minimum=0, maximum=max(n - 1, 1), value=n - 1, interactive=n > 1)
-            yield (*_views(session, n - 1, stats), slider, session)
+        with closing(run_decode(ctx, req)) as steps:
+            yield from _stream_views(session, steps)
     except ValueError as exc:
         raise gr.Error(str(exc), title="Cannot decode") from None
     except RuntimeError as exc:
         raise gr.Error(f"decoding failed: {exc}", title="Decoding error") from None
     yield (*_views(session, len(session.records) - 1, True), gr.skip(), session)
+
+
+def _stream_views(session: LiveSession, steps: Iterator[StepRecord]):
+    """The views after each step (statistics redrawn at most every _STATS_EVERY_S)."""
+    last_stats = 0.0
+    for rec in steps:
+        session.records.append(rec)
+        now = time.monotonic()
+        stats = rec.finished or now - last_stats >= _STATS_EVERY_S
+        last_stats = now if stats else last_stats
+        n = len(session.records)
+        slider = gr.Slider(minimum=0, maximum=max(n - 1, 1), value=n - 1, interactive=n > 1)
+        yield (*_views(session, n - 1, stats), slider, session)
 
 
 def show_step(step, session: LiveSession):
@@ -199,7 +210,8 @@ def build(ctx: AppContext) -> None:
     choices = list(acceptance_catalogue(ctx.assets_dir))
     with gr.Row():
         with gr.Column(scale=1, min_width=300):
-            prompt = gr.Textbox(label="Prompt", lines=5, value="Write a Python function that checks whether a number is prime.")
+            prompt = gr.Textbox(label="Prompt", lines=5, value="Write a Python function that checks whether a number is prime.",
+                                elem_id="sq-prompt")
             chat = gr.Checkbox(value=True, label="apply the chat template")
             method = gr.Dropdown(list(METHODS), value="Sequoia (budget & depth)", label="Method")
             with gr.Row():
@@ -218,20 +230,21 @@ def build(ctx: AppContext) -> None:
                 go_btn = gr.Button("Decode", variant="primary")
                 stop_btn = gr.Button("Stop", variant="stop")
         with gr.Column(scale=2):
-            text = gr.HTML(text_view.html_view([]), label="Generated text")
-            summary = gr.Markdown(stats_view.summary_markdown([]))
+            text = gr.HTML(text_view.html_view([]), label="Generated text", elem_id="sq-text")
+            summary = gr.Markdown(stats_view.summary_markdown([]), elem_id="sq-summary")
             step = gr.Slider(0, 1, value=0, step=1, label="step (tree shown below)", interactive=False)
-            tree = gr.Plot(label="Speculated tree")
-    stats = gr.Plot(label="Statistics")
+            tree = gr.Plot(label="Speculated tree", elem_id="sq-tree")
+    stats = gr.Plot(label="Statistics", elem_id="sq-stats")
     session = gr.State(LiveSession())
 
     def handler(*args):
         yield from decode_stream(ctx, *args)
 
     event = go_btn.click(handler, [prompt, method, budget, depth, temperature, top_p, max_new, seed, acceptance, chat],
-                         [text, tree, stats, summary, step, session], api_name="decode_stream",
-                         concurrency_id="model")
+                         [text, tree, stats, summary, step, session], api_name="decode_stream", **MODEL_WORK)
+    # Cancelling closes the handler's generator, and with it the engine's (see decode_stream).
     stop_btn.click(None, None, None, cancels=[event], api_visibility="private")
     # input (user moves only, not the updates streamed during decoding); always_last drops stale drags.
-    step.input(show_step, [step, session], [tree, text], api_visibility="private", trigger_mode="always_last")
-    gr.api(decode_api_fn(ctx), api_name="decode", concurrency_id="model")
+    step.input(show_step, [step, session], [tree, text], api_visibility="private", trigger_mode="always_last",
+               **LIGHT_WORK)
+    gr.api(decode_api_fn(ctx), api_name="decode", **MODEL_WORK)

@@ -17,6 +17,7 @@ prompt set (:mod:`sequoia.bench_report`).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -105,6 +106,7 @@ class RunResult:
     reference: str | None = None      # the target-only greedy run compared with (T=0)
     matches_reference: bool | None = None
     agree_prefix: int | None = None   # leading tokens equal to the reference's
+    load1: float | None = None        # the OS 1-minute load average after the run (a shared machine shows here)
 
     @property
     def new_tokens(self) -> int:
@@ -128,7 +130,7 @@ class RunResult:
     def to_dict(self) -> dict:
         keys = ("method", "prompt_set", "prompt_index", "temperature", "prompt_tokens", "seconds", "target_calls",
                 "steps", "tree_size", "draft_s", "verify_s", "other_s", "reference", "matches_reference",
-                "agree_prefix")
+                "agree_prefix", "load1")
         out = {k: getattr(self, k) for k in keys}
         out.update(new_tokens=self.new_tokens, tokens_per_s=self.tokens_per_s,
                    tokens_per_call=self.tokens_per_call, tokens=list(self.tokens))
@@ -300,7 +302,8 @@ def _rotated(methods: tuple[str, ...], n: int) -> tuple[str, ...]:
 def _label(run: RunResult, set_name: str, index: int) -> RunResult:
     from dataclasses import replace
 
-    return replace(run, prompt_set=set_name, prompt_index=index)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return replace(run, prompt_set=set_name, prompt_index=index, load1=load)
 
 
 def _compare_with_reference(group: list[RunResult]) -> list[RunResult]:

@@ -25,7 +25,8 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--prompts", default="code,chat", help="comma-separated shipped sets (code, chat) or JSONL paths")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperatures", default="0,0.6", help="comma-separated, 0 = greedy")
-    p.add_argument("--methods", default=",".join(BENCH_METHODS), help=f"comma-separated subset of {', '.join(BENCH_METHODS)}")
+    p.add_argument("--methods", default=",".join(BENCH_METHODS),
+                   help=f"comma-separated subset of {', '.join(BENCH_METHODS)}")
     p.add_argument("--limit", type=int, default=None, help="first N prompts of each set")
     p.add_argument("--out", default="out/bench", help="output directory")
     p.add_argument("--seed", type=int, default=0)
@@ -58,7 +59,8 @@ def run_bench(args) -> int:
 
     if args.quick:
         args.limit = args.limit or QUICK["limit"]
-        args.max_new_tokens, args.temperatures, args.warmup = QUICK["max_new_tokens"], QUICK["temperatures"], QUICK["warmup"]
+        args.max_new_tokens, args.temperatures = QUICK["max_new_tokens"], QUICK["temperatures"]
+        args.warmup = QUICK["warmup"]
     config = BenchConfig(
         max_new_tokens=args.max_new_tokens, temperatures=_floats(args.temperatures, "--temperatures"),
         methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()), seed=args.seed,

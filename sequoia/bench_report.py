@@ -48,19 +48,24 @@ def summarize_runs(runs: list[RunResult]) -> list[MethodSummary]:
     order = {m: i for i, m in enumerate(BENCH_METHODS)}
     out = []
     for (set_name, temp, method), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], order[kv[0][2]])):
-        def ratio_to(other: str) -> float:
-            ratios = [r.tokens_per_s / base.tokens_per_s for r in rs
-                      if (base := index.get((set_name, temp, other, r.prompt_index))) and base.tokens_per_s > 0]
-            return statistics.median(ratios) if ratios else math.nan
-
         out.append(MethodSummary(
             method=method, prompt_set=set_name, temperature=temp, runs=len(rs),
             tokens_per_s=statistics.median(r.tokens_per_s for r in rs),
-            speedup=ratio_to("hf-generate"), vs_assisted=ratio_to("hf-assisted"),
+            speedup=_median_ratio(rs, index, "hf-generate"), vs_assisted=_median_ratio(rs, index, "hf-assisted"),
             tokens_per_call=statistics.median(r.tokens_per_call for r in rs),
             new_tokens=sum(r.new_tokens for r in rs), **_split(rs), **_equality(rs),
         ))
     return out
+
+
+def _median_ratio(rs: list[RunResult], index: dict, other: str) -> float:
+    """Median over prompts of tokens/s relative to method ``other`` on the same prompt (nan if it never ran)."""
+    ratios = []
+    for r in rs:
+        base = index.get((r.prompt_set, r.temperature, other, r.prompt_index))
+        if base is not None and base.tokens_per_s > 0:
+            ratios.append(r.tokens_per_s / base.tokens_per_s)
+    return statistics.median(ratios) if ratios else math.nan
 
 
 def _split(rs: list[RunResult]) -> dict:
@@ -122,7 +127,8 @@ def markdown_report(result: BenchResult) -> str:
     cfg = result.config
     head = [
         f"# Bench: {result.pair}", "",
-        f"{result.device}; {cfg.max_new_tokens} new tokens; temperatures {', '.join(f'{t:g}' for t in cfg.temperatures)}; "
+        f"{result.device}; {cfg.max_new_tokens} new tokens; "
+        f"temperatures {', '.join(f'{t:g}' for t in cfg.temperatures)}; "
         f"{result.seconds / 60:.1f} min in all (started {result.started}).", "",
         "Medians over the prompts of each set.  *speedup*: tokens/s over `hf-generate` (target alone) on the "
         "same prompt; *vs assisted*: over `hf-assisted`; *tokens/call*: new tokens per target forward "
@@ -130,6 +136,10 @@ def markdown_report(result: BenchResult) -> str:
         "target-only greedy at T=0.", "",
         markdown_table(summarize_runs(result.runs)),
     ]
+    loads = sorted(r.load1 for r in result.runs if r.load1 is not None)
+    if loads:
+        head += [f"OS 1-minute load average after each run: median {statistics.median(loads):.1f}, "
+                 f"max {loads[-1]:.1f} (above the core count, other processes were competing).", ""]
     if result.trees:
         head += ["Sequoia trees (optimizer's choice):", ""]
         for t in result.trees:

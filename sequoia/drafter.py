@@ -7,13 +7,18 @@ attention mask, so a tree of depth d costs d draft forwards however wide it is.
 Leaves of the last level are never forwarded: nothing is drafted after them.
 
 A :class:`Proposer` decides the tree shape (static trees take it from a
-:class:`~sequoia.tree.Tree`; dynamic policies decide as they go) and returns a
-:class:`Draft`: the tree, its tokens and the draft distribution q at every
-node that has children.
+:class:`~sequoia.tree.Tree`; dynamic policies decide as they go, see
+:mod:`sequoia.dynamic`) and returns a :class:`Draft`: the tree, its tokens and
+the draft distribution q at every node that has children.
+
+Node indices are those of the finished tree (breadth-first), so a proposer
+must add nodes level by level; :meth:`Drafter.expand` takes the parent and
+depth of every node so far rather than a finished :class:`Tree`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -49,9 +54,12 @@ class Drafter:
         self.vocab_size = vocab_size
         self.cache = KVCache(model.config)
         self.device = next(model.parameters()).device
+        self._dtype = _mask_dtype(model)
         self._slots: dict[int, int] = {}  # node -> cache position, this step
         self._base = 0                    # cache length before the step's tree nodes
         self._root_pos = 0                # absolute position of the root token
+        # [nodes, local slots] bool: node v attends to the tree slots of its forwarded ancestors.
+        self._anc = torch.zeros(0, 0, dtype=torch.bool)
         self.root_token = 0
         self.root_q: torch.Tensor | None = None  # [V] set by begin()
 
@@ -64,23 +72,33 @@ class Drafter:
             raise RuntimeError("drafter: the root token must not be cached yet")
         ids = torch.tensor([pending], dtype=torch.long, device=self.device)
         pos = torch.arange(start, start + len(pending), device=self.device)[None]
-        logits = self._forward(ids, pos, None)[0, -1]
+        # Only the root's logits are needed: skip the lm_head for the other pending tokens.
+        logits = self._forward(ids, pos, None, keep=1)[0, -1]
         self._root_pos = len(committed) - 1
         self._base = len(self.cache)
         self._slots = {0: self._base - 1}
+        self._anc = torch.zeros(0, 0, dtype=torch.bool)
         self.root_token = committed[-1]
         self.root_q = self.probs(logits[None])[0]
         return self.root_q
 
-    def expand(self, tree: Tree, nodes: list[int], tokens: list[int]) -> torch.Tensor:
-        """Forward ``nodes`` (whose ancestors are cached); return their q.  # [len(nodes), V]"""
+    def expand(self, nodes: Sequence[int], parents: Sequence[int], depths: Sequence[int],
+               tokens: Sequence[int]) -> torch.Tensor:
+        """Forward ``nodes`` (their ancestors already forwarded); return their q.  # [len(nodes), V]
+
+        ``parents``, ``depths`` and ``tokens`` describe every node so far (at least up to max(nodes)).
+        """
         start = len(self.cache)
+        local = start - self._base
+        nodes = list(nodes)
         ids = torch.tensor([[tokens[v] for v in nodes]], dtype=torch.long, device=self.device)
-        pos = torch.tensor([[self._root_pos + tree.depths[v] for v in nodes]], device=self.device)
+        pos = torch.tensor([[self._root_pos + depths[v] for v in nodes]], device=self.device)
+        allowed = self._ancestor_rows(nodes, parents, local)           # [w, local + w]
         for j, v in enumerate(nodes):
             self._slots[v] = start + j
-        mask = self._level_mask(tree, nodes, start)
-        logits = self._forward(ids, pos, mask)[0]
+        mask = torch.ones(len(nodes), start + len(nodes), dtype=torch.bool)
+        mask[:, self._base:] = allowed
+        logits = self._forward(ids, pos, tree_attention_mask(mask, self._dtype, self.device))[0]
         return self.probs(logits)
 
     def commit(self, path: list[int]) -> None:
@@ -103,21 +121,35 @@ class Drafter:
         return sample_children(q, k, "topk" if self.sampling.greedy else mode, generator)
 
     # ---------------------------------------------------------------- internals
-    def _level_mask(self, tree: Tree, nodes: list[int], start: int) -> torch.Tensor:
-        # Each new node sees the committed prefix (incl. root) and its own ancestors' slots.
-        total = start + len(nodes)
-        allowed = torch.zeros(len(nodes), total, dtype=torch.bool)
-        allowed[:, : self._base] = True
-        for j, v in enumerate(nodes):
-            for a in tree.path(v)[1:]:
-                allowed[j, self._slots[a]] = True
-        return tree_attention_mask(allowed, self.model.dtype, self.device)
+    def _ancestor_rows(self, nodes: list[int], parents: Sequence[int], local: int) -> torch.Tensor:
+        """Tree-slot visibility of the new nodes: their parent's row plus their own slot.  # [w, local + w]"""
+        w = len(nodes)
+        need = max(nodes) + 1
+        if self._anc.shape[0] < need or self._anc.shape[1] < local + w:
+            grown = torch.zeros(max(need, 2 * self._anc.shape[0]), max(local + w, 2 * self._anc.shape[1]),
+                                dtype=torch.bool)
+            grown[: self._anc.shape[0], : self._anc.shape[1]] = self._anc
+            self._anc = grown
+        idx = torch.tensor(nodes, dtype=torch.long)
+        # The root's own slot lies in the committed prefix, which every node sees anyway.
+        par = torch.tensor([parents[v] for v in nodes], dtype=torch.long)
+        rows = self._anc[par]
+        rows[par == 0] = False
+        rows[torch.arange(w), local + torch.arange(w)] = True
+        self._anc[idx] = rows
+        return rows[:, : local + w]
 
     @torch.inference_mode()
-    def _forward(self, ids, pos, mask) -> torch.Tensor:
+    def _forward(self, ids, pos, mask, keep: int = 0) -> torch.Tensor:
         out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask,
-                         past_key_values=self.cache.cache, use_cache=True)
+                         past_key_values=self.cache.cache, use_cache=True, logits_to_keep=keep)
         return out.logits
+
+
+def _mask_dtype(model) -> torch.dtype:
+    # An int8 dynamic-quantized draft runs its activations (and so its masks) in fp32.
+    dtype = getattr(model, "dtype", torch.float32)
+    return dtype if dtype.is_floating_point else torch.float32
 
 
 @dataclass
@@ -133,15 +165,25 @@ class StaticTreeProposer:
         tokens = [drafter.root_token] + [0] * tree.size
         q: dict[int, torch.Tensor] = {0: drafter.root_q}
         q_token = [1.0] * tree.n_nodes
-        for depth, level in enumerate(tree.levels[:-1]):
-            parents = [v for v in level if tree.children[v]]
+        for depth, parents in enumerate(_parents_by_level(tree)):
             if depth > 0:
-                rows = drafter.expand(tree, parents, tokens)
+                rows = drafter.expand(parents, tree.parents, tree.depths, tokens)
                 q.update(zip(parents, rows))
             k = max(len(tree.children[v]) for v in parents)
             drawn = drafter.sample(torch.stack([q[v] for v in parents]), k, self.mode, generator)
             _assign_children(tree, parents, drawn, q, tokens, q_token)
         return Draft(tree=tree, tokens=tokens, q=q, q_token=q_token)
+
+
+def _parents_by_level(tree: Tree) -> list[list[int]]:
+    """Nodes with children, level by level (levels with none end the list)."""
+    out = []
+    for level in tree.levels[:-1]:
+        parents = [v for v in level if tree.children[v]]
+        if not parents:
+            break
+        out.append(parents)
+    return out
 
 
 def _assign_children(tree, parents, drawn, q, tokens, q_token) -> None:

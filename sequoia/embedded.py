@@ -295,13 +295,36 @@ def prepare(cache_dir: str | Path, progress: ProgressFn | None = None, keep_gguf
     spans = {"draft": (0.0, 0.3), "target": (0.3, 1.0)}  # roughly by conversion time
     dirs = {}
     for role, spec in EMBEDDED.items():
-        t0 = time.perf_counter()
         done = is_converted(spec, cache_dir)
-        dirs[role] = ensure_converted(spec, cache_dir, _span(progress, *spans[role]), keep_gguf=keep_gguf)
+        phases = _PhaseTimer(_span(progress, *spans[role]))
+        dirs[role] = ensure_converted(spec, cache_dir, phases, keep_gguf=keep_gguf)
         gc.collect()
         if log:
-            state = "already converted" if done else f"converted in {time.perf_counter() - t0:.1f} s"
-            log(f"{role}: {spec.name} {state} -> {dirs[role]}")
+            log(f"{role}: {spec.name} " + ("already converted" if done else phases.summary()) + f" -> {dirs[role]}")
     if progress:
         progress(1.0, "embedded models ready")
     return dirs
+
+
+class _PhaseTimer:
+    """A progress callback that also times each phase (the first word of its description)."""
+
+    def __init__(self, inner: ProgressFn) -> None:
+        self.inner, self.t0 = inner, time.perf_counter()
+        self.phases: dict[str, float] = {}
+        self.current: str | None = None
+        self.since = self.t0
+
+    def __call__(self, frac: float, desc: str) -> None:
+        word = desc.split()[0] if desc else ""
+        if word != self.current:
+            now = time.perf_counter()
+            if self.current is not None:
+                self.phases[self.current] = self.phases.get(self.current, 0.0) + now - self.since
+            self.current, self.since = word, now
+        self.inner(frac, desc)
+
+    def summary(self) -> str:
+        total = time.perf_counter() - self.t0
+        parts = ", ".join(f"{k} {v:.0f} s" for k, v in self.phases.items())
+        return f"converted in {total:.0f} s ({parts})"

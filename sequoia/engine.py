@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import MAX_PROMPT_TOKENS, GenerationConfig, SamplingConfig
-from .drafter import Draft, Drafter, Proposer
+from .drafter import Draft, Drafter, Proposer, StaticTreeProposer
 from .kv_cache import KVCache
 from .masks import is_chain, verify_mask
 from .sampling import sample_token, verify_children, verify_greedy, warp
@@ -84,7 +84,7 @@ class SpeculativeEngine:
         return _with_times(record, t1 - t0, t2 - t1, t3 - t2)
 
     def _draft(self, state, proposer, gen) -> Draft:
-        if getattr(proposer, "tree", None) is not None and proposer.tree.size == 0:
+        if isinstance(proposer, StaticTreeProposer) and proposer.tree.size == 0:
             return Draft(tree=proposer.tree, tokens=[state.committed[-1]], q={}, q_token=[1.0])
         state.drafter.begin(state.committed)
         return proposer.propose(state.drafter, gen)
@@ -150,8 +150,7 @@ class SpeculativeEngine:
         if len(prompt_ids) > MAX_PROMPT_TOKENS:
             raise ValueError(f"the prompt has {len(prompt_ids)} tokens; the maximum is {MAX_PROMPT_TOKENS}")
         limit = getattr(self.pair.target.config, "max_position_embeddings", None)
-        tree = getattr(proposer, "tree", None)
-        need = len(prompt_ids) + config.max_new_tokens + (tree.n_nodes if tree is not None else 0)
+        need = len(prompt_ids) + config.max_new_tokens + _max_nodes(proposer)
         if limit and need > limit:
             raise ValueError(f"prompt + max_new_tokens + tree ({need} positions) exceeds the target's "
                              f"context of {limit}")
@@ -187,18 +186,37 @@ def walk_tree(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, mode
 
 
 def node_target_probs(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig) -> tuple[float, ...]:
-    """p of each node's token under its parent's target distribution (root: 1.0).  # [n_nodes]"""
+    """p of each node's token under its parent's target distribution (root: 1.0).  # [n_nodes]
+
+    Only rows of nodes that have children are warped, and without top-k/top-p
+    a token's probability is exp(logit / T - logsumexp): no [rows, V] softmax.
+    """
     tree = draft.tree
     if tree.size == 0:
         return (1.0,)
     cfg = _DISPLAY if sampling.greedy else sampling
     parents = torch.tensor(tree.parents[1:], device=logits.device)
     toks = torch.tensor(draft.tokens[1:], device=logits.device)
-    out = []
-    for lo in range(0, len(parents), 64):  # chunks bound the [rows, V] float32 copy
-        rows = warp(logits[parents[lo: lo + 64]], cfg)
-        out.append(rows.gather(-1, toks[lo: lo + 64, None])[:, 0])
-    return (1.0,) + tuple(torch.cat(out).tolist())
+    rows, inv = torch.unique(parents, return_inverse=True)   # [u] parents, [n] row of each node's parent
+    out = torch.empty(len(toks), dtype=torch.float32, device=logits.device)
+    for lo in range(0, len(rows), 32):  # chunks bound the [rows, V] float32 copy
+        part = logits[rows[lo: lo + 32]].float()
+        sel = (inv >= lo) & (inv < lo + 32)
+        r, t = inv[sel] - lo, toks[sel]
+        if cfg.top_k or cfg.top_p < 1.0:
+            out[sel] = warp(part, cfg)[r, t]
+        else:
+            part = part / cfg.temperature
+            out[sel] = torch.exp(part[r, t] - torch.logsumexp(part, -1)[r])
+    return (1.0,) + tuple(out.tolist())
+
+
+def _max_nodes(proposer) -> int:
+    """Most tree nodes (root included) one step of ``proposer`` may verify."""
+    if getattr(proposer, "max_nodes", None) is not None:
+        return int(proposer.max_nodes)
+    tree = getattr(proposer, "tree", None)
+    return tree.n_nodes if tree is not None else 0
 
 
 def _with_times(record: StepRecord, draft_s: float, verify_s: float, other_s: float) -> StepRecord:

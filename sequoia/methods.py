@@ -9,6 +9,8 @@ name               tree                                        children drawn
 ``kary``           full ``width``-ary tree, ``depth`` levels     without replacement
 ``sequoia``        DP-optimal for the acceptance vector          without replacement
 ``sequoia-auto``   budget and depth chosen by the optimizer      without replacement
+``sequoia-dynamic`` grown each step from the draft's confidence   without replacement
+                   under the hardware profile (sequoia.dynamic)
 ``file``           any tree from a JSON file                    without replacement
 =================  ==========================================  ==================
 """
@@ -19,7 +21,7 @@ from .config import check_budget
 from .drafter import StaticTreeProposer
 from .tree import Tree
 
-METHODS = ("ar", "chain", "specinfer", "kary", "sequoia", "sequoia-auto", "file")
+METHODS = ("ar", "chain", "specinfer", "kary", "sequoia", "sequoia-auto", "sequoia-dynamic", "file")
 
 #: Measured on the embedded pair (int8 draft, greedy, teacher-forced); used when
 #: no acceptance vector is given.  See assets/acceptance/ for measured files.
@@ -35,9 +37,10 @@ def make_method(
     acceptance=None,
     profile=None,
     tree_path: str | None = None,
-) -> StaticTreeProposer:
+    calibration=None,
+):
     """Build a proposer; all parameters are validated here with readable errors."""
-    if name not in METHODS and name != "sequoia-dynamic":
+    if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
     acceptance = tuple(acceptance) if acceptance is not None else DEFAULT_ACCEPTANCE
     if name == "ar":
@@ -58,6 +61,8 @@ def make_method(
         return StaticTreeProposer(Tree.from_json(tree_path), name="file")
     if name == "sequoia":
         return _sequoia(acceptance, 32 if budget is None else budget, depth)
+    if name == "sequoia-dynamic":
+        return _dynamic(acceptance, profile, budget, depth, calibration)
     return _auto(name, acceptance, profile, budget, depth)
 
 
@@ -76,3 +81,16 @@ def _auto(name, acceptance, profile, budget, depth) -> StaticTreeProposer:
         raise ValueError(f"method {name!r} needs a hardware profile (python -m sequoia profile)")
     choice = choose_tree(acceptance, profile, max_budget=budget, max_depth=depth or 16)
     return StaticTreeProposer(choice.tree, name="sequoia-auto")
+
+
+def _dynamic(acceptance, profile, budget, depth, calibration):
+    """``calibration``: a Calibration, a path to one, or None for the identity a(q) = q."""
+    from .calibration import Calibration
+    from .dynamic import DEFAULT_CPU_PROFILE, DynamicTreeProposer
+
+    budget = 48 if budget is None else budget
+    check_budget(budget, depth)
+    if isinstance(calibration, (str, bytes)) or hasattr(calibration, "__fspath__"):
+        calibration = Calibration.load(calibration)
+    return DynamicTreeProposer(calibration=calibration or Calibration.identity(), acceptance=acceptance,
+                               profile=profile or DEFAULT_CPU_PROFILE, budget=budget, max_depth=depth or 16)

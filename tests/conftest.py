@@ -47,6 +47,22 @@ class CharTokenizer:
         return [self.decode(s) for s in seqs]
 
 
+class ChatCharTokenizer(CharTokenizer):
+    """A CharTokenizer that also encodes text and has a chat template, as the app's prompt path needs.
+
+    Each character maps to one of ids 1..40, so any text encodes within a 48-token vocabulary.
+    """
+
+    chat_template = "user: {content}\nassistant: "
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
+        return {"input_ids": [1 + ord(c) % 40 for c in text]}
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True, tokenize: bool = False) -> str:
+        assert not tokenize
+        return "".join(self.chat_template.format(content=m["content"]) for m in messages)
+
+
 def tiny_model(seed: int, vocab: int = 48, init: float = 0.3, layers: int = 2, hidden: int = 32):
     cfg = Qwen2Config(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
@@ -89,6 +105,21 @@ def tiny_pairs(tiny_target):
         "noisy": make_pair(perturbed(tiny_target, 0.5, 1), tiny_target, vocab),
         "random": make_pair(tiny_model(7), tiny_target, vocab),
     }
+
+
+def app_pair(draft, target):
+    """A real :class:`sequoia.models.ModelPair` of tiny models, so ``encode_prompt`` runs the library's code."""
+    from sequoia.models import ModelPair
+
+    return ModelPair(draft=draft, target=target, tokenizer=ChatCharTokenizer(target.config.vocab_size),
+                     draft_name="tiny-draft", target_name="tiny-target", device=torch.device("cpu"),
+                     dtype=torch.float32, draft_int8=False, eos_token_ids=())
+
+
+@pytest.fixture(scope="session")
+def tiny_app_pair(tiny_target):
+    """The app's pair: draft == target, so every draft token is accepted and runs are short and deterministic."""
+    return app_pair(tiny_target, tiny_target)
 
 
 @pytest.fixture(scope="session")

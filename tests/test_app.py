@@ -1,27 +1,22 @@
-"""The Gradio layer on a tiny random-weight pair: handlers, errors, API endpoints."""
+"""The Gradio layer on a tiny random-weight pair: handlers, errors, API endpoints, loading, queueing."""
 
-from types import SimpleNamespace
+import threading
+import time
 
 import gradio as gr
 import pytest
 
 import app
 from components import compare_tab, dp_tab, hardware_tab, live_tab
-from components.context import BUILTIN_ACCEPTANCE, AppContext, acceptance_catalogue, parse_acceptance
+from components.context import (BUILTIN_ACCEPTANCE, AppContext, LoadStatus, acceptance_catalogue,
+                                parse_acceptance)
 
 CODE = next(iter(BUILTIN_ACCEPTANCE))
 
 
-def _encode(prompt: str, chat: bool = True) -> list[int]:
-    if not prompt.strip():
-        raise ValueError("the prompt is empty")
-    return [1 + ord(c) % 40 for c in prompt]
-
-
 @pytest.fixture(scope="module")
-def pair(tiny_pairs):
-    # draft == target: every draft token is accepted, so runs are short and deterministic.
-    return SimpleNamespace(**vars(tiny_pairs["same"]), encode_prompt=_encode)
+def pair(tiny_app_pair):
+    return tiny_app_pair
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +44,75 @@ def test_loader_is_lazy(tmp_path):
     calls = []
     demo = app.build_demo(lambda: calls.append(1), assets_dir=tmp_path)
     assert isinstance(demo, gr.Blocks) and calls == []
+
+
+def test_queue_serialises_model_work_and_leaves_the_dp_explorer_free(demo):
+    by_name = {fn.api_name: fn for fn in demo.fns.values() if fn.api_name}
+    for name in ("decode", "decode_stream", "compare"):
+        assert by_name[name].concurrency_id == "model" and by_name[name].concurrency_limit == 1
+    assert by_name["dp"].concurrency_id != "model" and by_name["dp"].concurrency_limit >= 2
+    assert demo._queue.max_size == app.QUEUE_MAX_SIZE
+    model_fns = [fn for fn in demo.fns.values() if fn.concurrency_id == "model"]
+    assert len(model_fns) >= 5  # + the Compare button, Profile now, Measure
+
+
+def test_background_loading_shows_progress_and_refuses_politely(tmp_path, pair):
+    gate, status = threading.Event(), LoadStatus()
+
+    def loader():
+        status(0.5, "converting the target")
+        assert gate.wait(30)
+        return pair
+
+    demo = app.build_demo(loader, assets_dir=tmp_path, status=status)
+    ctx = demo.sequoia_context
+    assert "Loading the model pair: 0%" in app._banner(ctx) and not ctx.loaded
+    thread = ctx.start_loading()
+    try:
+        for _ in range(200):
+            if status.fraction == 0.5:
+                break
+            time.sleep(0.01)
+        assert "Loading the model pair: 50%" in app._banner(ctx)
+        with pytest.raises(gr.Error, match=r"still loading \(50%, converting the target"):
+            _stream(ctx)
+        assert hardware_tab.views(ctx, CODE, 16, 4, None)[1].startswith("*The models are still loading")
+    finally:
+        gate.set()
+        thread.join(30)
+    assert status.ready and "tiny-target" in app._banner(ctx)
+    assert sum(r.n_new for r in _stream(ctx, max_new=4)[-1][-1].records) == 4
+
+
+def test_failed_load_is_shown_and_the_dp_explorer_still_works(tmp_path):
+    def loader():
+        raise RuntimeError("no such model: nobody/nothing")
+
+    demo = app.build_demo(loader, assets_dir=tmp_path)
+    ctx = demo.sequoia_context
+    ctx.start_loading().join(30)
+    assert "could not be loaded" in app._banner(ctx) and "nobody/nothing" in app._banner(ctx)
+    with pytest.raises(gr.Error, match="could not be loaded: RuntimeError: no such model"):
+        _stream(ctx)
+    assert dp_tab.dp_api("0.8, 0.1", 8, 3)["budget"] == 8
+
+
+def test_stopping_a_decode_closes_the_engine_generator(ctx, monkeypatch):
+    closed, real = [], live_tab.run_decode
+
+    def spy(ctx, req):
+        gen = real(ctx, req)
+        try:
+            yield from gen
+        finally:
+            closed.append(gen.gi_frame is None)  # a closed generator has no frame (its KV caches are gone)
+
+    monkeypatch.setattr(live_tab, "run_decode", spy)
+    stream = live_tab.decode_stream(ctx, "def f(x):", "Chain", 4, 4, 0.0, 1.0, 200, 0, CODE, True)
+    next(stream)
+    assert closed == []
+    stream.close()  # what Gradio does on Stop
+    assert closed == [True]
 
 
 def test_decode_stream_yields_every_step(ctx):
@@ -111,6 +175,28 @@ def test_compare_identical_at_greedy(ctx):
     assert seen[0] == 0 and seen[-1] == 1.0
     md = compare_tab._notes_markdown(rows, notes, 0.0)
     assert "reproduce the target-only output" in md
+
+
+def test_compare_streams_rows_and_stops(ctx, monkeypatch):
+    outs = list(compare_tab.on_compare(ctx, "x = 1", 8, 3, 0.0, 1.0, 6, 0, CODE, True, False))
+    tables = [o[1] for o in outs if not isinstance(o[1], type(gr.skip()))]
+    assert [len(t) for t in tables] == [0, 1, 2, 3, 4]  # the table grows one method at a time
+    assert "Running" in outs[1][2] and "Identical at T=0" in outs[-1][2]
+    closed, real = [], compare_tab.run_decode
+
+    def spy(ctx, req):
+        gen = real(ctx, req)
+        try:
+            yield from gen
+        finally:
+            closed.append(gen.gi_frame is None)
+
+    monkeypatch.setattr(compare_tab, "run_decode", spy)
+    it = compare_tab.iter_comparison(ctx, "x = 1", 8, 3, 0.0, 1.0, 50, 0, include_hf=False)
+    while next(it).tokens == 0:
+        pass
+    it.close()
+    assert closed == [True, True]  # the warm-up and the interrupted run
 
 
 def test_compare_api_rows(ctx):

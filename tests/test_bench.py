@@ -201,3 +201,58 @@ def test_figures_are_built_from_summaries(greedy_result, tmp_path):
     assert len(robustness_figure(rob).data) == 4
     paths, _ = write_figures({"speed": speed_figure(sums)}, tmp_path, png=False)
     assert paths == [tmp_path / "speed.html"] and (tmp_path / "plotly.min.js").exists()
+
+
+def test_robustness_monte_carlo_matches_the_verification_rule():
+    """scripts/robustness.py's vectorised rule: rank-1 acceptance is sum(min(p, q)) exactly in expectation."""
+    import importlib.util
+    from pathlib import Path
+
+    import torch
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "robustness.py"
+    spec = importlib.util.spec_from_file_location("robustness_script", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    g = torch.Generator().manual_seed(0)
+    p = torch.softmax(torch.randn(6, generator=g) * 1.5, -1)
+    q = torch.softmax(torch.randn(6, generator=g) * 1.5, -1)
+    rows = 20000
+    first = {m: mod.first_accepted(p.expand(rows, 6).contiguous(), q.expand(rows, 6).contiguous(), 3, m, g)
+             for m in ("without_replacement", "with_replacement", "topk")}
+    exact = float(torch.minimum(p, q).sum())
+    for m in ("without_replacement", "with_replacement"):
+        assert float((first[m] == 0).float().mean()) == pytest.approx(exact, abs=0.02)
+    top = int(q.argmax())
+    assert float((first["topk"] == 0).float().mean()) == pytest.approx(float(p[top]), abs=0.02)
+    # more children never reject more often, and sampling without replacement rejects least here
+    rej = {m: float((f < 0).float().mean()) for m, f in first.items()}
+    assert rej["without_replacement"] <= rej["with_replacement"] + 0.01
+
+
+def test_cli_rejects_bad_settings_before_loading_models(capsys):
+    from sequoia.cli import build_parser, main
+
+    args = build_parser().parse_args(["bench", "--quick"])
+    assert args.quick and args.prompts == "code,chat"
+    assert main(["bench", "--methods", "ar,medusa"]) == 2
+    assert "unknown bench method" in capsys.readouterr().err
+    assert main(["bench", "--temperatures", "0,hot"]) == 2
+
+
+@pytest.mark.embedded
+@pytest.mark.slow
+def test_bench_on_the_embedded_pair_matches_target_greedy_in_fp32(embedded_pair_fp32):
+    """fp32 target: every method's greedy output equals target-only greedy (HF generate), token for token."""
+    config = BenchConfig(max_new_tokens=12, temperatures=(0.0,), warmup_tokens=0,
+                         methods=("hf-generate", "ar", "hf-assisted", "sequoia"))
+    sets = [PromptSet("code", ("Write a Python function that returns the n-th Fibonacci number.",))]
+    trees = [TreeChoice("code", 0.0, Tree((-1, 0, 0, 1, 1, 3, 5)), (0.8, 0.1), "test", 1.5, 2.5)]
+    res = run_bench(embedded_pair_fp32, sets, config, trees, progress=lambda *a: None)
+    assert [r.method for r in res.runs] == list(config.methods)
+    for r in res.runs:
+        assert r.new_tokens == 12 or r.tokens[-1] in embedded_pair_fp32.eos_token_ids
+        if r.method != "hf-generate":
+            assert r.matches_reference is True, (r.method, r.agree_prefix)
+    seq = next(r for r in res.runs if r.method == "sequoia")
+    assert seq.tokens_per_call > 1.0 and seq.steps < seq.new_tokens

@@ -6,7 +6,8 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
-from components import COLORS, compare_view, dp_view, hardware_view, stats_view, text_view, tree_view
+from components import COLORS, compare_view, dp_view, hardware_view, stats_view, status_view, text_view, tree_view
+from components.context import LoadStatus
 from sequoia.trace import ACCEPTED, REJECTED, UNREACHED, StepRecord
 from sequoia.tree import Tree
 
@@ -254,3 +255,16 @@ def test_hardware_from_profile_and_choice():
     assert f"{choice.budget} draft tokens" in md and "speedup" in md
     slow_draft = hw.HardwareProfile.hand_made(lambda n: 10.0, lambda w: 1000.0)
     assert "No speculation" in hardware_view.choice_markdown(opt.choose_tree([0.5], slow_draft, 8, 4))
+
+
+# ------------------------------------------------------------------ status banner
+def test_status_banner_loading_failed_ready():
+    status = LoadStatus()
+    status(0.42, "converting <target>")
+    html = status_view.banner_html(status, "ignored while loading")
+    assert "Loading the model pair: 42%" in html and "converting &lt;target&gt;" in html and "width:42%" in html
+    status.error = "ModelLoadError: no model 'x<y'"
+    html = status_view.banner_html(status, "")
+    assert "could not be loaded" in html and "x&lt;y" in html and "DP explorer works" in html
+    status.error, status.ready = None, True
+    assert status_view.banner_html(status, "draft <b>a</b>") == '<div class="sq-status sq-status-ready">draft <b>a</b></div>'

@@ -1,0 +1,158 @@
+"""Profile one speculative step on the embedded pair, component by component.
+
+Run from the repository root:
+
+    .venv/bin/python scripts/profile_step.py --method sequoia --budget 16 --steps 12
+    .venv/bin/python scripts/profile_step.py --compare /tmp/base   # before/after, interleaved
+
+Each component is timed by wrapping the library function that does it (no
+edits to the library): draft begin (pending tokens -> q at the root), draft
+levels, target forward (and the lm_head inside it), the verification walk, the
+per-node display probabilities, cache compaction.  ``--compare DIR`` also runs
+a copy of the package found at ``DIR/sequoia_base`` (e.g. a snapshot taken
+before an optimisation) prompt by prompt, interleaved with the current code,
+so both see the same machine load.  Prints median ms per step of each
+component and tokens/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain script from anywhere
+
+PROMPTS = {
+    "code": "Write a Python function that parses a CSV file and returns a list of dictionaries.",
+    "chat": "Explain in simple terms why the sky is blue.",
+}
+
+
+class Timers:
+    """Accumulates wall time per component within one step."""
+
+    def __init__(self) -> None:
+        self.step: dict[str, float] = defaultdict(float)
+        self.steps: list[dict[str, float]] = []
+
+    def wrap(self, owner, attr: str, key: str) -> None:
+        fn = getattr(owner, attr)
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.step[key] += (time.perf_counter() - t0) * 1e3
+
+        setattr(owner, attr, timed)
+
+    def hook_module(self, module, key: str) -> None:
+        start = {}
+        module.register_forward_pre_hook(lambda *_: start.__setitem__("t", time.perf_counter()))
+        module.register_forward_hook(lambda *_: self.step.__setitem__(
+            key, self.step[key] + (time.perf_counter() - start["t"]) * 1e3))
+
+    def close_step(self, record) -> None:
+        s = dict(self.step)
+        s["step_total"] = record.total_s * 1e3
+        s["draft_total"] = record.draft_s * 1e3
+        s["verify_total"] = record.verify_s * 1e3
+        s["other_total"] = record.other_s * 1e3
+        s["tokens"] = record.n_new
+        s["tree_size"] = record.tree.size
+        self.steps.append(s)
+        self.step.clear()
+
+
+def instrument(pkg: str, timers: Timers):
+    """Wrap the components of package ``pkg`` (``sequoia`` or a snapshot of it)."""
+    drafter = importlib.import_module(f"{pkg}.drafter")
+    engine = importlib.import_module(f"{pkg}.engine")
+    kv = importlib.import_module(f"{pkg}.kv_cache")
+    timers.wrap(drafter.Drafter, "begin", "draft_begin")
+    timers.wrap(drafter.Drafter, "expand", "draft_levels")
+    timers.wrap(engine.SpeculativeEngine, "_verify_forward", "target_forward")
+    timers.wrap(engine, "walk_tree", "walk")
+    timers.wrap(engine, "node_target_probs", "node_p")
+    timers.wrap(kv.KVCache, "keep", "cache_keep")
+    return engine
+
+
+def run(engine_mod, methods_mod, pair, ids, args, timers: Timers) -> float:
+    from sequoia.config import GenerationConfig, SamplingConfig
+
+    kwargs = {"budget": args.budget} if args.budget else {}
+    proposer = methods_mod.make_method(args.method, **kwargs)
+    cfg = GenerationConfig(max_new_tokens=args.tokens, sampling=SamplingConfig(temperature=args.temperature),
+                           seed=0)
+    t0 = time.perf_counter()
+    n = 0
+    for rec in engine_mod.SpeculativeEngine(pair).generate(ids, proposer, cfg, with_texts=False):
+        timers.close_step(rec)
+        n += rec.n_new
+    return n / (time.perf_counter() - t0)
+
+
+def report(name: str, timers: Timers, tps: list[float]) -> None:
+    steps = timers.steps[1:]  # the first step includes the prefill
+    keys = ["draft_begin", "draft_levels", "draft_total", "target_lm_head", "target_forward", "verify_total",
+            "walk", "node_p", "cache_keep", "other_total", "step_total", "tree_size", "tokens"]
+    print(f"\n== {name}: {len(steps)} steps, tokens/s per prompt {[round(t, 2) for t in tps]}")
+    for k in keys:
+        vals = [s.get(k, 0.0) for s in steps]
+        if vals:
+            print(f"  {k:16s} median {statistics.median(vals):8.1f}   mean {statistics.fmean(vals):8.1f}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--method", default="sequoia")
+    ap.add_argument("--budget", type=int, default=16)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--rounds", type=int, default=1, help="passes over the prompts")
+    ap.add_argument("--compare", default=None, help="directory holding a snapshot package sequoia_base")
+    # One thread: on a shared 2-core machine two OpenMP threads spin against other
+    # processes and a forward can take 10-30x longer; one thread gives stable ratios.
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    from sequoia.models import load_pair
+
+    pair = load_pair()
+    impls = [("sequoia", "current")]
+    if args.compare:
+        sys.path.insert(0, args.compare)
+        impls.insert(0, ("sequoia_base", "before"))
+    timers = {name: Timers() for _, name in impls}
+    engines = {name: instrument(pkg, timers[name]) for pkg, name in impls}
+    methods = {name: importlib.import_module(f"{pkg}.methods") for pkg, name in impls}
+    lm_timer = Timers()
+    lm_timer.hook_module(pair.target.lm_head, "target_lm_head")
+    tps = defaultdict(list)
+    for _ in range(args.rounds):
+        for label, prompt in PROMPTS.items():
+            ids = pair.encode_prompt(prompt)
+            for _, name in impls:
+                lm_timer.step.clear()
+                before = len(timers[name].steps)
+                tps[name].append(run(engines[name], methods[name], pair, ids, args, timers[name]))
+                n = len(timers[name].steps) - before
+                share = lm_timer.step.get("target_lm_head", 0.0) / max(n, 1)
+                for s in timers[name].steps[before:]:
+                    s["target_lm_head"] = share
+    for _, name in impls:
+        report(f"{name} ({args.method}, budget {args.budget}, T={args.temperature})", timers[name], tps[name])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""A tree that adapts to the draft's confidence every step (``sequoia-dynamic``).
+
+The static Sequoia tree is fixed in advance from an *average* acceptance
+vector.  Acceptance is bursty (long runs of easy tokens, then hard ones), so
+this proposer grows each step's tree from the draft's own probabilities:
+
+* the estimated acceptance of a node is f(v) = product along its path of
+  a(q, rank) (:mod:`sequoia.calibration`), the same quantity the DP maximises;
+* a step is predicted to cost ``begin + sum_levels draft(width) +
+  target(n + 1)`` ms under a :class:`~sequoia.hardware.HardwareProfile`
+  and to yield E = 1 + sum f(v) tokens;
+* level by level (one draft forward per level), it first chooses how many
+  children each frontier node gets, best-first over the whole level, keeping
+  the prefix of candidates that maximises E / cost; then it chooses which of
+  the new nodes to forward for the next level, by a short lookahead that
+  prices the draft forward and the larger verification against the expected
+  gain; it stops when no level pays for itself, or at the budget or depth cap.
+
+Losslessness (see :mod:`sequoia.sampling`): verification is the library's,
+unchanged.  At temperature > 0 a node's *number* of children must not depend
+on the values of the children it draws (a child included only because it
+came out likely would bias the draw).  So the child count of a node is
+decided from the node's q distribution (its sorted probabilities) and from
+other nodes' draws, which are independent of its children's Gumbel noise;
+the children are then the first k of one draw without replacement.  At
+temperature 0 every choice is exact anyway (a child is accepted iff it is
+the target's argmax).
+
+Each :class:`~sequoia.drafter.Draft` carries ``extra`` annotations against the
+static DP tree of the same size (nodes matched by their path of sibling
+ranks): ``static_tree_parents``, ``added`` (indices of this tree's nodes the
+static tree lacks), ``pruned`` (indices of static-tree nodes left out),
+``predicted_tokens``, ``predicted_ms`` and ``widths`` (draft forward widths).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+import torch
+
+from .calibration import Calibration
+from .drafter import Draft, Drafter
+from .hardware import HardwareProfile
+from .tree import Tree
+
+#: Issue 6 figures for the embedded pair on a 2-core CPU (bf16 target with a
+#: tree mask at ~300 tokens of context; int8 draft by level width).
+DEFAULT_CPU_PROFILE = HardwareProfile(
+    device="cpu: 2 cores (issue 6 figures)", dtype="torch.bfloat16", context_len=300,
+    target_n=(1, 8, 16, 32, 64), target_ms=(315.0, 355.0, 418.0, 542.0, 857.0),
+    draft_width=(1, 4, 16), draft_ms=(54.0, 70.0, 121.0), pair="embedded (issue 6)",
+)
+#: Levels of lookahead when pricing the next draft forward.
+LOOKAHEAD = 3
+
+
+@dataclass
+class _Growth:
+    """The tree so far, in breadth-first order."""
+
+    parents: list[int]
+    depths: list[int]
+    tokens: list[int]
+    q_token: list[float]
+    ranks: list[int]
+    f: list[float]                              # estimated acceptance of each node (root: 1)
+    q: dict[int, torch.Tensor]                  # node -> [V] q over its children
+    widths: list[int] = field(default_factory=lambda: [1])  # draft forward widths (begin first)
+
+    @property
+    def size(self) -> int:
+        return len(self.parents) - 1
+
+    def add(self, parent: int, token: int, q_token: float, rank: int, f: float) -> int:
+        self.parents.append(parent)
+        self.depths.append(self.depths[parent] + 1)
+        self.tokens.append(token)
+        self.q_token.append(q_token)
+        self.ranks.append(rank)
+        self.f.append(f)
+        return len(self.parents) - 1
+
+
+@dataclass
+class DynamicTreeProposer:
+    """Grows each step's tree from the draft's confidence under a hardware cost model."""
+
+    calibration: Calibration = field(default_factory=Calibration.identity)
+    profile: HardwareProfile = DEFAULT_CPU_PROFILE
+    budget: int = 48                  # most draft tokens per step (the target verifies budget + 1)
+    max_depth: int = 16
+    max_children: int = 8             # most children of one node
+    acceptance: tuple[float, ...] = (0.797, 0.104, 0.048, 0.020, 0.010, 0.005)  # prior: p_1 prices lookahead
+    overhead_ms: float = 15.0         # per step outside the model forwards (walk, bookkeeping)
+    level_ms: float = 3.0             # per draft level outside the forward (sampling, masks)
+    mode: str = "without_replacement"
+    name: str = "sequoia-dynamic"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.budget, int) or self.budget < 1:
+            raise ValueError(f"budget must be a positive integer, got {self.budget!r}")
+        if not isinstance(self.max_depth, int) or self.max_depth < 1:
+            raise ValueError(f"max_depth must be a positive integer, got {self.max_depth!r}")
+        self._static_cache: dict[int, Tree] = {}
+
+    @property
+    def max_nodes(self) -> int:
+        """Largest tree the target may verify (root included)."""
+        return self.budget + 1
+
+    @cached_property
+    def tree(self) -> Tree:
+        """The static prior: the DP tree of the full budget (the teaching view; callers print its size)."""
+        return self.static_tree(self.budget)
+
+    # ------------------------------------------------------------------ propose
+    def propose(self, drafter: Drafter, generator) -> Draft:
+        g = _Growth(parents=[-1], depths=[0], tokens=[drafter.root_token], q_token=[1.0], ranks=[0],
+                    f=[1.0], q={0: drafter.root_q})
+        frontier = [0]
+        for depth in range(1, self.max_depth + 1):
+            level = self._add_children(g, frontier, drafter, generator)
+            if not level or depth == self.max_depth or g.size >= self.budget:
+                break
+            frontier = self._choose_expansion(g, level)
+            if not frontier:
+                break
+            rows = drafter.expand(frontier, g.parents, g.depths, g.tokens)
+            g.q.update(zip(frontier, rows))
+            g.widths.append(len(frontier))
+        tree = Tree(tuple(g.parents))
+        q = {v: g.q[v] for v in range(tree.n_nodes) if tree.children[v]}
+        return Draft(tree=tree, tokens=g.tokens, q=q, q_token=g.q_token, extra=self._annotate(tree, g))
+
+    # ------------------------------------------------------------------ costs
+    def step_ms(self, widths, n_nodes: int) -> float:
+        """Predicted ms of a step with these draft widths and a target forward of n_nodes tokens."""
+        draft = sum(float(self.profile.draft(w)) for w in widths) + self.level_ms * len(widths)
+        return draft + float(self.profile.target(n_nodes)) + self.overhead_ms
+
+    def _add_children(self, g: _Growth, frontier: list[int], drafter: Drafter, generator) -> list[int]:
+        """Choose child counts from each frontier node's q, draw the children; return the new nodes."""
+        rows = torch.stack([g.q[u] for u in frontier])                   # [m, V]
+        k = min(self.max_children, self.budget - g.size, rows.shape[-1])
+        top = torch.topk(rows, k, dim=-1).values                           # [m, k] sorted q
+        f_u = torch.tensor([g.f[u] for u in frontier])                    # [m]
+        value = f_u[:, None] * self.calibration.accept(top, torch.arange(k)[None])
+        value = torch.cummin(value, dim=-1).values                         # children are a prefix of ranks
+        counts = self._best_prefix(g, value)                               # [m]
+        if int(counts.max()) == 0:
+            return []
+        live = counts > 0
+        rows = rows[live.to(rows.device)]
+        drawn = drafter.sample(rows, int(counts.max()), self.mode, generator)        # [m', kmax]
+        q_drawn = rows.gather(-1, drawn)                                              # [m', kmax]
+        a = self.calibration.accept(q_drawn, torch.arange(drawn.shape[1])[None])
+        new = []
+        for u, c, toks, qs, acc in zip(np.array(frontier)[live.numpy()].tolist(), counts[live].tolist(),
+                                       drawn.tolist(), q_drawn.tolist(), a.tolist()):
+            for r in range(c):
+                new.append(g.add(u, toks[r], qs[r], r, g.f[u] * acc[r]))
+        return new
+
+    def _best_prefix(self, g: _Growth, value: torch.Tensor) -> torch.Tensor:
+        """Children per row: the best-first prefix of all candidates maximising E / cost.  value: [m, k]"""
+        flat = value.flatten()
+        order = torch.argsort(flat, descending=True, stable=True)
+        room = self.budget - g.size
+        gains = np.concatenate([[0.0], np.cumsum(flat[order[:room]].numpy(), dtype=np.float64)])  # [J+1]
+        j = np.arange(len(gains))
+        base = self.step_ms(g.widths, 1) - float(self.profile.target(1))
+        cost = base + self.profile.target(g.size + 1 + j)
+        rate = (1.0 + sum(g.f[1:]) + gains) / cost
+        best = int(np.argmax(rate))
+        chosen = torch.zeros(flat.shape[0], dtype=torch.long)
+        chosen[order[:best]] = 1
+        return chosen.view(value.shape).sum(-1)
+
+    def _choose_expansion(self, g: _Growth, level: list[int]) -> list[int]:
+        """The new nodes worth a draft forward: the top w by f, w priced over a short lookahead."""
+        f = np.array([g.f[v] for v in level])
+        order = np.argsort(-f, kind="stable")
+        cum = np.cumsum(f[order])                                           # [w] gain base of the top w
+        p1 = float(self.acceptance[0]) if self.acceptance else 0.0
+        E = 1.0 + sum(g.f[1:])
+        now = E / self.step_ms(g.widths, g.size + 1)
+        best_rate, best_w = now, 0
+        room = self.budget - g.size
+        for L in range(1, LOOKAHEAD + 1):
+            w = np.arange(1, len(level) + 1)
+            added = np.minimum(w * L, room)
+            gain = cum * sum(p1 ** i for i in range(1, L + 1)) * added / np.maximum(w * L, 1)
+            cost = (self.step_ms(g.widths, g.size + 1) + L * (self.profile.draft(w) + self.level_ms)
+                    + self.profile.target(g.size + 1 + added) - self.profile.target(g.size + 1))
+            rate = (E + gain) / cost
+            i = int(np.argmax(rate))
+            if rate[i] > best_rate:
+                best_rate, best_w = float(rate[i]), int(w[i])
+        return sorted(level[i] for i in order[:best_w])
+
+    # ------------------------------------------------------------------ static comparison
+    def static_tree(self, n: int) -> Tree:
+        """The static DP tree of at most n draft tokens (cached per n)."""
+        if n not in self._static_cache:
+            self._static_cache[n] = self._dp.tree(min(n, self.budget))
+        return self._static_cache[n]
+
+    @cached_property
+    def _dp(self):
+        from .dp import optimal_tree
+
+        return optimal_tree(self.acceptance, self.budget, min(self.max_depth, 64))
+
+    def _annotate(self, tree: Tree, g: _Growth) -> dict:
+        static = self.static_tree(tree.size) if tree.size else Tree.root_only()
+        dyn_paths, static_paths = _rank_paths(tree), _rank_paths(static)
+        static_set, dyn_set = set(static_paths), set(dyn_paths)
+        return {
+            "static_tree_parents": list(static.parents),
+            "added": [v for v, key in enumerate(dyn_paths) if v and key not in static_set],
+            "pruned": [v for v, key in enumerate(static_paths) if v and key not in dyn_set],
+            "predicted_tokens": 1.0 + float(sum(g.f[1:])),
+            "predicted_ms": self.step_ms(g.widths, tree.n_nodes),
+            "widths": list(g.widths),
+        }
+
+
+def _rank_paths(tree: Tree) -> list[tuple[int, ...]]:
+    """Each node's path of sibling ranks from the root: how nodes of two trees are matched."""
+    out: list[tuple[int, ...]] = [()]
+    for v in range(1, tree.n_nodes):
+        out.append(out[tree.parents[v]] + (tree.ranks[v],))
+    return out

@@ -1,0 +1,150 @@
+"""A real browser on the app: headless Debian Chromium, driven by Playwright, on the tiny random-weight pair.
+
+The server runs in this process (so a test can watch the engine's generators),
+the browser is the system's ``/usr/bin/chromium`` (never a downloaded one) with
+a fresh profile.  Screenshots go to pytest's tmp dir, and also to
+``out/screenshots/`` when ``SEQUOIA_SCREENSHOTS`` is set.
+"""
+
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+import app
+from components import live_tab
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--no-first-run", "--disable-quic", "--disable-sync"]
+SCREENSHOTS = Path(__file__).resolve().parent.parent / "out" / "screenshots"
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium (apt-get install chromium)"),
+]
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_app_pair, tmp_path_factory):
+    demo = app.build_demo(tiny_app_pair, assets_dir=tmp_path_factory.mktemp("assets"), max_budget=24)
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True,
+                            quiet=True, css_paths=[app.CSS_PATH])
+    yield url
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def browser_context(tmp_path_factory):
+    with sync_api.sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=str(CHROMIUM), headless=True,
+            args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000})
+        context.set_default_timeout(30_000)
+        yield context
+        context.close()
+
+
+@pytest.fixture()
+def page(server, browser_context):
+    page = browser_context.new_page()
+    page.goto(server, wait_until="domcontentloaded")
+    page.locator("#sq-prompt textarea").wait_for()
+    yield page
+    page.close()
+
+
+def _screenshot(page, tmp_path: Path, name: str) -> Path:
+    path = tmp_path / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True, timeout=60_000)
+    if os.environ.get("SEQUOIA_SCREENSHOTS"):
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, SCREENSHOTS / path.name)
+    return path
+
+
+def _decode(page, prompt: str, max_new: int, method: str | None = None) -> None:
+    page.locator("#sq-prompt textarea").fill(prompt)
+    box = page.get_by_label("number input for max new tokens")
+    box.fill(str(max_new))
+    box.press("Enter")
+    if method:
+        page.get_by_label("Method").first.click()
+        page.get_by_role("option", name=method).click()
+    page.get_by_role("button", name="Decode").click()
+
+
+def _slow_steps(monkeypatch, delay_s: float) -> list:
+    """Make every engine step take ``delay_s`` longer; returns a list that gets True when a run is closed."""
+    closed, real = [], live_tab.run_decode
+
+    def slow(ctx, req):
+        gen = real(ctx, req)
+        try:
+            for rec in gen:
+                time.sleep(delay_s)
+                yield rec
+        finally:
+            gen.close()
+            closed.append(gen.gi_frame is None)
+
+    monkeypatch.setattr(live_tab, "run_decode", slow)
+    return closed
+
+
+def test_live_decode_streams_text_and_draws_the_tree(page, tmp_path):
+    _decode(page, "def add(a, b):", 12)
+    summary = page.locator("#sq-summary")
+    sync_api.expect(summary).to_contain_text("12 tokens", timeout=30_000)
+    sync_api.expect(summary).to_contain_text("finished: length")
+    text = page.locator("#sq-text")
+    sync_api.expect(text).to_contain_text("def add(a, b):")          # the prompt, greyed
+    assert text.locator('span[title="draft token accepted by the target"]').count() >= 1
+    assert text.locator('span[title="bonus token sampled from the target"]').count() >= 1
+    tree_svg = page.locator("#sq-tree .js-plotly-plot svg.main-svg").first
+    sync_api.expect(tree_svg).to_be_visible()
+    sync_api.expect(page.locator("#sq-tree .gtitle")).to_contain_text("sequoia")
+    assert page.locator("#sq-tree .scatterlayer .point").count() >= 2  # root + drafted nodes
+    sync_api.expect(page.locator("#sq-stats .js-plotly-plot")).to_be_visible()
+    assert _screenshot(page, tmp_path, "live-decode").stat().st_size > 10_000
+
+
+def test_errors_show_in_the_page_then_a_good_request_works(page, tmp_path):
+    _decode(page, "   ", 8)
+    sync_api.expect(page.get_by_text("the prompt is empty")).to_be_visible()
+    _decode(page, "x", 600)  # prompt + 600 new tokens + tree do not fit the tiny target's 512 positions
+    sync_api.expect(page.get_by_text("exceeds the target's context of 512")).to_be_visible()
+    _screenshot(page, tmp_path, "live-error")
+    _decode(page, "def ok():", 6)
+    sync_api.expect(page.locator("#sq-summary")).to_contain_text("6 tokens", timeout=30_000)
+
+
+def test_stop_cancels_and_the_dp_explorer_answers_meanwhile(page, tmp_path, monkeypatch):
+    closed = _slow_steps(monkeypatch, 0.1)
+    _decode(page, "while True:", 300, method="Target only")  # ~30 s unless stopped
+    summary = page.locator("#sq-summary")
+    sync_api.expect(summary).to_contain_text("tokens in", timeout=30_000)
+    page.get_by_role("tab", name="DP explorer").click()
+    page.get_by_label("p_1, p_2, … (editable)").fill("0.5, 0.2")
+    page.get_by_role("button", name="Solve").click()
+    sync_api.expect(page.locator("#sq-dp-cell")).to_contain_text("expected tokens/step", timeout=15_000)
+    assert closed == []  # the decode is still running while the DP answered
+    page.get_by_role("tab", name="Live decoding").click()
+    page.get_by_role("button", name="Stop").click()
+    for _ in range(100):
+        if closed:
+            break
+        time.sleep(0.1)
+    assert closed == [True]  # Gradio closed the handler, which closed the engine's generator
+    sync_api.expect(summary).not_to_contain_text("finished")
+    _screenshot(page, tmp_path, "live-stopped")

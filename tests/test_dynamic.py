@@ -1,0 +1,175 @@
+"""The dynamic tree (sequoia-dynamic) and its calibration: lossless, adaptive, capped."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_engine import (  # noqa: F401  (small_vocab_pair is a fixture)
+    PROMPT,
+    SMALL_PROMPT,
+    _empirical_joint,
+    _exact_two_token_joint,
+    _hf_greedy,
+    _joint_pvalue,
+    _run,
+    small_vocab_pair,
+)
+
+from sequoia.calibration import Calibration, calibrate, fit_outcomes
+from sequoia.config import GenerationConfig, SamplingConfig
+from sequoia.drafter import Draft
+from sequoia.dynamic import DynamicTreeProposer
+from sequoia.hardware import HardwareProfile
+from sequoia.methods import METHODS, make_method
+
+#: Verification nearly free, drafting cheap: the policy grows trees whenever a node adds anything.
+CHEAP = HardwareProfile.hand_made(target=lambda n: 100.0 + 0.5 * n, draft=lambda w: 2.0 + 0.1 * w)
+#: Costs of the same proportions as the embedded pair on a CPU.
+CPU_LIKE = HardwareProfile.hand_made(target=lambda n: 100.0 + 4.0 * n, draft=lambda w: 17.0 + 1.5 * w)
+
+
+def _dynamic(**kwargs) -> DynamicTreeProposer:
+    kwargs.setdefault("profile", CPU_LIKE)
+    return DynamicTreeProposer(**kwargs)
+
+
+# --------------------------------------------------------------- lossless
+@pytest.mark.parametrize("pair_name", ["same", "noisy", "random"])
+@pytest.mark.parametrize("kwargs", [{}, {"profile": CHEAP, "budget": 12, "max_depth": 4}])
+def test_greedy_output_equals_target_greedy(tiny_pairs, tiny_target, pair_name, kwargs):
+    reference = _hf_greedy(tiny_target, PROMPT, 40)
+    tokens, records = _run(tiny_pairs[pair_name], _dynamic(**kwargs), GenerationConfig(max_new_tokens=40))
+    assert tokens == reference
+    assert records[-1].finish_reason == "length"
+    if pair_name == "same":
+        # An identical draft is accepted all the way down every step.
+        assert all(r.n_accepted == r.tree.depth for r in records[:-1])
+
+
+def test_greedy_with_the_registered_method(tiny_pairs, tiny_target):
+    assert "sequoia-dynamic" in METHODS
+    method = make_method("sequoia-dynamic", budget=10, depth=5)
+    tokens, records = _run(tiny_pairs["noisy"], method, GenerationConfig(max_new_tokens=30))
+    assert tokens == _hf_greedy(tiny_target, PROMPT, 30)
+    assert all(r.method == "sequoia-dynamic" and r.tree.size <= 10 and r.tree.depth <= 5 for r in records)
+
+
+@pytest.mark.parametrize("profile,sampling", [
+    (CHEAP, SamplingConfig(temperature=1.0)),
+    (CPU_LIKE, SamplingConfig(temperature=0.7, top_p=0.9)),
+])
+def test_sampled_output_matches_target_distribution(small_vocab_pair, profile, sampling):
+    # CPU_LIKE makes child counts and expansions vary with the draft's draws: the case
+    # where a policy peeking at its own children would bias the output.
+    method = DynamicTreeProposer(profile=profile, budget=6, max_depth=3)
+    exact = _exact_two_token_joint(small_vocab_pair.target, SMALL_PROMPT, sampling)
+    counts = _empirical_joint(small_vocab_pair, method, sampling, n=1000)
+    assert _joint_pvalue(counts, exact) > 1e-6
+
+
+# --------------------------------------------------------------- adaptivity
+class FakeDrafter:
+    """Every node has the same q: ``top`` on one token and the rest spread evenly, or geometric."""
+
+    def __init__(self, top: float | None = None, ratio: float | None = None, vocab: int = 64) -> None:
+        if ratio is not None:
+            q = ratio ** torch.arange(vocab, dtype=torch.float32)
+            q /= q.sum()
+        else:
+            q = torch.full((vocab,), (1.0 - top) / (vocab - 1))
+            q[0] = top
+        self.q, self.root_token, self.root_q = q, 5, q
+        self.forwards: list[int] = []
+
+    def expand(self, nodes, parents, depths, tokens):
+        self.forwards.append(len(nodes))
+        return self.q.expand(len(nodes), -1)
+
+    def sample(self, q, k, mode, generator):
+        return torch.topk(q, k, dim=-1).indices
+
+
+@pytest.mark.parametrize("profile", [CPU_LIKE, CHEAP])
+def test_grows_deeper_when_the_draft_is_confident(profile):
+    confident = _dynamic(profile=profile).propose(FakeDrafter(0.95), None)
+    unsure = _dynamic(profile=profile).propose(FakeDrafter(0.3), None)
+    assert isinstance(confident, Draft)
+    assert confident.tree.depth > unsure.tree.depth
+    assert confident.extra["predicted_tokens"] > unsure.extra["predicted_tokens"]
+
+
+def test_a_hopeless_draft_drafts_nothing():
+    expensive = HardwareProfile.hand_made(target=lambda n: 100.0 + 20.0 * n, draft=lambda w: 90.0)
+    draft = _dynamic(profile=expensive).propose(FakeDrafter(0.02), None)
+    assert draft.tree.size == 0
+
+
+@pytest.mark.parametrize("budget,depth", [(1, 4), (5, 16), (24, 3)])
+def test_budget_and_depth_caps(budget, depth):
+    drafter = FakeDrafter(ratio=0.7)
+    draft = _dynamic(profile=CHEAP, budget=budget, max_depth=depth).propose(drafter, None)
+    assert draft.tree.size == budget  # everything pays under CHEAP, so the cap binds
+    assert draft.tree.depth <= depth
+    assert len(drafter.forwards) == len(draft.extra["widths"]) - 1
+    assert set(draft.q) == {v for v in range(draft.tree.n_nodes) if draft.tree.children[v]}
+
+
+def test_confident_pair_grows_bigger_trees_than_an_unrelated_one(tiny_pairs):
+    """With calibrations fitted per pair, a draft equal to the target earns bigger trees."""
+    sizes = {}
+    for name in ("same", "random"):
+        pair = tiny_pairs[name]
+        cal = calibrate(pair, [PROMPT, [2, 4, 6]], SamplingConfig(), width=3, depth=2, max_new_tokens=16)
+        _, records = _run(pair, _dynamic(calibration=cal), GenerationConfig(max_new_tokens=30))
+        sizes[name] = np.mean([r.tree.size for r in records])
+        depth = np.mean([r.tree.depth for r in records])
+        sizes[name + "_depth"] = depth
+    assert sizes["same"] > sizes["random"]
+    assert sizes["same_depth"] > sizes["random_depth"]
+
+
+def test_static_annotations_match_nodes_by_rank_path(tiny_pairs):
+    _, records = _run(tiny_pairs["noisy"], _dynamic(budget=12), GenerationConfig(max_new_tokens=20))
+    for r in records:
+        static = r.extra["static_tree_parents"]
+        matched = r.tree.n_nodes - len(r.extra["added"])
+        assert matched == len(static) - len(r.extra["pruned"])
+        assert all(0 < v < r.tree.n_nodes for v in r.extra["added"])
+        assert len(static) - 1 == r.tree.size or len(static) - 1 < r.tree.size  # DP may use fewer nodes
+
+
+# --------------------------------------------------------------- calibration
+def test_identity_calibration_is_q():
+    q = torch.tensor([0.0, 0.1, 0.5, 0.99])
+    torch.testing.assert_close(Calibration.identity().accept(q, torch.tensor(3)), q)
+
+
+def test_fit_recovers_a_known_mapping_and_round_trips(tmp_path):
+    rng = np.random.default_rng(0)
+    q = rng.uniform(0, 1, 40_000)
+    rank = rng.integers(0, 2, q.shape)
+    truth = np.where(rank == 0, q ** 2, 0.5 * q)   # an overconfident rank 0, a flat rank 1
+    hit = (rng.uniform(0, 1, q.shape) < truth).astype(float)
+    cal = fit_outcomes(q, rank, hit, ranks=2)
+    grid = torch.tensor([0.15, 0.45, 0.75, 0.92])
+    fitted0 = cal.accept(grid, torch.tensor(0)).numpy()
+    fitted1 = cal.accept(grid, torch.tensor(1)).numpy()
+    np.testing.assert_allclose(fitted0, grid.numpy() ** 2, atol=0.04)
+    np.testing.assert_allclose(fitted1, 0.5 * grid.numpy(), atol=0.04)
+    assert np.all(np.diff(np.array(cal.values), axis=1) >= 0)  # monotone in q
+    cal.save(tmp_path / "cal.json")
+    assert Calibration.load(tmp_path / "cal.json") == cal
+    method = make_method("sequoia-dynamic", calibration=str(tmp_path / "cal.json"))
+    assert method.calibration == cal
+
+
+@pytest.mark.parametrize("build", [
+    lambda: Calibration(knots=(0.5, 0.2), values=((0.1, 0.2),)),
+    lambda: Calibration(knots=(0.0, 1.0), values=((0.1, 1.5),)),
+    lambda: make_method("sequoia-dynamic", budget=0),
+    lambda: DynamicTreeProposer(max_depth=0),
+])
+def test_bad_parameters_raise(build):
+    with pytest.raises(ValueError):
+        build()
