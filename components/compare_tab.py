@@ -20,7 +20,7 @@ import gradio as gr
 
 from . import compare_view
 from .context import MODEL_WORK, AppContext, acceptance_catalogue
-from .live_tab import make_request, run_decode
+from .live_tab import FRAME_S, Throttle, make_request, run_decode
 
 #: (row name, method label for make_request), in run order; the first is the reference.
 RUNS = (
@@ -139,10 +139,12 @@ def _notes_markdown(rows, notes, temperature) -> str:
 def on_compare(ctx, prompt, budget, depth, temperature, top_p, max_new, seed, acceptance_name, chat, include_hf):
     """Generator handler: the bars and table grow as each method finishes; a line says what runs now."""
     acceptance = acceptance_catalogue(ctx.assets_dir).get(acceptance_name)
-    shown = -1
+    shown, frame = -1, Throttle(FRAME_S)
     try:
         for state in iter_comparison(ctx, prompt, budget, depth, temperature, top_p, max_new, seed, acceptance,
                                      chat, include_hf):
+            if len(state.rows) == shown and state.running and not frame.due(time.monotonic()):
+                continue  # only the "n tokens so far" line would change: at most once a frame
             md = _notes_markdown(state.rows, state.notes, temperature) if state.running is None else (
                 f"*Running **{state.running}** ({len(state.rows) + len(state.notes) + 1} of {state.total}): "
                 f"{state.tokens} tokens so far…*")

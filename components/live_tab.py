@@ -31,7 +31,11 @@ METHODS = {
     "SpecInfer": "specinfer",
     "Target only": "ar",
 }
-_STATS_EVERY_S = 0.75  # redraw the six-panel statistics at most this often while streaming
+# While streaming, update the page at most this often.  A browser re-rendering Plotly figures for every
+# step of a fast method (target only: ~10 steps/s) falls behind and stops answering clicks, Stop included.
+FRAME_S = 0.2         # the text and the summary line
+_TREE_EVERY_S = 0.5    # the tree (with the step slider and the outlined step, which follow it)
+_STATS_EVERY_S = 2.0   # the six-panel statistics
 
 
 @dataclass
@@ -126,18 +130,25 @@ def run_decode(ctx: AppContext, req: Request) -> Iterator[StepRecord]:
 
 
 # ------------------------------------------------------------------ handlers
-def _views(session: LiveSession, selected: int | None, stats: bool):
+def _views(session: LiveSession, selected: int | None, stats: bool, tree: bool = True):
     recs = session.records
     html = text_view.html_view(recs, prompt=session.prompt, selected_step=selected)
-    tree = tree_view.figure(recs[selected]) if recs and selected is not None else None
+    if not tree:
+        tree_fig = gr.skip()
+    else:
+        tree_fig = tree_view.figure(recs[selected]) if recs and selected is not None else None
     stats_fig = stats_view.figure(recs) if stats else gr.skip()
-    summary = stats_view.summary_markdown(recs) if stats else gr.skip()
-    return html, tree, stats_fig, summary
+    return html, tree_fig, stats_fig, stats_view.summary_markdown(recs)
+
+
+def _slider(n_records: int) -> gr.Slider:
+    return gr.Slider(minimum=0, maximum=max(n_records - 1, 1), value=max(n_records - 1, 0),
+                     interactive=n_records > 1)
 
 
 def decode_stream(ctx: AppContext, prompt, method, budget, depth, temperature, top_p, max_new_tokens,
                   seed, acceptance_name, chat):
-    """Generator handler: yields (html, tree, stats, summary, slider, session) per step.
+    """Generator handler: yields (html, tree, stats, summary, slider, session) as steps arrive.
 
     Stop (or a closed page) closes this generator at a ``yield``; ``closing`` then closes the engine's
     generator at once, which frees its KV caches instead of leaving them to the garbage collector.
@@ -158,20 +169,38 @@ def decode_stream(ctx: AppContext, prompt, method, budget, depth, temperature, t
         raise gr.Error(str(exc), title="Cannot decode") from None
     except RuntimeError as exc:
         raise gr.Error(f"decoding failed: {exc}", title="Decoding error") from None
-    yield (*_views(session, len(session.records) - 1, True), gr.skip(), session)
+
+
+@dataclass
+class Throttle:
+    """``due(now)`` is True at most once every ``period_s`` (and always the first time, or when forced)."""
+
+    period_s: float
+    last: float = float("-inf")
+
+    def due(self, now: float, force: bool = False) -> bool:
+        if force or now - self.last >= self.period_s:
+            self.last = now
+            return True
+        return False
 
 
 def _stream_views(session: LiveSession, steps: Iterator[StepRecord]):
-    """The views after each step (statistics redrawn at most every _STATS_EVERY_S)."""
-    last_stats = 0.0
+    """The views, at most every FRAME_S (the tree and statistics less often); the last step in full."""
+    frame, tree, stats = Throttle(FRAME_S), Throttle(_TREE_EVERY_S), Throttle(_STATS_EVERY_S)
+    shown = None  # the step whose tree is on screen
     for rec in steps:
         session.records.append(rec)
         now = time.monotonic()
-        stats = rec.finished or now - last_stats >= _STATS_EVERY_S
-        last_stats = now if stats else last_stats
-        n = len(session.records)
-        slider = gr.Slider(minimum=0, maximum=max(n - 1, 1), value=n - 1, interactive=n > 1)
-        yield (*_views(session, n - 1, stats), slider, session)
+        if not frame.due(now, rec.finished):
+            continue  # the engine keeps going; a Stop waits at most one frame
+        new_tree = tree.due(now, rec.finished)
+        if new_tree:
+            shown = len(session.records) - 1
+        slider = _slider(len(session.records)) if new_tree else gr.skip()
+        yield (*_views(session, shown, stats.due(now, rec.finished), new_tree), slider, session)
+    if session.records and not session.records[-1].finished:  # ended without a final record: show the end
+        yield (*_views(session, len(session.records) - 1, True), _slider(len(session.records)), session)
 
 
 def show_step(step, session: LiveSession):
@@ -210,8 +239,8 @@ def build(ctx: AppContext) -> None:
     choices = list(acceptance_catalogue(ctx.assets_dir))
     with gr.Row():
         with gr.Column(scale=1, min_width=300):
-            prompt = gr.Textbox(label="Prompt", lines=5, value="Write a Python function that checks whether a number is prime.",
-                                elem_id="sq-prompt")
+            prompt = gr.Textbox(label="Prompt", lines=5, elem_id="sq-prompt",
+                                value="Write a Python function that checks whether a number is prime.")
             chat = gr.Checkbox(value=True, label="apply the chat template")
             method = gr.Dropdown(list(METHODS), value="Sequoia (budget & depth)", label="Method")
             with gr.Row():

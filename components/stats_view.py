@@ -21,6 +21,7 @@ from . import COLORS
 
 _TITLES = ("tokens per step", "tokens per step over the run", "acceptance by depth",
            "acceptance by child rank", "tokens / s (cumulative)", "time per step")
+_STEP_AXES = ((1, 2), (2, 2), (2, 3))  # (row, col) of the panels whose x axis is the step
 
 
 def figure(records: Sequence[StepRecord]) -> go.Figure:
@@ -41,6 +42,9 @@ def figure(records: Sequence[StepRecord]) -> go.Figure:
     _time_panels(fig, s, records)
     fig.update_xaxes(gridcolor="#eee")
     fig.update_yaxes(gridcolor="#eee")
+    if len(records) <= 12:  # whole-step ticks (Plotly would put ticks at 0, 0.5, 1 for a two-step run)
+        for row, col in _STEP_AXES:
+            fig.update_xaxes(dtick=1, row=row, col=col)
     return fig
 
 

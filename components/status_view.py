@@ -17,7 +17,8 @@ _BOX = "padding:8px 12px;border-radius:6px;border:1px solid {border};background:
 def banner_html(status, pair_label: str) -> str:
     """Loading (with a progress bar), failed (with the error) or ready (the pair, ``pair_label`` as HTML)."""
     if status.error is not None:
-        return (f'<div class="sq-status sq-status-failed" style="{_BOX.format(border=COLORS["rejected"], bg="#fdecea")}">'
+        box = _BOX.format(border=COLORS["rejected"], bg="#fdecea")
+        return (f'<div class="sq-status sq-status-failed" style="{box}">'
                 f"<b>The model pair could not be loaded.</b> {html.escape(status.error)}<br>"
                 "<small>The DP explorer works without models. Fix the model settings "
                 "(SEQUOIA_DRAFT / SEQUOIA_TARGET / SEQUOIA_DEVICE / SEQUOIA_DTYPE) and restart the app.</small></div>")

@@ -2,8 +2,9 @@
 
 Run from the repository root:
 
-    .venv/bin/python scripts/profile_step.py --method sequoia --budget 16 --steps 12
+    .venv/bin/python scripts/profile_step.py --method sequoia --budget 16 --tokens 48
     .venv/bin/python scripts/profile_step.py --compare /tmp/base   # before/after, interleaved
+    .venv/bin/python scripts/profile_step.py --methods sequoia-dynamic,sequoia-auto,chain,hf-assisted
 
 Each component is timed by wrapping the library function that does it (no
 edits to the library): draft begin (pending tokens -> q at the root), draft
@@ -13,6 +14,11 @@ a copy of the package found at ``DIR/sequoia_base`` (e.g. a snapshot taken
 before an optimisation) prompt by prompt, interleaved with the current code,
 so both see the same machine load.  Prints median ms per step of each
 component and tokens/s.
+
+``--methods`` instead runs whole methods side by side, interleaved prompt by
+prompt (tokens/s, tokens per target call, tree sizes); the hardware profile
+the cost-aware methods need is measured first on a coarse grid unless
+``--profile`` names one, and ``--calibration`` feeds sequoia-dynamic.
 """
 
 from __future__ import annotations
@@ -101,6 +107,44 @@ def run(engine_mod, methods_mod, pair, ids, args, timers: Timers) -> float:
     return n / (time.perf_counter() - t0)
 
 
+def compare_methods(pair, args) -> None:
+    """Whole methods side by side, interleaved prompt by prompt."""
+    from sequoia.baselines import hf_generate
+    from sequoia.config import GenerationConfig, SamplingConfig
+    from sequoia.engine import SpeculativeEngine
+    from sequoia.hardware import HardwareProfile, measure_profile
+    from sequoia.methods import make_method
+
+    if args.profile:
+        profile = HardwareProfile.load(args.profile)
+    else:
+        profile = measure_profile(pair, context_len=128, target_grid=(1, 2, 4, 8, 16), draft_grid=(1, 2, 4, 8),
+                                  repeats=2)
+        print("measured profile: target", [round(x) for x in profile.target_ms], "draft",
+              [round(x) for x in profile.draft_ms], flush=True)
+    proposers = {m: make_method(m, profile=profile, calibration=args.calibration,
+                                budget=args.budget if m == "sequoia-dynamic" else None)
+                 for m in args.methods.split(",") if not m.startswith("hf-")}
+    cfg = GenerationConfig(max_new_tokens=args.tokens, sampling=SamplingConfig(temperature=args.temperature))
+    rows = defaultdict(list)
+    for label, prompt in PROMPTS.items():
+        ids = pair.encode_prompt(prompt)
+        for m in args.methods.split(","):
+            t0 = time.perf_counter()
+            if m.startswith("hf-"):
+                run_ = hf_generate(pair, ids, cfg, assisted=m == "hf-assisted")
+                n, calls, sizes = len(run_.tokens), run_.target_calls, [0]
+            else:
+                recs = list(SpeculativeEngine(pair).generate(ids, proposers[m], cfg, with_texts=False))
+                n, calls, sizes = sum(r.n_new for r in recs), len(recs), [r.tree.size for r in recs]
+            dt = time.perf_counter() - t0
+            rows[m].append((label, n / dt, n / max(calls, 1), statistics.fmean(sizes)))
+            print(f"{label:5s} {m:16s} {n / dt:6.2f} tok/s  {n / max(calls, 1):5.2f} tok/call  "
+                  f"tree {statistics.fmean(sizes):5.1f}", flush=True)
+    for m, vals in rows.items():
+        print(f"== {m:16s} median tok/s {statistics.median(v[1] for v in vals):.2f}")
+
+
 def report(name: str, timers: Timers, tps: list[float]) -> None:
     steps = timers.steps[1:]  # the first step includes the prefill
     keys = ["draft_begin", "draft_levels", "draft_total", "target_lm_head", "target_forward", "verify_total",
@@ -120,6 +164,10 @@ def main() -> int:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--rounds", type=int, default=1, help="passes over the prompts")
     ap.add_argument("--compare", default=None, help="directory holding a snapshot package sequoia_base")
+    ap.add_argument("--methods", default=None, help="comma-separated methods to run side by side (hf-assisted too)")
+    ap.add_argument("--profile", default=None, help="hardware profile JSON for --methods (default: measure)")
+    ap.add_argument("--calibration", default=None, help="calibration JSON for sequoia-dynamic")
+    ap.add_argument("--dtype", default="auto", help="target dtype (fp32 verifies trees far cheaper on AVX2-only CPUs)")
     # One thread: on a shared 2-core machine two OpenMP threads spin against other
     # processes and a forward can take 10-30x longer; one thread gives stable ratios.
     ap.add_argument("--threads", type=int, default=1)
@@ -127,7 +175,12 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     from sequoia.models import load_pair
 
-    pair = load_pair()
+    pair = load_pair(dtype=args.dtype)
+    print(f"cpu capability {torch.backends.cpu.get_cpu_capability()}, {args.threads} thread(s), "
+          f"target {pair.dtype}", flush=True)
+    if args.methods:
+        compare_methods(pair, args)
+        return 0
     impls = [("sequoia", "current")]
     if args.compare:
         sys.path.insert(0, args.compare)

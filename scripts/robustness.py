@@ -117,9 +117,12 @@ def main(argv=None) -> int:
     ap.add_argument("--context-temperature", type=float, default=0.6, help="temperature the target writes at")
     ap.add_argument("--samples", type=int, default=64, help="Monte Carlo draws per position")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (1: stabler on a busy machine)")
     ap.add_argument("--out", default="out/robustness")
     _add_model_args(ap)
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from sequoia.acceptance import target_continuation
     from sequoia.bench_figures import robustness_figure, write_figures

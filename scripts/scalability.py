@@ -72,9 +72,14 @@ def main(argv=None) -> int:
     ap.add_argument("--acceptance", default=None, help="acceptance-vector JSON for the DP trees "
                     "(default: the best match in assets/acceptance, else the shipped default)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (1: stabler on a busy machine)")
     ap.add_argument("--out", default="out/scalability")
     _add_model_args(ap)
     args = ap.parse_args(argv)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
 
     from sequoia._meta import pair_name
     from sequoia.acceptance import AcceptanceVector

@@ -35,6 +35,8 @@ BENCH_METHODS = ("hf-generate", "ar", "hf-assisted", "chain", "specinfer", "sequ
 HF_METHODS = ("hf-generate", "hf-assisted")
 #: Target-only greedy references, best first: outputs at T=0 are compared with the first one run.
 REFERENCES = ("hf-generate", "ar")
+#: The real wall clock, kept before :func:`process_clock` can swap ``time.perf_counter``.
+_WALL_CLOCK = time.perf_counter
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,7 @@ class RunResult:
     matches_reference: bool | None = None
     agree_prefix: int | None = None   # leading tokens equal to the reference's
     load1: float | None = None        # the OS 1-minute load average after the run (a shared machine shows here)
+    wall_s: float | None = None       # wall time, when ``seconds`` is process CPU time (see process_clock)
 
     @property
     def new_tokens(self) -> int:
@@ -130,7 +133,7 @@ class RunResult:
     def to_dict(self) -> dict:
         keys = ("method", "prompt_set", "prompt_index", "temperature", "prompt_tokens", "seconds", "target_calls",
                 "steps", "tree_size", "draft_s", "verify_s", "other_s", "reference", "matches_reference",
-                "agree_prefix", "load1")
+                "agree_prefix", "load1", "wall_s")
         out = {k: getattr(self, k) for k in keys}
         out.update(new_tokens=self.new_tokens, tokens_per_s=self.tokens_per_s,
                    tokens_per_call=self.tokens_per_call, tokens=list(self.tokens))
@@ -145,8 +148,9 @@ class BenchResult:
     runs: list[RunResult] = field(default_factory=list)
     trees: list[TreeChoice] = field(default_factory=list)
     profile: dict | None = None       # the hardware profile the optimizer used
+    clock: str = "wall"               # "wall", or "process" (CPU time of this process, one thread)
     started: str = ""
-    seconds: float = 0.0              # whole bench, warm-up included
+    seconds: float = 0.0              # whole bench, warm-up included (wall time)
 
 
 # ---------------------------------------------------------------------------- prompts
@@ -190,7 +194,7 @@ def run_bench(
         raise ValueError("the prompt sets hold no prompts")
     result = BenchResult(config=config, pair=pair_name(pair), device=_describe(pair), trees=list(sequoia_trees),
                          started=now_iso())
-    start = time.perf_counter()
+    start = _WALL_CLOCK()
     if config.warmup_tokens:
         _warmup(engine, pair, encoded[0], config, proposers)
     tick = Progress(len(encoded) * len(config.temperatures) * len(config.methods), progress, "bench")
@@ -207,7 +211,7 @@ def run_bench(
                 result.runs.extend(_compare_with_reference(group) if temp == 0 else group)
     finally:
         tick.close()
-    result.seconds = time.perf_counter() - start
+    result.seconds = _WALL_CLOCK() - start
     return result
 
 
@@ -241,24 +245,47 @@ def run_method(engine, pair, method: str, ids: list[int], gen: GenerationConfig,
     if method in HF_METHODS:
         from .baselines import hf_generate
 
+        wall = _WALL_CLOCK()
         with count_forwards(pair.target) as calls:
             base = hf_generate(pair, ids, gen, assisted=method == "hf-assisted")
         return RunResult(method=method, prompt_set="", prompt_index=0, temperature=gen.sampling.temperature,
-                         prompt_tokens=len(ids), tokens=base.tokens, seconds=base.seconds, target_calls=calls[0])
+                         prompt_tokens=len(ids), tokens=base.tokens, seconds=base.seconds, target_calls=calls[0],
+                         wall_s=_WALL_CLOCK() - wall)
     if proposer is None:
         raise ValueError(f"method {method!r} needs a proposer")
     with count_forwards(pair.target) as calls:
-        start = time.perf_counter()
+        wall, start = _WALL_CLOCK(), time.perf_counter()
         records = list(engine.generate(ids, proposer, gen, with_texts=False))
         _sync(pair.device)
-        seconds = time.perf_counter() - start
+        seconds, wall = time.perf_counter() - start, _WALL_CLOCK() - wall
     return RunResult(
         method=method, prompt_set="", prompt_index=0, temperature=gen.sampling.temperature,
         prompt_tokens=len(ids), tokens=tuple(t for r in records for t in r.new_tokens), seconds=seconds,
-        target_calls=calls[0], steps=len(records), tree_size=proposer.tree.size,
+        target_calls=calls[0], steps=len(records), tree_size=proposer.tree.size, wall_s=wall,
         draft_s=sum(r.draft_s for r in records), verify_s=sum(r.verify_s for r in records),
         other_s=sum(r.other_s for r in records),
     )
+
+
+@contextmanager
+def process_clock():
+    """Within the block, ``time.perf_counter`` reports this process's CPU time.
+
+    On a shared machine other processes steal the cores, and wall times then
+    measure the neighbours as much as the method.  With ONE torch thread, CPU
+    time is what the run would take on a core of its own (memory and cache
+    contention aside), and every timer in the stack (the engine's step split,
+    Hugging Face runs, hardware profiling) reads it alike.  With several
+    threads CPU time sums them, so callers must pin torch to one thread.
+    """
+    if torch.get_num_threads() != 1:
+        raise ValueError("the process clock needs exactly one torch thread (--threads 1)")
+    saved = time.perf_counter
+    time.perf_counter = time.process_time
+    try:
+        yield
+    finally:
+        time.perf_counter = saved
 
 
 @contextmanager

@@ -13,8 +13,10 @@ from pathlib import Path
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 QUICK = dict(limit=1, max_new_tokens=16, temperatures="0", warmup=2)
-#: Coarse grids for --quick; the full ones are sequoia.hardware's defaults.
-QUICK_TARGET_GRID, QUICK_DRAFT_GRID = (1, 4, 16, 32), (1, 4, 8)
+#: Profile grids measured at the start of a bench when no profile is given: trees up to 63 tokens
+#: (larger ones do not pay on a CPU, and 256-token forwards take minutes there); coarser for --quick.
+BENCH_GRIDS = dict(target_grid=(1, 2, 4, 8, 16, 24, 32, 48, 64), draft_grid=(1, 2, 4, 8, 16, 32))
+QUICK_GRIDS = dict(target_grid=(1, 4, 16, 32), draft_grid=(1, 4, 8), repeats=1)
 
 
 def add_bench_parser(sub) -> None:
@@ -39,9 +41,13 @@ def add_bench_parser(sub) -> None:
     g.add_argument("--acceptance-dir", default=str(ASSETS / "acceptance"),
                    help="directory of acceptance-vector JSON files (missing: the shipped default vector)")
     g.add_argument("--profile", default=None, help="hardware profile JSON (default: newest matching one in "
-                   "assets/profiles, else measured now and saved to OUT/profile.json)")
+                   "assets/profiles, else measured now, trees up to 63 tokens, and saved to OUT/profile.json)")
     g.add_argument("--max-budget", type=int, default=None, help="largest Sequoia tree the optimizer may pick")
     g.add_argument("--max-depth", type=int, default=16)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's); 1 gives stabler ratios on a busy shared machine")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="cpu: time with this process's CPU time (needs --threads 1), for a busy shared machine")
     p.add_argument("--no-png", action="store_true", help="HTML charts only")
     _add_model_args(p)
 
@@ -54,7 +60,9 @@ def _floats(text: str, what: str) -> tuple[float, ...]:
 
 
 def run_bench(args) -> int:
-    from .bench import BenchConfig, load_prompt_sets
+    from contextlib import nullcontext
+
+    from .bench import BenchConfig, load_prompt_sets, process_clock
     from .bench import run_bench as bench
 
     if args.quick:
@@ -68,17 +76,27 @@ def run_bench(args) -> int:
         specinfer_depth=args.specinfer_depth, warmup_tokens=args.warmup,
     )
     sets = load_prompt_sets(args.prompts, ASSETS / "prompts", args.limit)
+    if args.threads is not None:
+        import torch
+
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     from .cli import _load
 
+    if args.clock == "cpu" and args.threads != 1:
+        raise ValueError("--clock cpu needs --threads 1 (CPU time sums every thread)")
     pair = _load(args)
-    profile, trees = None, []
-    if "sequoia" in config.methods:
-        profile = _profile(args, pair, out)
-        trees = _trees(args, pair, sets, config, profile)
-    result = bench(pair, sets, config, trees)
+    with process_clock() if args.clock == "cpu" else nullcontext():
+        profile, trees = None, []
+        if "sequoia" in config.methods:
+            profile = _profile(args, pair, out)
+            trees = _trees(args, pair, sets, config, profile)
+        result = bench(pair, sets, config, trees)
     result.profile = profile.to_dict() if profile is not None else None
+    result.clock = "process" if args.clock == "cpu" else "wall"
     _write(result, out, png=not args.no_png)
     return 0
 
@@ -94,8 +112,7 @@ def _profile(args, pair, out: Path):
     if found is not None:
         print(f"hardware profile: {found.date} from assets/profiles", file=sys.stderr)
         return found
-    grids = dict(target_grid=QUICK_TARGET_GRID, draft_grid=QUICK_DRAFT_GRID, repeats=1) if args.quick else {}
-    prof = measure_profile(pair, **grids)
+    prof = measure_profile(pair, **(QUICK_GRIDS if args.quick else BENCH_GRIDS))
     prof.save(out / "profile.json")
     print(f"hardware profile measured -> {out / 'profile.json'}", file=sys.stderr)
     return prof
@@ -124,5 +141,5 @@ def _write(result, out: Path, png: bool) -> None:
     figs = {"speed": speed_figure(summaries), "speedup": speedup_figure(summaries),
             "time_split": time_split_figure(summaries)}
     _, note = write_figures(figs, out, png=png)
-    print("\n" + markdown_table(summaries))
+    print("\n" + markdown_table(summaries, wall_column=result.clock == "process"))
     print(f"wrote {out / 'bench.json'}, {out / 'bench.md'} and charts in {out}" + (f" ({note})" if note else ""))

@@ -27,6 +27,7 @@ class MethodSummary:
     temperature: float
     runs: int
     tokens_per_s: float               # median over prompts
+    wall_tokens_per_s: float          # the same from wall time (differs when the bench ran on the process clock)
     speedup: float                    # median per-prompt ratio to hf-generate (nan without it)
     vs_assisted: float                # median per-prompt ratio to hf-assisted (nan without it)
     tokens_per_call: float            # median new tokens per target forward
@@ -51,6 +52,7 @@ def summarize_runs(runs: list[RunResult]) -> list[MethodSummary]:
         out.append(MethodSummary(
             method=method, prompt_set=set_name, temperature=temp, runs=len(rs),
             tokens_per_s=statistics.median(r.tokens_per_s for r in rs),
+            wall_tokens_per_s=statistics.median(r.new_tokens / (r.wall_s or r.seconds) for r in rs),
             speedup=_median_ratio(rs, index, "hf-generate"), vs_assisted=_median_ratio(rs, index, "hf-assisted"),
             tokens_per_call=statistics.median(r.tokens_per_call for r in rs),
             new_tokens=sum(r.new_tokens for r in rs), **_split(rs), **_equality(rs),
@@ -89,7 +91,7 @@ def _equality(rs: list[RunResult]) -> dict:
 def to_dict(result: BenchResult) -> dict:
     return {
         "format": FORMAT, "pair": result.pair, "device": result.device, "started": result.started,
-        "seconds": result.seconds, "config": asdict(result.config),
+        "seconds": result.seconds, "clock": result.clock, "config": asdict(result.config),
         "trees": [t.to_dict() for t in result.trees], "profile": result.profile,
         "summary": [_finite(asdict(s)) for s in summarize_runs(result.runs)],
         "runs": [r.to_dict() for r in result.runs],
@@ -110,14 +112,19 @@ _COLUMNS = ("prompts", "T", "method", "tokens/s", "speedup", "vs assisted", "tok
             "draft / verify / other", "greedy = target")
 
 
-def markdown_table(summaries: list[MethodSummary]) -> str:
-    """One row per (prompt set, temperature, method); medians over prompts."""
-    lines = ["| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
+def markdown_table(summaries: list[MethodSummary], wall_column: bool = False) -> str:
+    """One row per (prompt set, temperature, method); medians over prompts.
+
+    ``wall_column`` adds wall-clock tokens/s beside the main column (for benches timed on the process clock).
+    """
+    columns = _COLUMNS[:4] + (("wall tokens/s",) if wall_column else ()) + _COLUMNS[4:]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for s in summaries:
         split = ("-" if s.draft_frac is None else
                  f"{s.draft_frac:.0%} / {s.verify_frac:.0%} / {s.other_frac:.0%}")
         equal = "-" if s.compared is None else f"{s.compared - s.mismatches}/{s.compared}"
         cells = (f"{s.prompt_set} ({s.runs})", f"{s.temperature:g}", s.method, f"{s.tokens_per_s:.2f}",
+                 *((f"{s.wall_tokens_per_s:.2f}",) if wall_column else ()),
                  _x(s.speedup), _x(s.vs_assisted), f"{s.tokens_per_call:.2f}", split, equal)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -134,8 +141,12 @@ def markdown_report(result: BenchResult) -> str:
         "same prompt; *vs assisted*: over `hf-assisted`; *tokens/call*: new tokens per target forward "
         "(prefill included); the split is of the engine's step time; *greedy = target*: outputs equal to "
         "target-only greedy at T=0.", "",
-        markdown_table(summarize_runs(result.runs)),
     ]
+    if result.clock == "process":
+        head += ["Timed on the **process clock**: every duration (tokens/s, speedups, the step split, the hardware "
+                 "profile) is this process's CPU time with one torch thread, i.e. what the run takes on a core "
+                 "of its own; *wall tokens/s* is what the busy shared machine actually delivered.", ""]
+    head += [markdown_table(summarize_runs(result.runs), wall_column=result.clock == "process")]
     loads = sorted(r.load1 for r in result.runs if r.load1 is not None)
     if loads:
         head += [f"OS 1-minute load average after each run: median {statistics.median(loads):.1f}, "

@@ -13,13 +13,15 @@ for the DP.  Each rank's curve is piecewise linear through ``knots`` and
 non-decreasing in q.
 
 ``identity()`` (a = q) is the default: at temperature 0 a well-calibrated
-draft's top token is the target's argmax with probability q.  ``fit_records``
-fits the curves from step records (children of accepted nodes and whether each
-was the accepted one), shrunk towards the identity where data are thin and
-made monotone; :func:`calibrate` runs real decoding with a wide probe tree on
-a prompt set to get those records.  Files are JSON (format
-``sequoia-calibration/1``), kept with the acceptance vectors in
-``assets/acceptance/``.
+draft's top token is the target's argmax with probability q.  Fits
+(:func:`fit_outcomes`) bin (q, rank, hit) observations, shrink each bin
+towards the identity where data are thin and make each rank's curve
+monotone.  The observations come either from step records
+(:func:`fit_records`: the children of accepted nodes) or, cheaper, from
+:func:`calibrate`: teacher-forced forwards over continuations the target
+writes for a prompt set.  Files are JSON (format ``sequoia-calibration/1``),
+kept with the acceptance vectors in ``assets/acceptance/``; ``acceptance``
+in a file is the mean hit rate per rank, an acceptance vector for the DP.
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ import torch
 from ._meta import library_version, now_iso, pair_name, read_json
 from .config import GenerationConfig, SamplingConfig
 from .trace import StepRecord
-from .tree import Tree
 
 FORMAT = "sequoia-calibration/1"
 #: Confidence bins of a fit; finer where drafts put most of their mass.
@@ -49,6 +50,7 @@ class Calibration:
     knots: tuple[float, ...]                  # [K] increasing q in [0, 1]
     values: tuple[tuple[float, ...], ...]     # [R, K] a(knot, rank); ranks >= R use the last row
     counts: tuple[tuple[int, ...], ...] = ()  # [R, K-2] observations per bin (fits only)
+    acceptance: tuple[float, ...] = ()        # [R] mean hit rate per rank over the fit data (fits only)
     pair: str = ""
     temperature: float = 0.0
     top_p: float = 1.0
@@ -96,6 +98,7 @@ class Calibration:
         d["values"] = [list(r) for r in self.values]
         d["counts"] = [list(r) for r in self.counts]
         d["knots"] = list(self.knots)
+        d["acceptance"] = list(self.acceptance)
         return {"format": FORMAT, **d}
 
     def save(self, path: str | Path) -> None:
@@ -108,6 +111,7 @@ class Calibration:
         try:
             return cls(knots=tuple(data["knots"]), values=tuple(tuple(r) for r in data["values"]),
                        counts=tuple(tuple(int(c) for c in r) for r in data.get("counts", ())),
+                       acceptance=tuple(float(x) for x in data.get("acceptance", ())),
                        **{k: data[k] for k in ("pair", "temperature", "top_p", "top_k", "prompt_set",
                                                "steps", "date", "version") if k in data})
         except (KeyError, TypeError) as exc:
@@ -136,9 +140,10 @@ def fit_outcomes(q: np.ndarray, rank: np.ndarray, hit: np.ndarray, ranks: int = 
     edges = np.asarray(edges, dtype=np.float64)
     centers = (edges[:-1] + edges[1:]) / 2
     bins = np.clip(np.searchsorted(edges, q, side="right") - 1, 0, len(centers) - 1)
-    rows, counts = [], []
+    rows, counts, mean_hit = [], [], []
     for r in range(ranks):
         sel = np.minimum(rank, ranks - 1) == r
+        mean_hit.append(float(hit[sel].mean()) if sel.any() else 0.0)
         n = np.bincount(bins[sel], minlength=len(centers)).astype(np.float64)
         h = np.bincount(bins[sel], weights=hit[sel], minlength=len(centers))
         qsum = np.bincount(bins[sel], weights=q[sel], minlength=len(centers))
@@ -150,7 +155,8 @@ def fit_outcomes(q: np.ndarray, rank: np.ndarray, hit: np.ndarray, ranks: int = 
         counts.append(n.astype(int).tolist())
     values = np.asarray(rows)
     knots = (0.0, *centers.tolist(), 1.0)
-    return Calibration(knots=knots, values=tuple(map(tuple, values)), counts=tuple(map(tuple, counts)), **meta)
+    return Calibration(knots=knots, values=tuple(map(tuple, values)), counts=tuple(map(tuple, counts)),
+                       acceptance=tuple(mean_hit), **meta)
 
 
 def fit_records(records: Iterable[StepRecord], ranks: int = 4, **meta) -> Calibration:
@@ -170,50 +176,128 @@ def _isotonic(y: np.ndarray, w: np.ndarray) -> list[float]:
     return [min(max(v, 0.0), 1.0) for v, _, n in blocks for _ in range(n)]
 
 
-def calibrate(pair, prompts: Sequence[list[int]], sampling: SamplingConfig, width: int = 4, depth: int = 2,
-              max_new_tokens: int = 96, seed: int = 0, prompt_set: str = "", progress=None) -> Calibration:
-    """Decode each prompt with a full ``width``-ary probe tree and fit from the step records."""
-    from .drafter import StaticTreeProposer
-    from .engine import SpeculativeEngine
+def calibrate(pair, sequences: Sequence[tuple[list[int], list[int]]], samplings: Sequence[SamplingConfig],
+              width: int = 4, seed: int = 0, prompt_set: str = "", progress=None) -> list[Calibration]:
+    """One calibration per sampling config, from teacher-forced forwards.
 
-    engine = SpeculativeEngine(pair)
-    probe = StaticTreeProposer(Tree.k_ary(width, depth), name="calibration")
-    records: list[StepRecord] = []
-    for i, ids in enumerate(prompts):
-        cfg = GenerationConfig(max_new_tokens=max_new_tokens, sampling=sampling, seed=seed + i)
-        records.extend(engine.generate(ids, probe, cfg, with_texts=False))
+    ``sequences`` are (context, scored) token lists: both models run once over
+    context + scored, and every position predicting a scored token yields
+    ``width`` (q, rank, hit) observations per config.  Greedy: the rank-r
+    child hits when the draft's r-th token is the target's argmax.  Sampling:
+    ``width`` children are drawn without replacement from q and verified with
+    the library's rule (:func:`sequoia.sampling.verify_children`).  Scored
+    tokens may be any text; :func:`target_continuation_of` gives the target's
+    own (the faithful but slow choice).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    obs: list[list[tuple[np.ndarray, ...]]] = [[] for _ in samplings]
+    for i, (context, scored) in enumerate(sequences):
+        p_logits, q_logits = teacher_logits(pair, context, scored)
+        for j, sampling in enumerate(samplings):
+            obs[j].append(outcomes(p_logits, q_logits, sampling, width, gen))
         if progress is not None:
-            progress((i + 1) / len(prompts), f"calibration: {i + 1}/{len(prompts)} prompts")
-    return fit_records(records, ranks=width, pair=pair_name(pair), temperature=sampling.temperature,
-                       top_p=sampling.top_p, top_k=sampling.top_k, prompt_set=prompt_set, steps=len(records),
-                       date=now_iso(), version=library_version())
+            progress((i + 1) / len(sequences), f"calibration: {i + 1}/{len(sequences)} sequences")
+    out = []
+    for sampling, parts in zip(samplings, obs):
+        q, r, h = (np.concatenate(x) for x in zip(*parts))
+        out.append(fit_outcomes(q, r, h, ranks=width, pair=pair_name(pair), temperature=sampling.temperature,
+                                top_p=sampling.top_p, top_k=sampling.top_k, prompt_set=prompt_set,
+                                steps=int(len(q) // width), date=now_iso(), version=library_version()))
+    return out
+
+
+def target_continuation_of(pair, ids: list[int], sampling: SamplingConfig, max_new_tokens: int,
+                           seed: int = 0) -> list[int]:
+    """What the target writes after ``ids`` (lossless speculative chain decoding)."""
+    from .engine import SpeculativeEngine
+    from .methods import make_method
+
+    cfg = GenerationConfig(max_new_tokens=max_new_tokens, sampling=sampling, seed=seed)
+    records = SpeculativeEngine(pair).generate(ids, make_method("chain", budget=3), cfg, with_texts=False)
+    return [t for rec in records for t in rec.new_tokens]
+
+
+@torch.inference_mode()
+def teacher_logits(pair, context: list[int], scored: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target and draft logits at the positions predicting each scored token.  -> two [L, V] float32"""
+    if not context or not scored:
+        raise ValueError("teacher_logits needs a non-empty context and scored tokens")
+    vocab = min(int(m.config.vocab_size) for m in (pair.draft, pair.target))
+    ids = torch.tensor([context + scored[:-1]], device=pair.device)    # the last token is never a context
+    keep = len(scored)
+    p = pair.target(input_ids=ids, logits_to_keep=keep).logits[0, :, :vocab].float().cpu()
+    q = pair.draft(input_ids=ids, logits_to_keep=keep).logits[0, :, :vocab].float().cpu()
+    return p, q
+
+
+def outcomes(p_logits: torch.Tensor, q_logits: torch.Tensor, sampling: SamplingConfig, width: int,
+             gen: torch.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(q, rank, hit) of ``width`` children at each position.  logits: [L, V] -> three [L * width]"""
+    from .sampling import sample_children, verify_children, warp
+
+    if p_logits.ndim != 2 or p_logits.shape != q_logits.shape:
+        raise ValueError(f"logits must both be [L, V], got {tuple(p_logits.shape)} and {tuple(q_logits.shape)}")
+    if sampling.greedy:
+        top = torch.topk(torch.softmax(q_logits, -1), width, dim=-1)    # [L, W] as the Drafter sees q
+        hit = (top.indices == p_logits.argmax(-1, keepdim=True)).float()
+        q_kids = top.values
+    else:
+        q_all, p_all = warp(q_logits, sampling), warp(p_logits, sampling)
+        kids = sample_children(q_all, width, "without_replacement", gen)  # [L, W]
+        hit = torch.zeros(kids.shape)
+        for t in range(kids.shape[0]):
+            idx, _ = verify_children(p_all[t], q_all[t], kids[t].tolist(), "without_replacement", gen)
+            if idx is not None:
+                hit[t, idx] = 1.0
+        q_kids = q_all.gather(-1, kids)
+    rank = torch.arange(width).expand_as(hit)
+    return q_kids.numpy().ravel(), rank.numpy().ravel(), hit.numpy().ravel()
+
+
+def _text_sequences(pair, paths: Sequence[str], chunk: int, limit: int | None) -> list[tuple[list[int], list[int]]]:
+    """Chunks of text files: the first 16 tokens of a chunk are context, the rest are scored."""
+    out = []
+    for path in paths:
+        ids = pair.tokenizer(Path(path).read_text(errors="ignore"))["input_ids"]
+        starts = list(range(0, len(ids) - chunk + 1, chunk))[:limit]
+        out.extend((ids[lo: lo + 16], ids[lo + 16: lo + chunk]) for lo in starts)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python -m sequoia.calibration --prompts assets/prompts/code.jsonl --out assets/acceptance/x.json"""
+    """python -m sequoia.calibration --texts sequoia/*.py README.md --out-dir assets/acceptance"""
     import argparse
 
     from .acceptance import load_prompts
     from .models import load_pair
 
     ap = argparse.ArgumentParser(description="Fit the confidence-to-acceptance calibration of the dynamic tree.")
-    ap.add_argument("--prompts", nargs="+", required=True, help="JSONL prompt files")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--top-p", type=float, default=1.0)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompts", nargs="+", help="JSONL prompt files: score what the target writes (slow)")
+    src.add_argument("--texts", nargs="+", help="text files: score chunks of them (fast)")
+    ap.add_argument("--out-dir", default="assets/acceptance")
+    ap.add_argument("--name", default="embedded", help="file names: calibration-NAME-tT.json")
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.6])
     ap.add_argument("--width", type=int, default=4)
-    ap.add_argument("--depth", type=int, default=2)
-    ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--limit", type=int, default=None, help="prompts per file")
+    ap.add_argument("--max-new-tokens", type=int, default=64, help="continuation length (--prompts)")
+    ap.add_argument("--chunk", type=int, default=160, help="tokens per text chunk (--texts)")
+    ap.add_argument("--limit", type=int, default=None, help="most prompts (--prompts) or chunks per file (--texts)")
     args = ap.parse_args(argv)
-    sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p)
+    samplings = [SamplingConfig(temperature=t) for t in args.temperatures]
     pair = load_pair()
-    prompts = [pair.encode_prompt(p) for f in args.prompts for p in load_prompts(f)[: args.limit]]
-    cal = calibrate(pair, prompts, sampling, args.width, args.depth, args.max_new_tokens,
-                    prompt_set=",".join(Path(f).name for f in args.prompts),
-                    progress=lambda f, d: print(d, flush=True))
-    cal.save(args.out)
-    print(json.dumps({"out": args.out, "steps": cal.steps, "rank0": cal.values[0]}, indent=1))
+    if args.texts:
+        sequences = _text_sequences(pair, args.texts, args.chunk, args.limit)
+        source = "texts:" + ",".join(Path(f).name for f in args.texts)
+    else:
+        prompts = [pair.encode_prompt(p) for f in args.prompts for p in load_prompts(f)][: args.limit]
+        sequences = [(ids, target_continuation_of(pair, ids, SamplingConfig(), args.max_new_tokens)) for ids in prompts]
+        source = ",".join(Path(f).name for f in args.prompts)
+    cals = calibrate(pair, sequences, samplings, args.width, prompt_set=source,
+                     progress=lambda f, d: print(d, flush=True))
+    for cal in cals:
+        path = Path(args.out_dir) / f"calibration-{args.name}-t{cal.temperature:g}.json"
+        cal.save(path)
+        print(json.dumps({"out": str(path), "observations": cal.steps, "acceptance": cal.acceptance}))
     return 0
 
 

@@ -65,7 +65,6 @@ class _Growth:
     depths: list[int]
     tokens: list[int]
     q_token: list[float]
-    ranks: list[int]
     f: list[float]                              # estimated acceptance of each node (root: 1)
     q: dict[int, torch.Tensor]                  # node -> [V] q over its children
     widths: list[int] = field(default_factory=lambda: [1])  # draft forward widths (begin first)
@@ -74,12 +73,11 @@ class _Growth:
     def size(self) -> int:
         return len(self.parents) - 1
 
-    def add(self, parent: int, token: int, q_token: float, rank: int, f: float) -> int:
+    def add(self, parent: int, token: int, q_token: float, f: float) -> int:
         self.parents.append(parent)
         self.depths.append(self.depths[parent] + 1)
         self.tokens.append(token)
         self.q_token.append(q_token)
-        self.ranks.append(rank)
         self.f.append(f)
         return len(self.parents) - 1
 
@@ -118,8 +116,8 @@ class DynamicTreeProposer:
 
     # ------------------------------------------------------------------ propose
     def propose(self, drafter: Drafter, generator) -> Draft:
-        g = _Growth(parents=[-1], depths=[0], tokens=[drafter.root_token], q_token=[1.0], ranks=[0],
-                    f=[1.0], q={0: drafter.root_q})
+        g = _Growth(parents=[-1], depths=[0], tokens=[drafter.root_token], q_token=[1.0], f=[1.0],
+                    q={0: drafter.root_q})
         frontier = [0]
         for depth in range(1, self.max_depth + 1):
             level = self._add_children(g, frontier, drafter, generator)
@@ -161,7 +159,7 @@ class DynamicTreeProposer:
         for u, c, toks, qs, acc in zip(np.array(frontier)[live.numpy()].tolist(), counts[live].tolist(),
                                        drawn.tolist(), q_drawn.tolist(), a.tolist()):
             for r in range(c):
-                new.append(g.add(u, toks[r], qs[r], r, g.f[u] * acc[r]))
+                new.append(g.add(u, toks[r], qs[r], g.f[u] * acc[r]))
         return new
 
     def _best_prefix(self, g: _Growth, value: torch.Tensor) -> torch.Tensor:
@@ -180,20 +178,30 @@ class DynamicTreeProposer:
         return chosen.view(value.shape).sum(-1)
 
     def _choose_expansion(self, g: _Growth, level: list[int]) -> list[int]:
-        """The new nodes worth a draft forward: the top w by f, w priced over a short lookahead."""
-        f = np.array([g.f[v] for v in level])
-        order = np.argsort(-f, kind="stable")
-        cum = np.cumsum(f[order])                                           # [w] gain base of the top w
-        p1 = float(self.acceptance[0]) if self.acceptance else 0.0
+        """The new nodes worth a draft forward: the best w, w priced over a short lookahead.
+
+        A node's children are predicted to be accepted with probability
+        ``next_accept``: half the average first-child acceptance, half the
+        node's own calibrated confidence (acceptance comes in runs, so a
+        confident token tends to be followed by another).  Expanding w nodes
+        for L more levels adds about w * L nodes, L draft forwards of width w
+        and a larger verification.
+        """
+        f = np.array([g.f[v] for v in level])                              # [m]
+        own = np.array([g.f[v] / max(g.f[g.parents[v]], 1e-12) for v in level])
+        prior = self.calibration.acceptance or self.acceptance
+        nxt = np.clip(0.5 * (float(prior[0]) if prior else 0.0) + 0.5 * own, 0.0, 1.0)  # [m]
+        order = np.argsort(-(f * nxt), kind="stable")
         E = 1.0 + sum(g.f[1:])
-        now = E / self.step_ms(g.widths, g.size + 1)
-        best_rate, best_w = now, 0
+        base = self.step_ms(g.widths, g.size + 1)
+        best_rate, best_w = E / base, 0
         room = self.budget - g.size
+        w = np.arange(1, len(level) + 1)                                  # [m] candidate widths
         for L in range(1, LOOKAHEAD + 1):
-            w = np.arange(1, len(level) + 1)
+            chain = sum(nxt[order] ** i for i in range(1, L + 1))          # [m] gain of one chain of L
             added = np.minimum(w * L, room)
-            gain = cum * sum(p1 ** i for i in range(1, L + 1)) * added / np.maximum(w * L, 1)
-            cost = (self.step_ms(g.widths, g.size + 1) + L * (self.profile.draft(w) + self.level_ms)
+            gain = np.cumsum(f[order] * chain) * added / (w * L)
+            cost = (base + L * (self.profile.draft(w) + self.level_ms)
                     + self.profile.target(g.size + 1 + added) - self.profile.target(g.size + 1))
             rate = (E + gain) / cost
             i = int(np.argmax(rate))

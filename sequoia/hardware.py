@@ -154,6 +154,7 @@ def measure_profile(
     draft_grid: Sequence[int] = DRAFT_GRID,
     repeats: int = 3,
     warmup: int = 1,
+    point_s: float = 5.0,
     generator: torch.Generator | None = None,
     progress: ProgressFn | None = None,
 ) -> HardwareProfile:
@@ -161,19 +162,21 @@ def measure_profile(
 
     Each model prefills ``context_len`` random tokens once; every timed forward
     then appends n tokens and the cache is cropped back, so all points see the
-    same realistic cached context.  Each point is the median of ``repeats``
-    forwards after ``warmup`` untimed ones.  ``generator`` draws the token ids
-    (costs do not depend on them); a fixed seed is used without one.
+    same realistic cached context.  Each point is the median of up to
+    ``repeats`` forwards after ``warmup`` untimed ones; repeats stop early once
+    a point has taken ``point_s`` seconds (slow points vary little), which
+    keeps a CPU profile of the embedded pair to about a minute.  ``generator``
+    draws the token ids (costs do not depend on them); a fixed seed is used
+    without one.
     """
     if repeats < 1 or warmup < 0 or context_len < 1:
         raise ValueError("need repeats >= 1, warmup >= 0 and context_len >= 1")
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
     tick = Progress(len(target_grid) + len(draft_grid), progress, "profiling")
     try:
-        target_ms = _time_grid(pair.target, target_grid, _verify_inputs, context_len, repeats, warmup, gen,
-                               lambda n: tick(f"target n={n}"))
-        draft_ms = _time_grid(pair.draft, draft_grid, _level_inputs, context_len, repeats, warmup, gen,
-                              lambda w: tick(f"draft width={w}"))
+        plan = _Plan(ctx=context_len, repeats=repeats, warmup=warmup, point_s=point_s)
+        target_ms = _time_grid(pair.target, target_grid, _verify_inputs, plan, gen, lambda n: tick(f"target n={n}"))
+        draft_ms = _time_grid(pair.draft, draft_grid, _level_inputs, plan, gen, lambda w: tick(f"draft width={w}"))
     finally:
         tick.close()
     device = torch.device(getattr(pair, "device", None) or next(pair.target.parameters()).device)
@@ -207,33 +210,47 @@ def _level_inputs(width: int, ctx: int, dtype: torch.dtype, device) -> tuple[tor
     return pos, tree_attention_mask(allowed, dtype, device)
 
 
+@dataclass(frozen=True)
+class _Plan:
+    ctx: int          # cached context tokens
+    repeats: int      # timed forwards per point, at most
+    warmup: int       # untimed forwards per point
+    point_s: float    # stop repeating a point once this much wall time went into it (>= 1 timed run)
+
+
 @torch.inference_mode()
-def _time_grid(model, grid, make_inputs, ctx: int, repeats: int, warmup: int,
-               gen: torch.Generator, on_point: Callable[[int], None]) -> list[float]:
-    """Median ms per grid point of one forward (+ softmax of its logits) after a prefill of ``ctx`` tokens."""
+def _time_grid(model, grid, make_inputs, plan: _Plan, gen: torch.Generator,
+               on_point: Callable[[int], None]) -> list[float]:
+    """Median ms per grid point of one forward (+ softmax of its logits) after a prefill of ``plan.ctx`` tokens."""
     device = next(model.parameters()).device
     vocab = model.config.vocab_size
     cache = KVCache(model.config)
-    prefill = torch.randint(vocab, (1, ctx), generator=gen).to(device)  # [1, ctx]
+    prefill = torch.randint(vocab, (1, plan.ctx), generator=gen).to(device)  # [1, ctx]
     model(input_ids=prefill, past_key_values=cache.cache, use_cache=True)
     out = []
     for n in grid:
         ids = torch.randint(vocab, (1, n), generator=gen).to(device)  # [1, n]
-        pos, mask = make_inputs(n, ctx, model.dtype, device)
-        times = []
-        for i in range(warmup + repeats):
-            _sync(device)
-            t0 = time.perf_counter()
-            logits = model(input_ids=ids, position_ids=pos, attention_mask=mask,
-                           past_key_values=cache.cache, use_cache=True).logits
-            torch.softmax(logits.float(), dim=-1)
-            _sync(device)
-            if i >= warmup:
-                times.append((time.perf_counter() - t0) * 1000.0)
-            cache.crop(ctx)
+        pos, mask = make_inputs(n, plan.ctx, model.dtype, device)
+        spent = sum(_forward_ms(model, cache, ids, pos, mask, plan.ctx, device) for _ in range(plan.warmup))
+        times = [_forward_ms(model, cache, ids, pos, mask, plan.ctx, device)]
+        while len(times) < plan.repeats and spent + sum(times) < plan.point_s * 1000.0:
+            times.append(_forward_ms(model, cache, ids, pos, mask, plan.ctx, device))
         out.append(statistics.median(times))
         on_point(n)
     return out
+
+
+def _forward_ms(model, cache: KVCache, ids, pos, mask, ctx: int, device) -> float:
+    """One timed forward of ``ids`` on the cached context; the cache is cropped back to ``ctx`` after."""
+    _sync(device)
+    t0 = time.perf_counter()
+    logits = model(input_ids=ids, position_ids=pos, attention_mask=mask,
+                   past_key_values=cache.cache, use_cache=True).logits
+    torch.softmax(logits.float(), dim=-1)
+    _sync(device)
+    ms = (time.perf_counter() - t0) * 1000.0
+    cache.crop(ctx)
+    return ms
 
 
 def _sync(device: torch.device) -> None:

@@ -187,7 +187,7 @@ class Int8Linear(torch.nn.Module):
         w = linear.weight.detach()
         scale = w.abs().amax(dim=1).float().clamp(min=1e-12) / 127  # symmetric, per output channel
         # In place on one fp32 copy: the 151,936-row lm_head would otherwise take three.
-        q = w.float().mul_((1 / scale)[:, None]).round_().clamp_(-127, 127).to(torch.int8)
+        q = w.to(torch.float32, copy=True).mul_((1 / scale)[:, None]).round_().clamp_(-127, 127).to(torch.int8)
         bias = None if linear.bias is None else linear.bias.detach().to(dtype)
         return cls(q, scale.to(dtype), bias)
 
@@ -344,7 +344,10 @@ def _same_tokenizer_files(a: str | Path, b: str | Path) -> bool:
     da, db = Path(a), Path(b)
     if not ((da / files[0]).is_file() and (db / files[0]).is_file()):
         return False
-    read = lambda d, f: (d / f).read_bytes() if (d / f).is_file() else None  # noqa: E731
+
+    def read(d: Path, f: str) -> bytes | None:
+        return (d / f).read_bytes() if (d / f).is_file() else None
+
     return all(read(da, f) == read(db, f) for f in files)
 
 

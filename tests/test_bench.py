@@ -256,3 +256,24 @@ def test_bench_on_the_embedded_pair_matches_target_greedy_in_fp32(embedded_pair_
             assert r.matches_reference is True, (r.method, r.agree_prefix)
     seq = next(r for r in res.runs if r.method == "sequoia")
     assert seq.tokens_per_call > 1.0 and seq.steps < seq.new_tokens
+
+
+def test_process_clock_swaps_perf_counter_and_needs_one_thread():
+    import time
+
+    import torch
+
+    from sequoia.bench import process_clock
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        with process_clock():
+            assert time.perf_counter is time.process_time
+        assert time.perf_counter is not time.process_time
+        torch.set_num_threads(2)
+        with pytest.raises(ValueError, match="one torch thread"):
+            with process_clock():
+                pass
+    finally:
+        torch.set_num_threads(before)

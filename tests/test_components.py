@@ -145,6 +145,7 @@ def test_stats_figure_panels():
     assert by_rank.y[0] == pytest.approx(4 / 6)
     split = {t.name: list(t.y) for t in fig.data if t.name in ("draft", "verify", "other")}
     assert split["draft"] == pytest.approx([10.0] * 3) and split["verify"] == pytest.approx([20.0] * 3)
+    assert fig.layout.xaxis2.dtick == 1 and fig.layout.xaxis6.dtick == 1  # short run: whole steps only
 
 
 def test_stats_empty_and_summary():
@@ -267,4 +268,5 @@ def test_status_banner_loading_failed_ready():
     html = status_view.banner_html(status, "")
     assert "could not be loaded" in html and "x&lt;y" in html and "DP explorer works" in html
     status.error, status.ready = None, True
-    assert status_view.banner_html(status, "draft <b>a</b>") == '<div class="sq-status sq-status-ready">draft <b>a</b></div>'
+    ready = status_view.banner_html(status, "draft <b>a</b>")
+    assert ready == '<div class="sq-status sq-status-ready">draft <b>a</b></div>'

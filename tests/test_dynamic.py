@@ -16,7 +16,7 @@ from test_engine import (  # noqa: F401  (small_vocab_pair is a fixture)
     small_vocab_pair,
 )
 
-from sequoia.calibration import Calibration, calibrate, fit_outcomes
+from sequoia.calibration import Calibration, calibrate, fit_outcomes, target_continuation_of
 from sequoia.config import GenerationConfig, SamplingConfig
 from sequoia.drafter import Draft
 from sequoia.dynamic import DynamicTreeProposer
@@ -120,7 +120,8 @@ def test_confident_pair_grows_bigger_trees_than_an_unrelated_one(tiny_pairs):
     sizes = {}
     for name in ("same", "random"):
         pair = tiny_pairs[name]
-        cal = calibrate(pair, [PROMPT, [2, 4, 6]], SamplingConfig(), width=3, depth=2, max_new_tokens=16)
+        seqs = [(PROMPT, target_continuation_of(pair, PROMPT, SamplingConfig(), 16)), ([2, 4], [6, 8, 1, 3] * 4)]
+        cal, = calibrate(pair, seqs, [SamplingConfig()], width=3)
         _, records = _run(pair, _dynamic(calibration=cal), GenerationConfig(max_new_tokens=30))
         sizes[name] = np.mean([r.tree.size for r in records])
         depth = np.mean([r.tree.depth for r in records])
@@ -140,6 +141,14 @@ def test_static_annotations_match_nodes_by_rank_path(tiny_pairs):
 
 
 # --------------------------------------------------------------- calibration
+def test_sampled_calibration_on_a_tiny_pair(tiny_pairs):
+    greedy, sampled = calibrate(tiny_pairs["same"], [(PROMPT, [4, 8, 15, 16, 23, 42] * 3)],
+                                [SamplingConfig(), SamplingConfig(temperature=1.0)], width=2)
+    for cal in (greedy, sampled):  # q == p: the first child is always accepted
+        assert cal.acceptance[0] == pytest.approx(1.0) and cal.acceptance[1] == 0.0
+    assert sampled.temperature == 1.0 and sampled.steps == 18
+
+
 def test_identity_calibration_is_q():
     q = torch.tensor([0.0, 0.1, 0.5, 0.99])
     torch.testing.assert_close(Calibration.identity().accept(q, torch.tensor(3)), q)

@@ -133,3 +133,16 @@ def test_measure_profile_leaves_cache_length_stable(monkeypatch):
     measure_profile(pair, context_len=7, target_grid=(2, 5), draft_grid=(1,), repeats=1, warmup=1,
                     progress=lambda *a: None)
     assert lengths and set(lengths) == {7}
+
+
+def test_slow_points_stop_repeating(monkeypatch):
+    from sequoia import hardware
+
+    calls = []
+    monkeypatch.setattr(hardware, "_forward_ms", lambda *a: calls.append(1) or 50.0)
+    pair = make_pair(tiny_model(1, vocab=64, hidden=16), tiny_model(0, vocab=64), 64)
+    prof = measure_profile(pair, context_len=4, target_grid=(1, 2), draft_grid=(1,), repeats=5, warmup=1,
+                           point_s=0.12, progress=lambda *a: None)
+    # per point: 1 warm-up (50 ms) + timed runs while the point has spent < 120 ms -> 2 timed runs
+    assert len(calls) == 3 * 3
+    assert prof.target_ms == (50.0, 50.0)

@@ -114,7 +114,9 @@ def test_int8_keeps_top1_of_a_tiny_model():
 
 def test_int8_linear_matches_float_linear():
     lin = torch.nn.Linear(64, 48, bias=True)
+    before = lin.weight.detach().clone()
     q = M.Int8Linear.from_linear(lin, torch.float32)
+    assert torch.equal(lin.weight, before)  # quantizing must not touch the source layer
     x = torch.randn(3, 5, 64)
     expected = lin(x)
     got = q(x)
@@ -239,6 +241,16 @@ def test_cache_dir_and_marker(tmp_path):
     assert embedded.is_converted(spec, tmp_path)
 
 
+def test_ensure_converted_trusts_only_the_marker(tmp_path):
+    spec = embedded.EmbeddedSpec("draft", "Fake-Model", ("sequoia-no-such-part-package",), "1.0", 1, "ab" * 32)
+    with pytest.raises(EmbeddedModelError, match="sequoia-no-such-part-package"):
+        embedded.ensure_converted(spec, tmp_path)  # no marker: it must assemble, and the parts are missing
+    done = embedded.converted_dir(spec, tmp_path)
+    done.mkdir()
+    (done / embedded.MARKER).write_text(spec.sha256)
+    assert embedded.ensure_converted(spec, tmp_path) == done  # marker present: nothing else is touched
+
+
 def test_locate_parts_of_the_installed_packages():
     for spec in embedded.EMBEDDED.values():
         try:
@@ -257,14 +269,9 @@ def test_locate_parts_names_a_missing_package():
 
 
 # ------------------------------------------------------------------ the real embedded pair
-@pytest.fixture(scope="module")
-def embedded_pair():
-    return M.load_pair("embedded", "embedded", device="cpu", cache_dir=embedded.default_cache_dir())
-
-
 @pytest.mark.embedded
-def test_embedded_pair_loads_and_agrees_on_code(embedded_pair):
-    pair = embedded_pair
+def test_embedded_pair_loads_and_agrees_on_code(embedded_pair_fp32):
+    pair = embedded_pair_fp32  # conftest's session fixture: load_pair(dtype="fp32", draft_int8=True)
     assert pair.vocab_size == 151936 and pair.draft_int8
     assert set(pair.eos_token_ids) >= {151645, 151643}  # <|im_end|>, <|endoftext|>
     ids = pair.encode_prompt("Write a Python function that returns the sum of a list.")
