@@ -59,7 +59,8 @@ def _as_int(name: str, value, lo: int, hi: int | None = None) -> int:
         raise ValueError(f"{name} must be a whole number, got {value!r}")
     v = int(float(value))
     if v < lo or (hi is not None and v > hi):
-        raise ValueError(f"{name} must be in {lo}..{hi}, got {v}" if hi is not None else f"{name} must be >= {lo}, got {v}")
+        raise ValueError(f"{name} must be in {lo}..{hi}, got {v}" if hi is not None
+                         else f"{name} must be >= {lo}, got {v}")
     return v
 
 
@@ -246,8 +247,8 @@ def build(ctx: AppContext) -> None:
             with gr.Row():
                 budget = gr.Slider(1, cap, value=min(32, cap), step=1, label="budget (draft tokens / step)")
                 depth = gr.Slider(1, 32, value=8, step=1, label="depth")
-            gr.Markdown("<small>Sequoia: tree size and depth limit · auto: the largest it may pick · "
-                        "chain: length min(budget, depth) · SpecInfer: (budget ÷ depth) chains of depth tokens</small>")
+            gr.Markdown("<small>Sequoia: tree size and depth limit · auto: the largest it may pick · chain: "
+                        "length min(budget, depth) · SpecInfer: (budget ÷ depth) chains of depth tokens</small>")
             with gr.Row():
                 temperature = gr.Slider(0, 2, value=0, step=0.05, label="temperature (0 = greedy)")
                 top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p")

@@ -55,6 +55,40 @@ DEFAULT_CPU_PROFILE = HardwareProfile(
 )
 #: Levels of lookahead when pricing the next draft forward.
 LOOKAHEAD = 3
+#: Longest run of plain target steps the gate allows before drafting again to re-check.
+MAX_SKIP = 16
+
+
+@dataclass
+class _Gate:
+    """Skips the draft while drafting steps have been predicted slower than the target alone.
+
+    Evidence is an exponential average of tokens and *predicted* ms of past
+    drafting steps (not wall time: decisions stay reproducible from a seed).
+    After a losing average it skips 1, 2, 4, ... steps, drafting once in
+    between to re-check; a winning average resets it.
+    """
+
+    tokens: float = 0.0
+    ms: float = 0.0
+    backoff: int = 0          # steps to skip after the next failed check
+    skip_left: int = 0
+
+    def observe(self, n_new: int, predicted_ms: float, ar_rate: float, alpha: float = 0.3) -> None:
+        first = self.ms == 0.0
+        self.tokens = n_new if first else (1 - alpha) * self.tokens + alpha * n_new
+        self.ms = predicted_ms if first else (1 - alpha) * self.ms + alpha * predicted_ms
+        if self.tokens / self.ms < ar_rate:
+            self.backoff = min(max(1, 2 * self.backoff), MAX_SKIP)
+            self.skip_left = self.backoff
+        else:
+            self.backoff = 0
+
+    def wants_draft(self) -> bool:
+        if self.skip_left > 0:
+            self.skip_left -= 1
+            return False
+        return True
 
 
 @dataclass
@@ -94,6 +128,7 @@ class DynamicTreeProposer:
     acceptance: tuple[float, ...] = (0.797, 0.104, 0.048, 0.020, 0.010, 0.005)  # prior: p_1 prices lookahead
     overhead_ms: float = 15.0         # per step outside the model forwards (walk, bookkeeping)
     level_ms: float = 3.0             # per draft level outside the forward (sampling, masks)
+    gate: bool = True                 # skip drafting while it has been predicted not to pay
     mode: str = "without_replacement"
     name: str = "sequoia-dynamic"
 
@@ -103,6 +138,20 @@ class DynamicTreeProposer:
         if not isinstance(self.max_depth, int) or self.max_depth < 1:
             raise ValueError(f"max_depth must be a positive integer, got {self.max_depth!r}")
         self._static_cache: dict[int, Tree] = {}
+        self._gate = _Gate()
+
+    # ------------------------------------------------------------------ engine hooks
+    def start(self) -> None:
+        """A new generation: forget the gate's evidence."""
+        self._gate = _Gate()
+
+    def observe(self, record) -> None:
+        if "predicted_ms" in record.extra:  # a drafting step of this proposer
+            ar_rate = 1.0 / (float(self.profile.target(1)) + self.overhead_ms)
+            self._gate.observe(record.n_new, record.extra["predicted_ms"], ar_rate)
+
+    def wants_draft(self) -> bool:
+        return not self.gate or self._gate.wants_draft()
 
     @property
     def max_nodes(self) -> int:

@@ -8,6 +8,11 @@ the step is yielded as a :class:`~sequoia.trace.StepRecord`.
 
 Cache invariant between steps: the target cache holds every committed token
 but the last (the next root); the draft cache holds a prefix of them.
+
+Proposers may define three optional hooks: ``start()`` at the beginning of a
+generation, ``observe(record)`` after each step, and ``wants_draft()``
+before it (False: this step is a plain target step, no draft forward).
+Decisions they take from past records keep decoding lossless.
 """
 
 from __future__ import annotations
@@ -58,9 +63,11 @@ class SpeculativeEngine:
         state = _State(list(prompt_ids), KVCache(self.pair.target.config),
                        Drafter(self.pair.draft, config.sampling, self.vocab_size))
         self._prefill(state)
+        _hook(proposer, "start")()
         step = 0
         while True:
             record = self._step(state, proposer, config, gen, step, with_texts)
+            _hook(proposer, "observe")(record)
             yield record
             if record.finished or (should_stop is not None and should_stop()):
                 return
@@ -84,8 +91,10 @@ class SpeculativeEngine:
         return _with_times(record, t1 - t0, t2 - t1, t3 - t2)
 
     def _draft(self, state, proposer, gen) -> Draft:
-        if isinstance(proposer, StaticTreeProposer) and proposer.tree.size == 0:
-            return Draft(tree=proposer.tree, tokens=[state.committed[-1]], q={}, q_token=[1.0])
+        root_only = isinstance(proposer, StaticTreeProposer) and proposer.tree.size == 0
+        if root_only or _hook(proposer, "wants_draft", True)() is False:
+            # No draft forward at all; the draft cache catches up at the next begin().
+            return Draft(tree=Tree.root_only(), tokens=[state.committed[-1]], q={}, q_token=[1.0])
         state.drafter.begin(state.committed)
         return proposer.propose(state.drafter, gen)
 
@@ -209,6 +218,12 @@ def node_target_probs(draft: Draft, logits: torch.Tensor, sampling: SamplingConf
             part = part / cfg.temperature
             out[sel] = torch.exp(part[r, t] - torch.logsumexp(part, -1)[r])
     return (1.0,) + tuple(out.tolist())
+
+
+def _hook(proposer, name: str, default=None):
+    """An optional proposer method (``start``, ``observe``, ``wants_draft``), or a no-op returning ``default``."""
+    fn = getattr(proposer, name, None)
+    return fn if callable(fn) else (lambda *_: default)
 
 
 def _max_nodes(proposer) -> int:

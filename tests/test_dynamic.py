@@ -105,6 +105,23 @@ def test_a_hopeless_draft_drafts_nothing():
     assert draft.tree.size == 0
 
 
+def test_gate_skips_the_draft_while_it_does_not_pay(tiny_pairs, tiny_target):
+    costly = HardwareProfile.hand_made(target=lambda n: 100.0 * n, draft=lambda w: 150.0)
+    cfg = GenerationConfig(max_new_tokens=30)
+    tokens, records = _run(tiny_pairs["random"], _dynamic(profile=costly), cfg)
+    assert tokens == _hf_greedy(tiny_target, PROMPT, 30)
+    drafted = ["predicted_ms" in r.extra for r in records]
+    assert drafted[0] and drafted.count(False) > len(records) // 2
+    _, ungated = _run(tiny_pairs["random"], _dynamic(profile=costly, gate=False), cfg)
+    assert all("predicted_ms" in r.extra for r in ungated)
+
+
+def test_seeds_make_sampling_reproducible(tiny_pairs):
+    cfg = GenerationConfig(max_new_tokens=24, sampling=SamplingConfig(temperature=0.8), seed=5)
+    method = _dynamic(budget=10)
+    assert _run(tiny_pairs["noisy"], method, cfg)[0] == _run(tiny_pairs["noisy"], method, cfg)[0]
+
+
 @pytest.mark.parametrize("budget,depth", [(1, 4), (5, 16), (24, 3)])
 def test_budget_and_depth_caps(budget, depth):
     drafter = FakeDrafter(ratio=0.7)
