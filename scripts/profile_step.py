@@ -89,6 +89,7 @@ def instrument(pkg: str, timers: Timers):
     timers.wrap(engine, "walk_tree", "walk")
     timers.wrap(engine, "node_target_probs", "node_p")
     timers.wrap(kv.KVCache, "keep", "cache_keep")
+    timers.wrap(engine.SpeculativeEngine, "_prefill", "prefill")
     return engine
 
 
@@ -146,10 +147,12 @@ def compare_methods(pair, args) -> None:
 
 
 def report(name: str, timers: Timers, tps: list[float]) -> None:
-    steps = timers.steps[1:]  # the first step includes the prefill
+    prefills = [s["prefill"] for s in timers.steps if "prefill" in s]
+    steps = [s for s in timers.steps if "prefill" not in s]  # a run's first step includes the prefill
     keys = ["draft_begin", "draft_levels", "draft_total", "target_lm_head", "target_forward", "verify_total",
             "walk", "node_p", "cache_keep", "other_total", "step_total", "tree_size", "tokens"]
     print(f"\n== {name}: {len(steps)} steps, tokens/s per prompt {[round(t, 2) for t in tps]}")
+    print(f"  prefill (ms, per run): {[round(p) for p in prefills]}")
     for k in keys:
         vals = [s.get(k, 0.0) for s in steps]
         if vals:

@@ -35,7 +35,8 @@ from sequoia.config import SAMPLING_MODES, SamplingConfig  # noqa: E402
 from sequoia.sampling import sample_children, warp  # noqa: E402
 
 _TINY = 1e-12
-CHUNK = 8  # positions per Monte Carlo block: bounds the [CHUNK * samples, kept tokens] working set
+CHUNK = 8                  # positions truncated together
+MAX_ELEMENTS = 1 << 22     # rows x kept tokens per Monte Carlo pass: bounds memory at high temperature
 
 
 def first_accepted(p: torch.Tensor, q: torch.Tensor, k: int, mode: str, gen: torch.Generator) -> torch.Tensor:
@@ -91,11 +92,14 @@ def rejection_curves(p_logits: torch.Tensor, q_logits: torch.Tensor, temperature
     rejected = {mode: torch.zeros(len(children)) for mode in SAMPLING_MODES}
     for lo in range(0, p_logits.shape[0], CHUNK):
         p, q = truncate(warp(p_logits[lo:lo + CHUNK], cfg), warp(q_logits[lo:lo + CHUNK], cfg), tail, K + 1)
-        p, q = p.repeat_interleave(samples, 0), q.repeat_interleave(samples, 0)
+        rows = torch.arange(p.shape[0]).repeat_interleave(samples)     # [positions * samples] -> position
+        step = max(1, MAX_ELEMENTS // p.shape[1])
         for mode in SAMPLING_MODES:
-            first = first_accepted(p, q, K, mode, gen)                  # [rows * samples]
-            for j, k in enumerate(children):
-                rejected[mode][j] += ((first < 0) | (first >= k)).float().sum()
+            for r0 in range(0, rows.numel(), step):
+                sel = rows[r0:r0 + step]
+                first = first_accepted(p[sel], q[sel], K, mode, gen)   # [len(sel)]
+                for j, k in enumerate(children):
+                    rejected[mode][j] += ((first < 0) | (first >= k)).float().sum()
     total = p_logits.shape[0] * samples
     return {mode: (v / total).tolist() for mode, v in rejected.items()}
 
@@ -105,6 +109,33 @@ def logits_over(model, prompt: list[int], cont: list[int], vocab: int) -> torch.
     """Logits predicting each continuation token, from one forward.  # [len(cont), V] float32"""
     ids = torch.tensor([prompt + cont[:-1]], device=next(model.parameters()).device)
     return model(input_ids=ids, logits_to_keep=len(cont)).logits[0, :, :vocab].float().cpu()
+
+
+def teacher_logits(args, key: dict, cache: Path, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target and draft logits over target-written continuations.  # [positions, V] each
+
+    Kept in ``cache`` (with the ``key`` settings that made them) so a rerun skips the models entirely.
+    """
+    from sequoia.acceptance import target_continuation
+
+    if cache.exists():
+        saved = torch.load(cache)
+        if saved["settings"] == key:
+            return saved["p"], saved["q"]
+    pair = _load(args)
+    vocab = min(int(m.config.vocab_size) for m in (pair.draft, pair.target))
+    p_rows, q_rows = [], []
+    for s in load_prompt_sets(args.prompts, ASSETS / "prompts", args.limit):
+        for text in s.prompts:
+            ids = encode(pair, text)
+            cont = target_continuation(pair.target, ids, SamplingConfig(args.context_temperature), args.max_new_tokens,
+                                       gen, set(pair.eos_token_ids), vocab)
+            p_rows.append(logits_over(pair.target, ids, cont, vocab))
+            q_rows.append(logits_over(pair.draft, ids, cont, vocab))
+            print(f"{s.name}: {len(cont)} positions", file=sys.stderr, flush=True)
+    p_logits, q_logits = torch.cat(p_rows), torch.cat(q_rows)
+    torch.save({"settings": key, "p": p_logits, "q": q_logits}, cache)
+    return p_logits, q_logits
 
 
 def main(argv=None) -> int:
@@ -124,34 +155,23 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from sequoia.acceptance import target_continuation
     from sequoia.bench_figures import robustness_figure, write_figures
 
     temps = [float(t) for t in args.temperatures.split(",")]
     children = sorted(int(k) for k in args.children.split(","))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    pair = _load(args)
-    vocab = min(int(m.config.vocab_size) for m in (pair.draft, pair.target))
+    settings = {k: getattr(args, k) for k in ("prompts", "limit", "max_new_tokens", "context_temperature",
+                                               "samples", "seed", "draft", "target", "dtype")}
     gen = torch.Generator().manual_seed(args.seed)
-    p_rows, q_rows = [], []
-    for s in load_prompt_sets(args.prompts, ASSETS / "prompts", args.limit):
-        for text in s.prompts:
-            ids = encode(pair, text)
-            cont = target_continuation(pair.target, ids, SamplingConfig(args.context_temperature), args.max_new_tokens,
-                                       gen, set(pair.eos_token_ids), vocab)
-            p_rows.append(logits_over(pair.target, ids, cont, vocab))
-            q_rows.append(logits_over(pair.draft, ids, cont, vocab))
-            print(f"{s.name}: {len(cont)} positions", file=sys.stderr, flush=True)
-    p_logits, q_logits = torch.cat(p_rows), torch.cat(q_rows)
+    key = {k: v for k, v in settings.items() if k != "samples"}  # what the logits depend on
+    p_logits, q_logits = teacher_logits(args, key, out / "logits.pt", gen)
     rows = []
     for t in temps:
         curves = rejection_curves(p_logits, q_logits, t, children, args.samples, gen)
         for mode, values in curves.items():
             rows += [{"temperature": t, "mode": mode, "children": k, "rejection": v} for k, v in zip(children, values)]
             print(f"T={t:g} {mode:>20}: " + "  ".join(f"k={k}: {v:.3f}" for k, v in zip(children, values)), flush=True)
-    settings = {k: getattr(args, k) for k in ("prompts", "limit", "max_new_tokens", "context_temperature",
-                                               "samples", "seed")}
     (out / "robustness.json").write_text(json.dumps({"format": "sequoia-robustness/1", "settings": settings,
                                                      "positions": int(p_logits.shape[0]), "rows": rows}, indent=1))
     _, note = write_figures({"robustness": robustness_figure(rows)}, out)

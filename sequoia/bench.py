@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -183,8 +183,12 @@ def run_bench(
     config: BenchConfig,
     sequoia_trees: Sequence[TreeChoice] = (),
     progress: ProgressFn | None = None,
+    checkpoint: Callable[[BenchResult], None] | None = None,
 ) -> BenchResult:
-    """Run every method on every prompt and temperature, interleaved; see the module docstring."""
+    """Run every method on every prompt and temperature, interleaved; see the module docstring.
+
+    ``checkpoint`` is called with the result so far after every (prompt, temperature) group.
+    """
     from .engine import SpeculativeEngine
 
     proposers = make_proposers(config, prompt_sets, sequoia_trees)
@@ -209,6 +213,9 @@ def run_bench(
                     group.append(_label(run, set_name, index))
                     tick(f"{set_name}#{index} T={temp:g} {method}: {run.tokens_per_s:.2f} tok/s")
                 result.runs.extend(_compare_with_reference(group) if temp == 0 else group)
+                if checkpoint is not None:
+                    result.seconds = _WALL_CLOCK() - start
+                    checkpoint(result)
     finally:
         tick.close()
     result.seconds = _WALL_CLOCK() - start

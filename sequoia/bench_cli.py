@@ -63,6 +63,7 @@ def run_bench(args) -> int:
     from contextlib import nullcontext
 
     from .bench import BenchConfig, load_prompt_sets, process_clock
+    from .bench_report import write_json
     from .bench import run_bench as bench
 
     if args.quick:
@@ -94,7 +95,8 @@ def run_bench(args) -> int:
         if "sequoia" in config.methods:
             profile = _profile(args, pair, out)
             trees = _trees(args, pair, sets, config, profile)
-        result = bench(pair, sets, config, trees)
+        result = bench(pair, sets, config, trees,
+                       checkpoint=lambda partial: write_json(partial, out / "bench.partial.json"))
     result.profile = profile.to_dict() if profile is not None else None
     result.clock = "process" if args.clock == "cpu" else "wall"
     _write(result, out, png=not args.no_png)

@@ -99,20 +99,22 @@ class SpeculativeEngine:
         return proposer.propose(state.drafter, gen)
 
     @torch.inference_mode()
-    def _verify_forward(self, state, tree: Tree, tokens: list[int]) -> torch.Tensor:
-        """Target logits at every node.  # [n_nodes, V]"""
+    def _verify_forward(self, state, tree: Tree, tokens: list[int], keep: int = 0) -> torch.Tensor:
+        """Target logits at every node (the last ``keep`` only, if given).  # [n_nodes, V]"""
         prefix = len(state.target)
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         pos = tree.position_ids(prefix, self.device)[None]
         mask = None if is_chain(tree) else verify_mask(tree, prefix, self.pair.target.dtype, self.device)
         out = self.pair.target(input_ids=ids, position_ids=pos, attention_mask=mask,
-                               past_key_values=state.target.cache, use_cache=True)
+                               past_key_values=state.target.cache, use_cache=True, logits_to_keep=keep)
         return out.logits[0, :, : self.vocab_size]
 
     def _prefill(self, state) -> None:
         ctx = state.committed[:-1]
         if ctx:
-            self._verify_forward(state, Tree.chain(len(ctx) - 1), ctx)
+            # Only the cache is wanted: skip the lm_head over the prompt (a row costs as
+            # much as a whole layer stack's worth of a token on a compute-bound CPU).
+            self._verify_forward(state, Tree.chain(len(ctx) - 1), ctx, keep=1)
 
     # ------------------------------------------------------------- bookkeeping
     def _commit(self, state, draft: Draft, walk: Walk, config: GenerationConfig):
