@@ -41,7 +41,7 @@ def hf_generate(pair, prompt_ids: list[int], config: GenerationConfig, assisted:
         kwargs["assistant_model"] = pair.draft
     ids = torch.tensor([prompt_ids], device=pair.device)
     torch.manual_seed(config.seed)
-    with _count_calls(pair.target) as calls, torch.inference_mode():
+    with count_forwards(pair.target) as calls, torch.inference_mode():
         start = time.perf_counter()
         out = pair.target.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
         if pair.device.type == "cuda":
@@ -73,7 +73,8 @@ def _trim(tokens: list[int], eos) -> list[int]:
 
 
 @contextmanager
-def _count_calls(model):
+def count_forwards(model):
+    """Count forwards of ``model`` (the same hook for every method, so counts are comparable)."""
     calls = [0]
 
     def hook(*_):

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from ._meta import Progress, ProgressFn, now_iso, pair_name
+from .baselines import count_forwards
 from .config import GenerationConfig, SamplingConfig
 from .tree import Tree
 
@@ -293,21 +294,6 @@ def process_clock():
         yield
     finally:
         time.perf_counter = saved
-
-
-@contextmanager
-def count_forwards(model):
-    """Count forwards of ``model`` (the same hook for every method, so counts are comparable)."""
-    calls = [0]
-
-    def hook(*_):
-        calls[0] += 1
-
-    handle = model.register_forward_pre_hook(hook)
-    try:
-        yield calls
-    finally:
-        handle.remove()
 
 
 def _warmup(engine, pair, first, config: BenchConfig, proposers: dict) -> None:
