@@ -128,9 +128,11 @@ def compare_methods(pair, args) -> None:
                  for m in args.methods.split(",") if not m.startswith("hf-")}
     cfg = GenerationConfig(max_new_tokens=args.tokens, sampling=SamplingConfig(temperature=args.temperature))
     rows = defaultdict(list)
-    for label, prompt in PROMPTS.items():
+    names = args.methods.split(",")
+    runs = [(r, label, prompt) for r in range(args.rounds) for label, prompt in PROMPTS.items()]
+    for k, (_, label, prompt) in enumerate(runs):
         ids = pair.encode_prompt(prompt)
-        for m in args.methods.split(","):
+        for m in names[k % len(names):] + names[: k % len(names)]:  # rotate the order run by run
             t0 = time.perf_counter()
             if m.startswith("hf-"):
                 run_ = hf_generate(pair, ids, cfg, assisted=m == "hf-assisted")
@@ -142,8 +144,11 @@ def compare_methods(pair, args) -> None:
             rows[m].append((label, n / dt, n / max(calls, 1), statistics.fmean(sizes)))
             print(f"{label:5s} {m:16s} {n / dt:6.2f} tok/s  {n / max(calls, 1):5.2f} tok/call  "
                   f"tree {statistics.fmean(sizes):5.1f}", flush=True)
+    ref = "hf-assisted" if "hf-assisted" in rows else names[0]
     for m, vals in rows.items():
-        print(f"== {m:16s} median tok/s {statistics.median(v[1] for v in vals):.2f}")
+        ratios = [v[1] / r[1] for v, r in zip(vals, rows[ref])]  # same run, same machine load
+        print(f"== {m:16s} median tok/s {statistics.median(v[1] for v in vals):.2f}   "
+              f"median ratio to {ref} {statistics.median(ratios):.2f}")
 
 
 def report(name: str, timers: Timers, tps: list[float]) -> None:

@@ -44,6 +44,8 @@ def add_bench_parser(sub) -> None:
                    "assets/profiles, else measured now, trees up to 63 tokens, and saved to OUT/profile.json)")
     g.add_argument("--max-budget", type=int, default=None, help="largest Sequoia tree the optimizer may pick")
     g.add_argument("--max-depth", type=int, default=16)
+    g.add_argument("--sequoia-budget", type=int, default=None,
+                   help="run the DP tree of exactly this budget instead of the optimizer's choice")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's); 1 gives stabler ratios on a busy shared machine")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
@@ -126,7 +128,7 @@ def _trees(args, pair, sets, config, profile):
 
     files = acceptance_files(args.acceptance_dir, pair_name(pair))
     trees = choose_trees(sets, config.temperatures, files, profile, max_budget=args.max_budget,
-                         max_depth=args.max_depth)
+                         max_depth=args.max_depth, fixed_budget=args.sequoia_budget)
     for t in trees:
         print(f"sequoia tree for {t.prompt_set} T={t.temperature:g}: {t.tree.size} tokens, depth {t.tree.depth}, "
               f"predicted {t.predicted_speedup:.2f}x (acceptance: {t.acceptance_source})", file=sys.stderr)

@@ -102,6 +102,16 @@ def write_json(result: BenchResult, path: str | Path) -> None:
     Path(path).write_text(json.dumps(to_dict(result), indent=1))
 
 
+def read_runs(path: str | Path) -> list[RunResult]:
+    """The runs of a bench JSON file (e.g. to merge partial benches or redraw their charts)."""
+    from ._meta import read_json
+
+    data = read_json(path, FORMAT, "Sequoia bench")
+    fields = set(RunResult.__dataclass_fields__)
+    return [RunResult(**{**{k: v for k, v in r.items() if k in fields}, "tokens": tuple(r["tokens"])})
+            for r in data["runs"]]
+
+
 def _finite(d: dict) -> dict:
     """JSON has no NaN: missing ratios become null."""
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}

@@ -76,16 +76,24 @@ def find_profile(directory: str | Path | None, pair: str, dtype: str):
 
 
 def choose_trees(prompt_sets: Sequence[PromptSet], temperatures: Sequence[float], files: Sequence, profile,
-                 max_budget: int | None = None, max_depth: int | None = 16) -> list[TreeChoice]:
-    """One optimizer choice per (prompt set, temperature)."""
-    from .optimizer import choose_tree
+                 max_budget: int | None = None, max_depth: int | None = 16,
+                 fixed_budget: int | None = None) -> list[TreeChoice]:
+    """One tree per (prompt set, temperature): the optimizer's choice, or with ``fixed_budget`` the DP tree
+    of exactly that budget (the paper's fixed-size Sequoia; the profile then only predicts its speed)."""
+    from .dp import optimal_tree
+    from .optimizer import choose_tree, predict
 
     out = []
     for s in prompt_sets:
         for temp in temperatures:
             values, source = pick_acceptance(files, s.name, temp)
-            choice = choose_tree(values, profile, max_budget=max_budget, max_depth=max_depth)
-            out.append(TreeChoice(prompt_set=s.name, temperature=temp, tree=choice.tree, acceptance=values,
-                                  acceptance_source=source, predicted_speedup=choice.speedup,
-                                  expected_tokens=choice.expected_tokens))
+            if fixed_budget is None:
+                choice = choose_tree(values, profile, max_budget=max_budget, max_depth=max_depth)
+                tree, speedup, expected = choice.tree, choice.speedup, choice.expected_tokens
+            else:
+                tree = optimal_tree(values, fixed_budget, max_depth).tree()
+                cost = predict(tree, values, profile)
+                speedup, expected = profile.target(1) / cost.ms_per_token, cost.expected_tokens
+            out.append(TreeChoice(prompt_set=s.name, temperature=temp, tree=tree, acceptance=values,
+                                  acceptance_source=source, predicted_speedup=speedup, expected_tokens=expected))
     return out

@@ -135,6 +135,9 @@ def test_json_and_markdown(greedy_result, tmp_path):
     report = markdown_report(greedy_result)
     assert "Sequoia trees" in report and table in report
     json.dumps(to_dict(greedy_result))  # no NaN sneaks into the JSON
+    from sequoia.bench_report import read_runs
+
+    assert read_runs(path) == greedy_result.runs
 
 
 def test_config_validation():
@@ -277,3 +280,14 @@ def test_process_clock_swaps_perf_counter_and_needs_one_thread():
                 pass
     finally:
         torch.set_num_threads(before)
+
+
+def test_fixed_budget_trees_ignore_the_optimizer():
+    from sequoia.bench_trees import choose_trees
+
+    slow_verify = HardwareProfile.hand_made(lambda n: 100.0 * n, lambda w: 50.0)  # speculation never pays
+    sets = [PromptSet("code", ("x",))]
+    (auto,) = choose_trees(sets, (0.0,), [], slow_verify, max_budget=16)
+    assert auto.tree.size == 0 and auto.predicted_speedup == 1.0
+    (fixed,) = choose_trees(sets, (0.0,), [], slow_verify, fixed_budget=8)
+    assert fixed.tree.size == 8 and fixed.predicted_speedup < 1.0
