@@ -131,10 +131,8 @@ class Drafter:
             grown[: self._anc.shape[0], : self._anc.shape[1]] = self._anc
             self._anc = grown
         idx = torch.tensor(nodes, dtype=torch.long)
-        # The root's own slot lies in the committed prefix, which every node sees anyway.
-        par = torch.tensor([parents[v] for v in nodes], dtype=torch.long)
-        rows = self._anc[par]
-        rows[par == 0] = False
+        # Row 0 (the root) stays empty: its slot lies in the committed prefix every node sees.
+        rows = self._anc[torch.tensor([parents[v] for v in nodes], dtype=torch.long)]
         rows[torch.arange(w), local + torch.arange(w)] = True
         self._anc[idx] = rows
         return rows[:, : local + w]

@@ -16,6 +16,11 @@ this proposer grows each step's tree from the draft's own probabilities:
   prices the draft forward and the larger verification against the expected
   gain; it stops when no level pays for itself, or at the budget or depth cap.
 
+Before a step, a gate (``wants_draft``, an engine hook) may skip drafting
+altogether: never when no chain could beat the target alone under the
+profile (a compute-bound target verifying k tokens for k times the price of
+one), and for a while after drafting steps were predicted to lose.
+
 Losslessness (see :mod:`sequoia.sampling`): verification is the library's,
 unchanged.  At temperature > 0 a node's *number* of children must not depend
 on the values of the children it draws (a child included only because it
@@ -151,7 +156,20 @@ class DynamicTreeProposer:
             self._gate.observe(record.n_new, record.extra["predicted_ms"], ar_rate)
 
     def wants_draft(self) -> bool:
-        return not self.gate or self._gate.wants_draft()
+        if not self.gate:
+            return True
+        return self.can_pay and self._gate.wants_draft()
+
+    @cached_property
+    def can_pay(self) -> bool:
+        """Whether any chain, every token accepted, beats the target alone under the profile.
+
+        When even that loses (verification as dear per token as a plain step, as
+        for a compute-bound target), the gate never drafts: plain target steps.
+        """
+        ar_rate = 1.0 / (float(self.profile.target(1)) + self.overhead_ms)
+        best = max((L + 1) / self.step_ms([1] * L, L + 1) for L in range(1, self.max_depth + 1))
+        return best > ar_rate
 
     @property
     def max_nodes(self) -> int:

@@ -247,14 +247,14 @@ def test_cli_rejects_bad_settings_before_loading_models(capsys):
 @pytest.mark.slow
 def test_bench_on_the_embedded_pair_matches_target_greedy_in_fp32(embedded_pair_fp32):
     """fp32 target: every method's greedy output equals target-only greedy (HF generate), token for token."""
-    config = BenchConfig(max_new_tokens=12, temperatures=(0.0,), warmup_tokens=0,
-                         methods=("hf-generate", "ar", "hf-assisted", "sequoia"))
+    config = BenchConfig(max_new_tokens=10, temperatures=(0.0,), warmup_tokens=0,
+                         methods=("hf-generate", "hf-assisted", "sequoia"))
     sets = [PromptSet("code", ("Write a Python function that returns the n-th Fibonacci number.",))]
     trees = [TreeChoice("code", 0.0, Tree((-1, 0, 0, 1, 1, 3, 5)), (0.8, 0.1), "test", 1.5, 2.5)]
     res = run_bench(embedded_pair_fp32, sets, config, trees, progress=lambda *a: None)
     assert [r.method for r in res.runs] == list(config.methods)
     for r in res.runs:
-        assert r.new_tokens == 12 or r.tokens[-1] in embedded_pair_fp32.eos_token_ids
+        assert r.new_tokens == 10 or r.tokens[-1] in embedded_pair_fp32.eos_token_ids
         if r.method != "hf-generate":
             assert r.matches_reference is True, (r.method, r.agree_prefix)
     seq = next(r for r in res.runs if r.method == "sequoia")

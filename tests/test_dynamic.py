@@ -115,12 +115,14 @@ def test_a_hopeless_draft_drafts_nothing():
 
 
 def test_gate_skips_the_draft_while_it_does_not_pay(tiny_pairs, tiny_target):
-    costly = HardwareProfile.hand_made(target=lambda n: 100.0 * n, draft=lambda w: 150.0)
+    # A perfect draft would pay under this profile, so the gate has to learn from the steps.
+    costly = HardwareProfile.hand_made(target=lambda n: 100.0 + 20.0 * (n - 1), draft=lambda w: 30.0)
     cfg = GenerationConfig(max_new_tokens=30)
     tokens, records = _run(tiny_pairs["random"], _dynamic(profile=costly), cfg)
     assert tokens == _hf_greedy(tiny_target, PROMPT, 30)
     drafted = ["predicted_ms" in r.extra for r in records]
     assert drafted[0] and drafted.count(False) > len(records) // 2
+    assert _dynamic(profile=costly).can_pay
     _, ungated = _run(tiny_pairs["random"], _dynamic(profile=costly, gate=False), cfg)
     assert all("predicted_ms" in r.extra for r in ungated)
 
@@ -218,3 +220,12 @@ def test_fit_recovers_a_known_mapping_and_round_trips(tmp_path):
 def test_bad_parameters_raise(build):
     with pytest.raises(ValueError):
         build()
+
+
+def test_never_drafts_when_no_tree_can_pay(tiny_pairs, tiny_target):
+    linear = HardwareProfile.hand_made(target=lambda n: 100.0 * n, draft=lambda w: 20.0)
+    method = _dynamic(profile=linear)
+    assert not method.can_pay and _dynamic().can_pay
+    tokens, records = _run(tiny_pairs["same"], method, GenerationConfig(max_new_tokens=12))
+    assert tokens == _hf_greedy(tiny_target, PROMPT, 12)
+    assert all(r.tree.size == 0 and r.draft_s < 0.01 for r in records)
