@@ -140,9 +140,10 @@ def format_acceptance(vec: tuple[float, ...]) -> str:
 
 
 def find_profiles(assets_dir: Path = ASSETS) -> list[Path]:
-    """Candidate hardware-profile files: ``assets/hardware/*.json`` then ``assets/*profile*.json``."""
+    """Candidate hardware-profile files: ``assets/profiles/*.json`` (where the bench looks too), newest
+    first, then ``assets/*profile*.json``."""
     root = Path(assets_dir)
-    return sorted((root / "hardware").glob("*.json")) + sorted(root.glob("*profile*.json"))
+    return sorted((root / "profiles").glob("*.json"), reverse=True) + sorted(root.glob("*profile*.json"))
 
 
 @dataclass
@@ -235,6 +236,23 @@ class AppContext:
         p = self._pair
         esc = [html.escape(str(getattr(p, k, "?"))) for k in ("draft_name", "target_name", "device", "dtype")]
         return f"draft <b>{esc[0]}</b> → target <b>{esc[1]}</b> on {esc[2]} ({esc[3]})"
+
+    def calibration(self, temperature: float = 0.0):
+        """The shipped calibration for this pair nearest in temperature (``assets/acceptance/calibration-*``),
+        or None (the dynamic tree then uses the identity a(q) = q)."""
+        from sequoia._meta import pair_name
+        from sequoia.calibration import Calibration
+
+        name = pair_name(self._pair) if self._pair is not None else None
+        found = []
+        for path in sorted((Path(self.assets_dir) / "acceptance").glob("calibration-*.json")):
+            try:
+                cal = Calibration.load(path)
+            except ValueError:
+                continue
+            if not (name and cal.pair and cal.pair != name):
+                found.append(cal)
+        return min(found, key=lambda c: abs(c.temperature - float(temperature)), default=None)
 
     def load_profile(self) -> str:
         """Use the first readable profile in assets/ (one for this pair preferred); return a note."""

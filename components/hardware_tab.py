@@ -55,7 +55,7 @@ def views(ctx: AppContext, acceptance_name, budget, depth, session: HardwareSess
         return None, "*The models are still loading; the hardware view fills in once they are ready.*", None, None
     if ctx.profile is None:
         empty = ("*No hardware profile yet.* Press **Profile now** to time the target and the draft on this "
-                 "machine (or add a profile under assets/hardware/); then **Measure predicted vs real** "
+                 "machine (or add a profile under assets/profiles/); then **Measure predicted vs real** "
                  "puts real decoding times beside the predictions.")
         return None, empty, None, None
     acc = acceptance_catalogue(ctx.assets_dir).get(acceptance_name)

@@ -27,6 +27,7 @@ from .context import LIGHT_WORK, MODEL_WORK, AppContext, acceptance_catalogue, p
 METHODS = {
     "Sequoia (auto)": "sequoia-auto",
     "Sequoia (budget & depth)": "sequoia",
+    "Sequoia (dynamic)": "sequoia-dynamic",
     "Chain": "chain",
     "SpecInfer": "specinfer",
     "Target only": "ar",
@@ -71,7 +72,8 @@ def make_config(temperature, top_p, max_new_tokens, seed) -> GenerationConfig:
                             sampling=sampling, seed=_as_int("seed", seed, 0))
 
 
-def make_proposer(ctx: AppContext, method: str, budget, depth, acceptance) -> tuple[object, str]:
+def make_proposer(ctx: AppContext, method: str, budget, depth, acceptance,
+                  temperature: float = 0.0) -> tuple[object, str]:
     """A proposer for a UI label or method name, checked against the server's budget cap."""
     from sequoia.methods import make_method
 
@@ -89,6 +91,8 @@ def make_proposer(ctx: AppContext, method: str, budget, depth, acceptance) -> tu
                 "No hardware profile loaded: ran Sequoia with the given budget and depth instead of auto.")
     if name == "sequoia-auto":
         return make_method(name, budget=budget, depth=depth, acceptance=acceptance, profile=ctx.profile), ""
+    if name == "sequoia-dynamic":
+        return _dynamic(ctx, budget, depth, acceptance, temperature)
     if name == "chain":
         return make_method("chain", budget=min(budget, depth)), ""
     if name == "specinfer":
@@ -98,13 +102,29 @@ def make_proposer(ctx: AppContext, method: str, budget, depth, acceptance) -> tu
     return make_method("sequoia", budget=budget, depth=depth, acceptance=acceptance), ""
 
 
+def _dynamic(ctx: AppContext, budget: int, depth: int, acceptance, temperature: float) -> tuple[object, str]:
+    """The dynamic tree under the server's profile and the shipped calibration (identity without one)."""
+    from sequoia.methods import make_method
+
+    method = make_method("sequoia-dynamic", budget=budget, depth=depth, acceptance=acceptance,
+                         profile=ctx.profile, calibration=ctx.calibration(temperature))
+    notes = []
+    if ctx.profile is None:
+        notes.append("No hardware profile loaded: the dynamic tree is priced with built-in CPU figures.")
+    if not method.can_pay:
+        notes.append("Under this machine's profile no tree beats the target alone (verifying k tokens costs "
+                     "about k times one), so the dynamic policy drafts nothing: every step is a plain target "
+                     "step. Pick Sequoia (budget & depth) to see trees.")
+    return method, " ".join(notes)
+
+
 def make_request(ctx: AppContext, prompt: str, method: str, budget, depth, temperature, top_p,
                  max_new_tokens, seed, acceptance=None, chat: bool = True) -> Request:
     """Everything one decode needs, validated; raises ValueError with a readable message."""
     if not prompt or not prompt.strip():
         raise ValueError("the prompt is empty: type something to continue")
     config = make_config(temperature, top_p, max_new_tokens, seed)
-    proposer, note = make_proposer(ctx, method, budget, depth, acceptance)
+    proposer, note = make_proposer(ctx, method, budget, depth, acceptance, config.sampling.temperature)
     prompt_ids = ctx.pair().encode_prompt(prompt, chat=bool(chat))
     return Request(list(prompt_ids), proposer, config, note)
 

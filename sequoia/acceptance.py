@@ -183,8 +183,9 @@ def _teacher(pair, prompts, sampling, width, max_new, gen, mc_samples, tail, tic
     vocab = min(int(m.config.vocab_size) for m in (pair.draft, pair.target))
     rows = []  # each [L, W]: P(rank-k child is the accepted one) at each position
     for prompt in prompts:
-        cont = target_continuation(pair.target, prompt, sampling, max_new, gen, _eos(pair), vocab)
-        p_logits = _logits_over(pair.target, prompt, cont, vocab)  # [L, V]
+        # The target's logits come from its own decoding steps: no second forward over the continuation.
+        cont, p_logits = target_continuation(pair.target, prompt, sampling, max_new, gen, _eos(pair), vocab,
+                                             return_logits=True)  # [L], [L, V]
         q_logits = _logits_over(pair.draft, prompt, cont, vocab)   # [L, V]
         if sampling.greedy:
             rows.append(greedy_rank_hits(p_logits, q_logits, width))
@@ -205,20 +206,28 @@ def _eos(pair) -> set[int]:
 
 @torch.inference_mode()
 def target_continuation(model, prompt: list[int], sampling: SamplingConfig, max_new: int,
-                        gen: torch.Generator, eos: set[int], vocab: int) -> list[int]:
-    """Plain autoregressive continuation by ``model`` (stops after an EOS token)."""
+                        gen: torch.Generator, eos: set[int], vocab: int, return_logits: bool = False):
+    """Plain autoregressive continuation by ``model`` (stops after an EOS token).
+
+    Returns the tokens, and with ``return_logits`` also the float32 logits that
+    predicted each of them ([len(tokens), vocab], on the CPU).
+    """
     device = next(model.parameters()).device
     cache = KVCache(model.config)
     ids = torch.tensor([prompt], device=device)  # [1, T]
     out: list[int] = []
+    kept: list[torch.Tensor] = []
     for _ in range(max_new):
-        logits = model(input_ids=ids, past_key_values=cache.cache, use_cache=True).logits[0, -1, :vocab]  # [V]
+        logits = model(input_ids=ids, past_key_values=cache.cache, use_cache=True,
+                       logits_to_keep=1).logits[0, -1, :vocab]  # [V]
+        if return_logits:
+            kept.append(logits.float().cpu())
         tok = int(logits.argmax()) if sampling.greedy else sample_token(warp(logits, sampling), gen)
         out.append(tok)
         if tok in eos:
             break
         ids = torch.tensor([[tok]], device=device)
-    return out
+    return (out, torch.stack(kept)) if return_logits else out
 
 
 @torch.inference_mode()

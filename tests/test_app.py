@@ -266,3 +266,31 @@ def test_gradio_client_end_to_end(demo):
         assert out["budget"] == 8
     finally:
         demo.close()
+
+
+def test_dynamic_method_uses_the_profile_and_says_when_it_drafts_nothing(ctx, tmp_path):
+    from sequoia.calibration import Calibration
+    from sequoia.hardware import HardwareProfile
+
+    method, note = live_tab.make_proposer(ctx, "Sequoia (dynamic)", 8, 3, BUILTIN_ACCEPTANCE[CODE])
+    assert method.name == "sequoia-dynamic" and "built-in CPU figures" in note
+    ctx.profile = HardwareProfile.hand_made(lambda n: 100.0 * n, lambda w: 20.0)  # verification never cheap
+    try:
+        method, note = live_tab.make_proposer(ctx, "Sequoia (dynamic)", 8, 3, BUILTIN_ACCEPTANCE[CODE])
+        assert not method.can_pay and "drafts nothing" in note
+        final = _stream(ctx, method="Sequoia (dynamic)", max_new=6)[-1][-1]
+        assert all(r.tree.size == 0 for r in final.records)
+    finally:
+        ctx.profile = None
+    # calibration files next to the acceptance vectors, nearest temperature wins
+    old = ctx.assets_dir
+    (tmp_path / "acceptance").mkdir()
+    for t in (0.0, 0.6):
+        Calibration(knots=(0.0, 1.0), values=((0.0, 1.0),), temperature=t).save(
+            tmp_path / "acceptance" / f"calibration-x-t{t:g}.json")
+    (tmp_path / "acceptance" / "calibration-broken.json").write_text("{")
+    ctx.assets_dir = tmp_path
+    try:
+        assert ctx.calibration(0.7).temperature == 0.6 and ctx.calibration(0.1).temperature == 0.0
+    finally:
+        ctx.assets_dir = old

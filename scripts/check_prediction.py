@@ -1,0 +1,110 @@
+"""Predicted vs measured time per token: does the hardware profile's cost model hold on real decoding?
+
+    .venv/bin/python scripts/check_prediction.py --profile assets/profiles/<file>.json \\
+        --acceptance assets/acceptance/embedded-code-greedy.json --prompts code --limit 3
+
+For the optimizer's choice and a few fixed trees (chains, DP trees of fixed budgets), prints the
+predicted ms/token and tokens/step (from :func:`sequoia.optimizer.predict`) beside what the engine
+measures decoding the prompts greedily (or at ``--temperature``) with the embedded pair, and the
+relative error.  Writes the table as JSON with ``--out``.  The profile should have been measured
+on this machine, with the same thread count, when it was as quiet as it is now.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sequoia.acceptance import AcceptanceVector, load_prompts  # noqa: E402
+from sequoia.config import GenerationConfig, SamplingConfig  # noqa: E402
+from sequoia.dp import optimal_tree  # noqa: E402
+from sequoia.drafter import StaticTreeProposer  # noqa: E402
+from sequoia.engine import SpeculativeEngine  # noqa: E402
+from sequoia.hardware import HardwareProfile  # noqa: E402
+from sequoia.models import load_pair  # noqa: E402
+from sequoia.optimizer import choose_tree, predict  # noqa: E402
+from sequoia.tree import Tree  # noqa: E402
+
+
+def trees_to_check(acc, profile, budgets, chains):
+    choice = choose_tree(acc, profile)
+    out = [("target alone", Tree.root_only()), (f"optimizer's choice (n={choice.budget})", choice.tree)]
+    out += [(f"chain n={n}", Tree.chain(n)) for n in chains]
+    out += [(f"DP tree n={n}", optimal_tree(acc, n, min(n, 8)).tree) for n in budgets]
+    return choice, out
+
+
+def measure(engine, prompts, tree, config) -> tuple[float, float, int]:
+    """(ms per token, tokens per step, tokens) over all prompts; the prefill is not counted."""
+    seconds, tokens, steps = 0.0, 0, 0
+    for ids in prompts:
+        for rec in engine.generate(ids, StaticTreeProposer(tree), config, with_texts=False):
+            seconds += rec.total_s
+            tokens += rec.n_new
+            steps += 1
+    return 1000 * seconds / max(tokens, 1), tokens / max(steps, 1), tokens
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", required=True)
+    ap.add_argument("--acceptance", required=True)
+    ap.add_argument("--prompts", default="code", help="code, chat or a JSONL file")
+    ap.add_argument("--limit", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--budgets", default="4,8,16")
+    ap.add_argument("--chains", default="2,4")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    profile = HardwareProfile.load(args.profile)
+    acc = AcceptanceVector.load(args.acceptance).values
+    path = Path(args.prompts)
+    if not path.is_file():
+        path = ROOT / "assets" / "prompts" / f"{args.prompts}.jsonl"
+    pair = load_pair(dtype=args.dtype)
+    prompts = [pair.encode_prompt(p) for p in load_prompts(path)[: args.limit]]
+    config = GenerationConfig(max_new_tokens=args.max_new_tokens, sampling=SamplingConfig(args.temperature))
+    engine = SpeculativeEngine(pair)
+    choice, trees = trees_to_check(acc, profile, [int(b) for b in args.budgets.split(",") if b],
+                                   [int(c) for c in args.chains.split(",") if c])
+    measure(engine, prompts[:1], Tree.chain(2), GenerationConfig(max_new_tokens=4))  # warm-up
+    rows = []
+    print("| tree | nodes | predicted ms/token | measured ms/token | error | predicted tokens/step "
+          "| measured tokens/step |\n|---|---|---|---|---|---|---|", flush=True)
+    for label, tree in trees:
+        pred = predict(tree, acc, profile)
+        t0 = time.perf_counter()
+        ms, per_step, tokens = measure(engine, prompts, tree, config)
+        row = dict(tree=label, nodes=tree.size, predicted_ms_per_token=pred.ms_per_token, measured_ms_per_token=ms,
+                   relative_error=ms / pred.ms_per_token - 1.0, predicted_tokens_per_step=pred.expected_tokens,
+                   measured_tokens_per_step=per_step, tokens=tokens, wall_s=time.perf_counter() - t0)
+        rows.append(row)
+        print(f"| {label} | {tree.size} | {pred.ms_per_token:.0f} | {ms:.0f} | {row['relative_error']:+.0%} "
+              f"| {pred.expected_tokens:.2f} | {per_step:.2f} |", flush=True)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({
+            "profile": str(args.profile), "acceptance": str(args.acceptance), "prompts": str(path.name),
+            "limit": args.limit, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+            "threads": torch.get_num_threads(), "pair": pair.target_name, "dtype": str(pair.dtype),
+            "choice": {"budget": choice.budget, "depth": choice.depth, "speedup": choice.speedup},
+            "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
