@@ -241,18 +241,10 @@ class AppContext:
         """The shipped calibration for this pair nearest in temperature (``assets/acceptance/calibration-*``),
         or None (the dynamic tree then uses the identity a(q) = q)."""
         from sequoia._meta import pair_name
-        from sequoia.calibration import Calibration
+        from sequoia.calibration import find_calibration
 
         name = pair_name(self._pair) if self._pair is not None else None
-        found = []
-        for path in sorted((Path(self.assets_dir) / "acceptance").glob("calibration-*.json")):
-            try:
-                cal = Calibration.load(path)
-            except ValueError:
-                continue
-            if not (name and cal.pair and cal.pair != name):
-                found.append(cal)
-        return min(found, key=lambda c: abs(c.temperature - float(temperature)), default=None)
+        return find_calibration(Path(self.assets_dir) / "acceptance", temperature, name)
 
     def load_profile(self) -> str:
         """Use the first readable profile in assets/ (one for this pair preferred); return a note."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +32,7 @@ from .config import GenerationConfig, SamplingConfig
 from .tree import Tree
 
 #: Methods in the order the report lists them.
-BENCH_METHODS = ("hf-generate", "ar", "hf-assisted", "chain", "specinfer", "sequoia")
+BENCH_METHODS = ("hf-generate", "ar", "hf-assisted", "chain", "specinfer", "sequoia", "sequoia-dynamic")
 HF_METHODS = ("hf-generate", "hf-assisted")
 #: Target-only greedy references, best first: outputs at T=0 are compared with the first one run.
 REFERENCES = ("hf-generate", "ar")
@@ -185,14 +185,17 @@ def run_bench(
     sequoia_trees: Sequence[TreeChoice] = (),
     progress: ProgressFn | None = None,
     checkpoint: Callable[[BenchResult], None] | None = None,
+    dynamic: Mapping[tuple[str, float], object] | None = None,
 ) -> BenchResult:
     """Run every method on every prompt and temperature, interleaved; see the module docstring.
 
     ``checkpoint`` is called with the result so far after every (prompt, temperature) group.
+    ``dynamic`` maps (prompt set, temperature) to the ``sequoia-dynamic`` proposer to run there
+    (see :func:`sequoia.bench_trees.dynamic_proposers`).
     """
     from .engine import SpeculativeEngine
 
-    proposers = make_proposers(config, prompt_sets, sequoia_trees)
+    proposers = make_proposers(config, prompt_sets, sequoia_trees, dynamic)
     engine = SpeculativeEngine(pair)
     encoded = [(s.name, i, encode(pair, p)) for s in prompt_sets for i, p in enumerate(s.prompts)]
     if not encoded:
@@ -224,7 +227,7 @@ def run_bench(
 
 
 def make_proposers(config: BenchConfig, prompt_sets: Sequence[PromptSet],
-                   sequoia_trees: Sequence[TreeChoice]) -> dict:
+                   sequoia_trees: Sequence[TreeChoice], dynamic: Mapping | None = None) -> dict:
     """(method, prompt set, temperature) -> proposer, for the engine methods."""
     from .drafter import StaticTreeProposer
     from .methods import make_method
@@ -245,6 +248,10 @@ def make_proposers(config: BenchConfig, prompt_sets: Sequence[PromptSet],
                     if (s.name, temp) not in trees:
                         raise ValueError(f"no Sequoia tree given for prompt set {s.name!r} at T={temp:g}")
                     out[(method, s.name, temp)] = StaticTreeProposer(trees[(s.name, temp)], name="sequoia")
+                elif method == "sequoia-dynamic":
+                    if (s.name, temp) not in (dynamic or {}):
+                        raise ValueError(f"no dynamic proposer given for prompt set {s.name!r} at T={temp:g}")
+                    out[(method, s.name, temp)] = dynamic[(s.name, temp)]
     return out
 
 

@@ -39,7 +39,8 @@ def add_bench_parser(sub) -> None:
     g.add_argument("--specinfer-width", type=int, default=3)
     g.add_argument("--specinfer-depth", type=int, default=4)
     g.add_argument("--acceptance-dir", default=str(ASSETS / "acceptance"),
-                   help="directory of acceptance-vector JSON files (missing: the shipped default vector)")
+                   help="directory of acceptance-vector and calibration JSON files (missing: the shipped default vector, "
+                        "identity calibration)")
     g.add_argument("--profile", default=None, help="hardware profile JSON (default: newest matching one in "
                    "assets/profiles, else measured now, trees up to 63 tokens, and saved to OUT/profile.json)")
     g.add_argument("--max-budget", type=int, default=None, help="largest Sequoia tree the optimizer may pick")
@@ -93,11 +94,14 @@ def run_bench(args) -> int:
         raise ValueError("--clock cpu needs --threads 1 (CPU time sums every thread)")
     pair = _load(args)
     with process_clock() if args.clock == "cpu" else nullcontext():
-        profile, trees = None, []
-        if "sequoia" in config.methods:
+        profile, trees, dynamic = None, [], None
+        if {"sequoia", "sequoia-dynamic"} & set(config.methods):
             profile = _profile(args, pair, out)
+        if "sequoia" in config.methods:
             trees = _trees(args, pair, sets, config, profile)
-        result = bench(pair, sets, config, trees,
+        if "sequoia-dynamic" in config.methods:
+            dynamic = _dynamic(args, pair, sets, config, profile)
+        result = bench(pair, sets, config, trees, dynamic=dynamic,
                        checkpoint=lambda partial: write_json(partial, out / "bench.partial.json"))
     result.profile = profile.to_dict() if profile is not None else None
     result.clock = "process" if args.clock == "cpu" else "wall"
@@ -133,6 +137,20 @@ def _trees(args, pair, sets, config, profile):
         print(f"sequoia tree for {t.prompt_set} T={t.temperature:g}: {t.tree.size} tokens, depth {t.tree.depth}, "
               f"predicted {t.predicted_speedup:.2f}x (acceptance: {t.acceptance_source})", file=sys.stderr)
     return trees
+
+
+def _dynamic(args, pair, sets, config, profile):
+    from ._meta import pair_name
+    from .bench_trees import acceptance_files, dynamic_proposers
+
+    name = pair_name(pair)
+    found = dynamic_proposers(sets, config.temperatures, acceptance_files(args.acceptance_dir, name), profile,
+                              args.acceptance_dir, name, budget=args.max_budget, max_depth=args.max_depth)
+    for (set_name, temp), method in found.items():
+        print(f"sequoia-dynamic for {set_name} T={temp:g}: budget {method.budget}, depth {method.max_depth}, "
+              f"calibration {method.calibration.prompt_set or 'identity'}"
+              + ("" if method.can_pay else " (the profile says no tree pays: it will not draft)"), file=sys.stderr)
+    return found
 
 
 def _write(result, out: Path, png: bool) -> None:

@@ -13,7 +13,8 @@ from pathlib import Path
 from .bench_report import MethodSummary
 
 _COLORS = {"hf-generate": "#9e9e9e", "ar": "#616161", "hf-assisted": "#ff9800", "chain": "#42a5f5",
-           "specinfer": "#7e57c2", "sequoia": "#2e7d32", "kary": "#8d6e63", "k_chains": "#7e57c2",
+           "specinfer": "#7e57c2", "sequoia": "#2e7d32", "sequoia-dynamic": "#00897b", "kary": "#8d6e63",
+           "k_chains": "#7e57c2",
            "binary": "#8d6e63", "without_replacement": "#2e7d32", "with_replacement": "#7e57c2", "topk": "#ff9800"}
 
 

@@ -97,3 +97,22 @@ def choose_trees(prompt_sets: Sequence[PromptSet], temperatures: Sequence[float]
             out.append(TreeChoice(prompt_set=s.name, temperature=temp, tree=tree, acceptance=values,
                                   acceptance_source=source, predicted_speedup=speedup, expected_tokens=expected))
     return out
+
+
+def dynamic_proposers(prompt_sets: Sequence[PromptSet], temperatures: Sequence[float], files: Sequence, profile,
+                      calibration_dir: str | Path | None, pair: str | None = None, budget: int | None = None,
+                      max_depth: int | None = 16) -> dict:
+    """(prompt set, temperature) -> a ``sequoia-dynamic`` proposer: priced by ``profile``, with the
+    calibration nearest in temperature from ``calibration_dir`` (identity without one) and the acceptance
+    vector :func:`pick_acceptance` gives as its prior."""
+    from .calibration import find_calibration
+    from .methods import make_method
+
+    out = {}
+    for s in prompt_sets:
+        for temp in temperatures:
+            values, _ = pick_acceptance(files, s.name, temp)
+            out[(s.name, temp)] = make_method("sequoia-dynamic", acceptance=values, profile=profile,
+                                              budget=budget, depth=max_depth,
+                                              calibration=find_calibration(calibration_dir, temp, pair))
+    return out

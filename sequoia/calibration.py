@@ -264,6 +264,23 @@ def _text_sequences(pair, paths: Sequence[str], chunk: int, limit: int | None) -
     return out
 
 
+def find_calibration(directory: str | Path | None, temperature: float = 0.0,
+                     pair: str | None = None) -> Calibration | None:
+    """The ``calibration-*.json`` in ``directory`` nearest in temperature (measured for ``pair`` when both
+    name one), or None.  Unreadable files are skipped."""
+    if directory is None or not Path(directory).is_dir():
+        return None
+    found = []
+    for path in sorted(Path(directory).glob("calibration-*.json")):
+        try:
+            cal = Calibration.load(path)
+        except (ValueError, OSError):
+            continue
+        if not (pair and cal.pair and cal.pair != pair):
+            found.append(cal)
+    return min(found, key=lambda c: abs(c.temperature - float(temperature)), default=None)
+
+
 def main(argv: list[str] | None = None) -> int:
     """python -m sequoia.calibration --texts sequoia/*.py README.md --out-dir assets/acceptance"""
     import argparse

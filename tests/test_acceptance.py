@@ -191,3 +191,19 @@ def test_teacher_forced_agrees_with_real_decoding(tiny, temperature):
     for k in range(3):
         se = math.hypot(teacher.stderr[k], decode.stderr[k])
         assert abs(teacher.values[k] - decode.values[k]) < 4 * se + 0.02, (k, teacher.values, decode.values)
+
+
+@pytest.mark.embedded
+def test_teacher_forced_agrees_with_real_decoding_on_the_embedded_pair(embedded_pair_fp32):
+    """Issue 3: on the real pair the fast estimate and the engine's own step records agree (greedy)."""
+
+    prompts = load_prompts(Path(__file__).resolve().parents[1] / "assets" / "prompts" / "code.jsonl")[:2]
+    kw = dict(width=3, max_new_tokens=24, generator=torch.Generator().manual_seed(0), **QUIET)
+    teacher = measure_acceptance(embedded_pair_fp32, prompts, SamplingConfig(), **kw)
+    kw["generator"] = torch.Generator().manual_seed(0)
+    decode = measure_acceptance(embedded_pair_fp32, prompts, SamplingConfig(), method="decode", **kw)
+    assert teacher.positions >= 30 and decode.positions >= 10
+    assert 0.5 < teacher.values[0] < 1.0
+    for k in range(3):
+        se = math.hypot(teacher.stderr[k], decode.stderr[k])
+        assert abs(teacher.values[k] - decode.values[k]) < 4 * se + 0.03, (k, teacher.values, decode.values)

@@ -39,8 +39,12 @@ def _trees(temps=(0.0,), tree=Tree.k_ary(2, 2)):
 
 @pytest.fixture(scope="module")
 def greedy_result(tiny_pairs):
+    from sequoia.bench_trees import dynamic_proposers
+
     config = BenchConfig(max_new_tokens=8, temperatures=(0.0,), warmup_tokens=2)
-    return run_bench(_pair(tiny_pairs["noisy"]), PROMPTS, config, _trees(), progress=lambda *a: None)
+    dynamic = dynamic_proposers(PROMPTS, (0.0,), [], None, None, budget=8, max_depth=4)
+    return run_bench(_pair(tiny_pairs["noisy"]), PROMPTS, config, _trees(), progress=lambda *a: None,
+                     dynamic=dynamic)
 
 
 def test_every_method_runs_on_every_prompt(greedy_result):
@@ -123,13 +127,13 @@ def test_json_and_markdown(greedy_result, tmp_path):
     write_json(greedy_result, path)
     data = json.loads(path.read_text())
     assert data["format"] == FORMAT
-    assert len(data["runs"]) == len(greedy_result.runs) and len(data["summary"]) == 12
+    assert len(data["runs"]) == len(greedy_result.runs) and len(data["summary"]) == 2 * len(BenchConfig().methods)
     assert data["trees"][0]["budget"] == 6 and data["config"]["max_new_tokens"] == 8
     assert all(s["vs_assisted"] is not None for s in data["summary"])
     assert isinstance(data["runs"][0]["tokens"], list)
     table = markdown_table(summarize_runs(greedy_result.runs))
     lines = table.strip().splitlines()
-    assert len(lines) == 2 + 12 and lines[0].startswith("| prompts |")
+    assert len(lines) == 2 + 2 * len(BenchConfig().methods) and lines[0].startswith("| prompts |")
     assert all(line.count("|") == lines[0].count("|") for line in lines)
     assert "| sequoia |" in table and "2/2" in table
     report = markdown_report(greedy_result)
@@ -291,3 +295,23 @@ def test_fixed_budget_trees_ignore_the_optimizer():
     assert auto.tree.size == 0 and auto.predicted_speedup == 1.0
     (fixed,) = choose_trees(sets, (0.0,), [], slow_verify, fixed_budget=8)
     assert fixed.tree.size == 8 and fixed.predicted_speedup < 1.0
+
+
+def test_dynamic_method_needs_its_proposers(tiny_pairs):
+
+    config = BenchConfig(max_new_tokens=4, methods=("sequoia-dynamic",), warmup_tokens=0)
+    with pytest.raises(ValueError, match="no dynamic proposer"):
+        run_bench(_pair(tiny_pairs["noisy"]), PROMPTS[:1], config, progress=lambda *a: None)
+
+
+def test_dynamic_proposers_pick_the_nearest_calibration(tmp_path):
+    from sequoia.bench_trees import dynamic_proposers
+    from sequoia.calibration import Calibration
+
+    for t, name in ((0.0, "greedy"), (1.0, "hot")):
+        Calibration(knots=(0.0, 1.0), values=((0.0, 1.0),), temperature=t, prompt_set=name).save(
+            tmp_path / f"calibration-x-t{t:g}.json")
+    found = dynamic_proposers(PROMPTS[:1], (0.0, 0.8), [], None, tmp_path, budget=8, max_depth=4)
+    assert found[("code", 0.0)].calibration.prompt_set == "greedy"
+    assert found[("code", 0.8)].calibration.prompt_set == "hot"
+    assert found[("code", 0.8)].budget == 8 and found[("code", 0.8)].max_depth == 4
