@@ -298,7 +298,6 @@ def test_fixed_budget_trees_ignore_the_optimizer():
 
 
 def test_dynamic_method_needs_its_proposers(tiny_pairs):
-
     config = BenchConfig(max_new_tokens=4, methods=("sequoia-dynamic",), warmup_tokens=0)
     with pytest.raises(ValueError, match="no dynamic proposer"):
         run_bench(_pair(tiny_pairs["noisy"]), PROMPTS[:1], config, progress=lambda *a: None)
