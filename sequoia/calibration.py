@@ -288,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     from .acceptance import load_prompts
     from .models import load_pair
 
-    ap = argparse.ArgumentParser(description="Fit the confidence-to-acceptance calibration of the dynamic tree.")
+    ap = argparse.ArgumentParser(prog="python -m sequoia calibrate",
+                                 description="Fit the confidence-to-acceptance calibration of the dynamic tree.")
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompts", nargs="+", help="JSONL prompt files: score what the target writes (slow)")
     src.add_argument("--texts", nargs="+", help="text files: score chunks of them (fast)")
@@ -301,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="most prompts (--prompts) or chunks per file (--texts)")
     args = ap.parse_args(argv)
     samplings = [SamplingConfig(temperature=t) for t in args.temperatures]
+    missing = [f for f in (args.texts or args.prompts) if not Path(f).is_file()]
+    if missing:  # before the minute it takes to load the models
+        raise FileNotFoundError(f"no such file: {', '.join(missing)}")
     pair = load_pair()
     if args.texts:
         sequences = _text_sequences(pair, args.texts, args.chunk, args.limit)

@@ -45,7 +45,10 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--width", type=int, default=2, help="branching of specinfer / kary trees")
     g.add_argument("--tree-file", default=None, help="tree JSON for --method file (as written by 'tree')")
     g.add_argument("--acceptance", default=None, help="acceptance-vector JSON (default: shipped vector)")
-    g.add_argument("--profile", default=None, help="hardware-profile JSON (needed by sequoia-auto)")
+    g.add_argument("--profile", default=None, help="hardware-profile JSON (needed by sequoia-auto; prices "
+                   "sequoia-dynamic, which otherwise uses built-in CPU figures)")
+    g.add_argument("--calibration", default=None, help="calibration JSON for sequoia-dynamic (default: the "
+                   "shipped one nearest the temperature, else the identity)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,15 +90,23 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench_cli import add_bench_parser
 
     add_bench_parser(sub)
+    sub.add_parser("calibrate", add_help=False,
+                   help="fit the dynamic tree's confidence-to-acceptance calibration ('calibrate --help')")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    calibrate = argv[:1] == ["calibrate"]  # it has its own parser (sequoia.calibration.main)
+    args = None if calibrate else build_parser().parse_args(argv)
     import torch
 
     torch.set_flush_denormal(True)  # denormals make CPU matmuls of small activations many times slower
     try:
+        if calibrate:
+            from .calibration import main as run_calibration
+
+            return run_calibration(argv[1:])
         return _COMMANDS[args.command](args)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -132,9 +143,14 @@ def load_profile(path: str | None):
 def proposer_from_args(args):
     from .methods import make_method
 
+    from .calibration import find_calibration
+
+    calibration = args.calibration
+    if args.method == "sequoia-dynamic" and calibration is None:
+        calibration = find_calibration(ASSETS / "acceptance", args.temperature)
     return make_method(args.method, budget=args.budget, depth=args.depth, width=args.width,
                        acceptance=load_acceptance(args.acceptance), profile=load_profile(args.profile),
-                       tree_path=args.tree_file)
+                       tree_path=args.tree_file, calibration=calibration)
 
 
 def _generate(args) -> int:
