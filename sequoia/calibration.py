@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--width", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=64, help="continuation length (--prompts)")
     ap.add_argument("--chunk", type=int, default=160, help="tokens per text chunk (--texts)")
-    ap.add_argument("--limit", type=int, default=None, help="most prompts (--prompts) or chunks per file (--texts)")
+    ap.add_argument("--limit", type=int, default=None, help="most prompts or chunks per file")
     args = ap.parse_args(argv)
     samplings = [SamplingConfig(temperature=t) for t in args.temperatures]
     missing = [f for f in (args.texts or args.prompts) if not Path(f).is_file()]
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         sequences = _text_sequences(pair, args.texts, args.chunk, args.limit)
         source = "texts:" + ",".join(Path(f).name for f in args.texts)
     else:
-        prompts = [pair.encode_prompt(p) for f in args.prompts for p in load_prompts(f)][: args.limit]
+        prompts = [pair.encode_prompt(p) for f in args.prompts for p in load_prompts(f)[: args.limit]]
         sequences = [(ids, target_continuation_of(pair, ids, SamplingConfig(), args.max_new_tokens)) for ids in prompts]
         source = ",".join(Path(f).name for f in args.prompts)
     cals = calibrate(pair, sequences, samplings, args.width, prompt_set=source,

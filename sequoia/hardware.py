@@ -157,6 +157,7 @@ def measure_profile(
     point_s: float = 5.0,
     generator: torch.Generator | None = None,
     progress: ProgressFn | None = None,
+    stop_ratio: float | None = 16.0,
 ) -> HardwareProfile:
     """Time ``pair.target`` by new-token count and ``pair.draft`` by level width.
 
@@ -165,7 +166,10 @@ def measure_profile(
     same realistic cached context.  Each point is the median of up to
     ``repeats`` forwards after ``warmup`` untimed ones; repeats stop early once
     a point has taken ``point_s`` seconds (slow points vary little), which
-    keeps a CPU profile of the embedded pair to about a minute.  ``generator``
+    keeps a CPU profile of the embedded pair to about a minute.  The target
+    grid stops once a forward costs more than ``stop_ratio`` times one token
+    (None: never): no tree that large can pay for itself, and on a
+    compute-bound CPU the points past it would take minutes.  ``generator``
     draws the token ids (costs do not depend on them); a fixed seed is used
     without one.
     """
@@ -175,7 +179,11 @@ def measure_profile(
     tick = Progress(len(target_grid) + len(draft_grid), progress, "profiling")
     try:
         plan = _Plan(ctx=context_len, repeats=repeats, warmup=warmup, point_s=point_s)
-        target_ms = _time_grid(pair.target, target_grid, _verify_inputs, plan, gen, lambda n: tick(f"target n={n}"))
+        target_ms = _time_grid(pair.target, target_grid, _verify_inputs, plan, gen, lambda n: tick(f"target n={n}"),
+                               stop_ratio)
+        for n in target_grid[len(target_ms):]:
+            tick(f"target n={n} skipped (over {stop_ratio:g}x one token)")
+        target_grid = tuple(target_grid)[: len(target_ms)]
         draft_ms = _time_grid(pair.draft, draft_grid, _level_inputs, plan, gen, lambda w: tick(f"draft width={w}"))
     finally:
         tick.close()
@@ -220,8 +228,12 @@ class _Plan:
 
 @torch.inference_mode()
 def _time_grid(model, grid, make_inputs, plan: _Plan, gen: torch.Generator,
-               on_point: Callable[[int], None]) -> list[float]:
-    """Median ms per grid point of one forward (+ softmax of its logits) after a prefill of ``plan.ctx`` tokens."""
+               on_point: Callable[[int], None], stop_ratio: float | None = None) -> list[float]:
+    """Median ms per grid point of one forward (+ softmax of its logits) after a prefill of ``plan.ctx`` tokens.
+
+    With ``stop_ratio``, stops after the first point costing more than that times the first one
+    (the list is then shorter than ``grid``; at least two points are measured).
+    """
     device = next(model.parameters()).device
     vocab = model.config.vocab_size
     cache = KVCache(model.config)
@@ -237,6 +249,8 @@ def _time_grid(model, grid, make_inputs, plan: _Plan, gen: torch.Generator,
             times.append(_forward_ms(model, cache, ids, pos, mask, plan.ctx, device))
         out.append(statistics.median(times))
         on_point(n)
+        if stop_ratio is not None and len(out) >= 2 and out[-1] > stop_ratio * out[0]:
+            break
     return out
 
 

@@ -146,3 +146,19 @@ def test_slow_points_stop_repeating(monkeypatch):
     # per point: 1 warm-up (50 ms) + timed runs while the point has spent < 120 ms -> 2 timed runs
     assert len(calls) == 3 * 3
     assert prof.target_ms == (50.0, 50.0)
+
+
+def test_target_grid_stops_once_a_forward_costs_too_much(monkeypatch):
+    """A compute-bound target (cost linear in n) is not profiled past stop_ratio x one token."""
+    from sequoia import hardware
+
+    monkeypatch.setattr(hardware, "_forward_ms", lambda model, cache, ids, *a: 100.0 * ids.shape[1])
+    pair = make_pair(tiny_model(1, vocab=64, hidden=16), tiny_model(0, vocab=64), 64)
+    seen = []
+    prof = measure_profile(pair, context_len=4, target_grid=(1, 2, 4, 8, 16, 32), draft_grid=(1, 2), repeats=1,
+                           warmup=0, stop_ratio=5.0, progress=lambda *a: seen.append(a))
+    assert prof.target_n == (1, 2, 4, 8) and prof.target_ms == (100.0, 200.0, 400.0, 800.0)
+    assert len(seen) == 6 + 2 and "skipped" in seen[4][2]
+    full = measure_profile(pair, context_len=4, target_grid=(1, 2, 4, 8, 16, 32), draft_grid=(1,), repeats=1,
+                           warmup=0, stop_ratio=None, progress=lambda *a: None)
+    assert full.target_n == (1, 2, 4, 8, 16, 32)
