@@ -247,7 +247,9 @@ class AppContext:
         return find_calibration(Path(self.assets_dir) / "acceptance", temperature, name)
 
     def load_profile(self) -> str:
-        """Use the first readable profile in assets/ (one for this pair preferred); return a note."""
+        """Use the newest readable profile in assets/ measured on this kind of device (CPU / CUDA), one
+        for this pair and dtype preferred; return a note.  A CPU profile never prices a GPU, nor the
+        reverse: with none for this device the server has no profile until *Profile now*."""
         from sequoia._meta import pair_name
         from sequoia.hardware import HardwareProfile
 
@@ -259,8 +261,22 @@ class AppContext:
                 continue
         if not found:
             return "No hardware profile in assets/ yet: press *Profile now*."
-        name = pair_name(self._pair) if self._pair is not None else None
-        path, prof = next(((p, h) for p, h in found if not h.pair or h.pair == name), found[0])
+        pair = self._pair
+        name = pair_name(pair) if pair is not None else None
+        kind = str(getattr(pair, "device", "cpu")).split(":")[0] if pair is not None else None
+        dtype = str(getattr(pair, "dtype", "")) if pair is not None else ""
+        if kind is not None:
+            found = [(p, h) for p, h in found if h.device.split(":")[0] == kind]
+            if not found:
+                return f"No hardware profile in assets/ for this device ({kind}): press *Profile now*."
+
+        def fit(item):
+            _, h = item
+            return (bool(name and h.pair and h.pair != name), bool(dtype and h.dtype != dtype))
+
+        path, prof = min(found, key=fit)  # stable: newest first among equals (find_profiles' order)
         self.profile, self.profile_source = prof, str(path)
         other = f" (measured for {prof.pair}, not this pair)" if name and prof.pair and prof.pair != name else ""
+        if dtype and prof.dtype != dtype:
+            other += f" (measured with a {prof.dtype} target, this one is {dtype})"
         return f"Profile loaded from `{path.name}`{other}."

@@ -294,3 +294,22 @@ def test_dynamic_method_uses_the_profile_and_says_when_it_drafts_nothing(ctx, tm
         assert ctx.calibration(0.7).temperature == 0.6 and ctx.calibration(0.1).temperature == 0.0
     finally:
         ctx.assets_dir = old
+
+
+def test_profiles_are_matched_to_the_device_and_pair(pair, tmp_path):
+    from sequoia.hardware import HardwareProfile
+
+    (tmp_path / "profiles").mkdir()
+
+    def save(name, device, pair_name):
+        prof = HardwareProfile.hand_made(lambda n: 10.0 + n, lambda w: 1.0 + w)
+        HardwareProfile.from_dict({**prof.to_dict(), "device": device, "pair": pair_name}).save(
+            tmp_path / "profiles" / name)
+
+    save("a-gpu.json", "cuda: H100", "")
+    ctx = AppContext.from_pair_or_loader(pair, assets_dir=tmp_path)
+    assert "for this device (cpu)" in ctx.load_profile() and ctx.profile is None
+    save("b-other.json", "cpu: x86_64, 2 threads", "some+other")
+    save("c-this.json", "cpu: x86_64, 2 threads", "")
+    note = ctx.load_profile()
+    assert ctx.profile_source.endswith("c-this.json") and "not this pair" not in note
