@@ -1,0 +1,57 @@
+"""What the optimizer would pick on other hardware: illustrative cost models, measured acceptance vectors.
+
+    .venv/bin/python scripts/what_if.py [assets/acceptance/embedded-*.json ...]
+
+For every acceptance vector and a few *hand-made* cost models (not measurements), prints the
+tree size and depth :func:`sequoia.optimizer.choose_tree` picks, its expected tokens per target
+call and the predicted speedup over the target alone.  The models, in units of one target
+decoding step:
+
+* ``gpu, small draft``: a memory-bound target (a forward of n <= 64 tokens costs about one
+  token, then grows slowly) and a draft step 5% of a target step (the paper's 68M/7B setting);
+* ``gpu, this draft``: the same target, a draft step 35% of it (a 0.5B draft for a 1.5B target);
+* ``cpu, measured``: the measured profile given with ``--profile`` (default: the shipped one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sequoia.acceptance import AcceptanceVector  # noqa: E402
+from sequoia.hardware import HardwareProfile  # noqa: E402
+from sequoia.optimizer import choose_tree  # noqa: E402
+
+
+def gpu_like(draft_ratio: float) -> HardwareProfile:
+    return HardwareProfile.hand_made(target=lambda n: 1.0 + 0.002 * n + 0.01 * max(0, n - 64),
+                                     draft=lambda w: draft_ratio * (1.0 + 0.002 * w))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="*")
+    ap.add_argument("--profile", default=str(ROOT / "assets" / "profiles" / "embedded-cpu-bf16.json"))
+    ap.add_argument("--max-budget", type=int, default=128)
+    ap.add_argument("--max-depth", type=int, default=16)
+    args = ap.parse_args(argv)
+    files = args.files or sorted(str(p) for p in (ROOT / "assets" / "acceptance").glob("embedded-*.json"))
+    models = {"gpu, small draft (5%)": gpu_like(0.05), "gpu, this draft (35%)": gpu_like(0.35)}
+    if Path(args.profile).is_file():
+        models["cpu, measured profile"] = HardwareProfile.load(args.profile)
+    print("| acceptance | cost model | tree size | depth | tokens / call | predicted speedup |\n|---|---|---|---|---|---|")
+    for f in files:
+        vec = AcceptanceVector.load(f)
+        for label, prof in models.items():
+            c = choose_tree(vec.values, prof, max_budget=min(args.max_budget, prof.max_tokens - 1),
+                            max_depth=args.max_depth)
+            print(f"| {Path(f).stem} | {label} | {c.budget} | {c.depth} | {c.expected_tokens:.2f} | {c.speedup:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
