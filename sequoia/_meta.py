@@ -35,6 +35,13 @@ def pair_name(pair) -> str:
     return "+".join(ids)
 
 
+def write_json(path, data: dict) -> None:
+    """Write ``data`` as indented JSON, creating the parent folders."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1))
+
+
 def read_json(path: str | Path, fmt: str, what: str) -> dict:
     """Read a JSON object and check its ``format`` tag; errors name the file and what was expected."""
     path = Path(path)

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import torch
 
-from ._meta import Progress, ProgressFn, library_version, now_iso, number_list, pair_name, read_json, require
+from ._meta import (Progress, ProgressFn, library_version, now_iso, number_list, pair_name, read_json, require,
+                    write_json)
 from .config import GenerationConfig, SamplingConfig
 from .dp import check_acceptance
 from .kv_cache import KVCache
@@ -78,7 +79,7 @@ class AcceptanceVector:
         return {"format": FORMAT, **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}}
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+        write_json(path, self.to_dict())
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "acceptance vector") -> "AcceptanceVector":

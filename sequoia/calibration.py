@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ._meta import library_version, now_iso, pair_name, read_json
+from ._meta import library_version, now_iso, pair_name, read_json, write_json
 from .config import GenerationConfig, SamplingConfig
 from .trace import StepRecord
 
@@ -102,8 +102,7 @@ class Calibration:
         return {"format": FORMAT, **d}
 
     def save(self, path: str | Path) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+        write_json(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | Path) -> "Calibration":

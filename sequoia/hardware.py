@@ -16,7 +16,6 @@ last grid point they are extrapolated along the last segment.
 
 from __future__ import annotations
 
-import json
 import platform
 import statistics
 import time
@@ -27,7 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ._meta import Progress, ProgressFn, int_list, library_version, now_iso, number_list, pair_name, read_json, require
+from ._meta import (Progress, ProgressFn, int_list, library_version, now_iso, number_list, pair_name, read_json,
+                    require, write_json)
 from .kv_cache import KVCache
 from .masks import tree_attention_mask, verify_mask
 from .tree import Tree
@@ -90,7 +90,7 @@ class HardwareProfile:
         return {"format": FORMAT, **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}}
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+        write_json(path, self.to_dict())
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "hardware profile") -> "HardwareProfile":
