@@ -38,7 +38,7 @@ def trees_to_check(acc, profile, budgets, chains):
     choice = choose_tree(acc, profile)
     out = [("target alone", Tree.root_only()), (f"optimizer's choice (n={choice.budget})", choice.tree)]
     out += [(f"chain n={n}", Tree.chain(n)) for n in chains]
-    out += [(f"DP tree n={n}", optimal_tree(acc, n, min(n, 8)).tree) for n in budgets]
+    out += [(f"DP tree n={n}", optimal_tree(acc, n, min(n, 8)).tree()) for n in budgets]
     return choice, out
 
 

@@ -132,6 +132,7 @@ class DynamicTreeProposer:
     max_children: int = 8             # most children of one node
     acceptance: tuple[float, ...] = (0.797, 0.104, 0.048, 0.020, 0.010, 0.005)  # prior: p_1 prices lookahead
     overhead_ms: float = 15.0         # per step outside the model forwards (walk, bookkeeping)
+    min_gain: float = 0.1             # never draft when even a perfect draft gains less than this
     level_ms: float = 3.0             # per draft level outside the forward (sampling, masks)
     gate: bool = True                 # skip drafting while it has been predicted not to pay
     mode: str = "without_replacement"
@@ -140,6 +141,8 @@ class DynamicTreeProposer:
     def __post_init__(self) -> None:
         if not isinstance(self.budget, int) or self.budget < 1:
             raise ValueError(f"budget must be a positive integer, got {self.budget!r}")
+        if not (0.0 <= self.min_gain < 10.0):
+            raise ValueError(f"min_gain must be in [0, 10), got {self.min_gain!r}")
         if not isinstance(self.max_depth, int) or self.max_depth < 1:
             raise ValueError(f"max_depth must be a positive integer, got {self.max_depth!r}")
         self._static_cache: dict[int, Tree] = {}
@@ -162,14 +165,17 @@ class DynamicTreeProposer:
 
     @cached_property
     def can_pay(self) -> bool:
-        """Whether any chain, every token accepted, beats the target alone under the profile.
+        """Whether some chain, every token accepted, beats the target alone by more than ``min_gain``.
 
         When even that loses (verification as dear per token as a plain step, as
         for a compute-bound target), the gate never drafts: plain target steps.
+        A gain below ``min_gain`` (10%) is within the cost model's error (predicted
+        vs measured step times differ by up to ~15%) and would be eaten by the
+        steps the gate spends finding out.
         """
         ar_rate = 1.0 / (float(self.profile.target(1)) + self.overhead_ms)
         best = max((L + 1) / self.step_ms([1] * L, L + 1) for L in range(1, self.max_depth + 1))
-        return best > ar_rate
+        return best > ar_rate * (1.0 + self.min_gain)
 
     @property
     def max_nodes(self) -> int:

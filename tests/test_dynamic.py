@@ -229,3 +229,12 @@ def test_never_drafts_when_no_tree_can_pay(tiny_pairs, tiny_target):
     tokens, records = _run(tiny_pairs["same"], method, GenerationConfig(max_new_tokens=12))
     assert tokens == _hf_greedy(tiny_target, PROMPT, 12)
     assert all(r.tree.size == 0 and r.draft_s < 0.01 for r in records)
+
+
+def test_a_gain_within_the_cost_models_error_is_not_worth_drafting():
+    # This CPU's measured bf16 profile: a perfect one-token chain would gain ~3% over the target alone.
+    cpu = HardwareProfile.hand_made(target=lambda n: 233.0 + 160.0 * (n - 1), draft=lambda w: 72.0)
+    assert not _dynamic(profile=cpu).can_pay
+    assert _dynamic(profile=cpu, min_gain=0.0).can_pay
+    with pytest.raises(ValueError, match="min_gain"):
+        _dynamic(min_gain=-0.1)
