@@ -1,0 +1,69 @@
+"""The measurements shipped in assets/ and the scripts that read them (no models loaded)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from sequoia.acceptance import AcceptanceVector
+from sequoia.calibration import Calibration, find_calibration
+from sequoia.hardware import HardwareProfile
+from sequoia.optimizer import choose_tree
+
+ROOT = Path(__file__).resolve().parents[1]
+ACCEPTANCE = ROOT / "assets" / "acceptance"
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(f"{name}_script", ROOT / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("path", sorted(ACCEPTANCE.glob("embedded-*.json")), ids=lambda p: p.stem)
+def test_shipped_acceptance_vectors(path):
+    vec = AcceptanceVector.load(path)
+    set_name, tag = path.stem.split("-")[1:3]
+    assert vec.prompt_set == set_name and vec.method == "teacher" and vec.positions >= 300
+    assert vec.temperature == (0.0 if tag == "greedy" else float(tag[1:]))
+    assert len(vec.values) == 16 and 0.5 < vec.values[0] < 1.0 and sum(vec.values) <= 1.0 + 1e-6
+    assert "Qwen2.5-Coder" in vec.pair
+
+
+def test_every_setting_is_shipped():
+    stems = {p.stem for p in ACCEPTANCE.glob("embedded-*.json")}
+    for s in ("code", "chat"):
+        for tag in ("greedy", "t0.6"):
+            assert f"embedded-{s}-{tag}" in stems
+
+
+def test_shipped_calibrations_and_profile():
+    cal = find_calibration(ACCEPTANCE, 0.5)
+    assert isinstance(cal, Calibration) and cal.temperature == 0.6 and cal.steps > 100
+    assert find_calibration(ACCEPTANCE, 0.0).temperature == 0.0
+    prof = HardwareProfile.load(ROOT / "assets" / "profiles" / "embedded-cpu-bf16.json")
+    assert prof.device.startswith("cpu") and prof.dtype == "torch.bfloat16" and prof.target_n[0] == 1
+    # On the machine it was measured on, no tree pays: the optimizer keeps the target alone.
+    vec = AcceptanceVector.load(ACCEPTANCE / "embedded-code-greedy.json")
+    assert choose_tree(vec.values, prof).budget == 0
+
+
+def test_what_if_prints_a_row_per_vector_and_cost_model(capsys):
+    _script("what_if").main([str(ACCEPTANCE / "embedded-code-greedy.json")])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| embedded")]
+    assert len(rows) == 3
+    gpu = rows[0].split("|")
+    assert int(gpu[3]) > 16 and float(gpu[6].strip().rstrip("x")) > 2.0  # big trees where verification is free
+
+
+def test_check_prediction_trees():
+    mod = _script("check_prediction")
+    prof = HardwareProfile.hand_made(lambda n: 100.0 + 0.5 * n, lambda w: 5.0)
+    choice, trees = mod.trees_to_check((0.8, 0.1), prof, budgets=[4, 8], chains=[2])
+    labels = [label for label, _ in trees]
+    assert labels[0] == "target alone" and trees[0][1].size == 0
+    assert labels[1].startswith("optimizer's choice") and choice.budget > 0
+    assert [t.size for _, t in trees[2:]] == [2, 4, 8]
