@@ -90,7 +90,11 @@ def make_proposer(ctx: AppContext, method: str, budget, depth, acceptance,
         return (make_method("sequoia", budget=budget, depth=depth, acceptance=acceptance),
                 "No hardware profile loaded: ran Sequoia with the given budget and depth instead of auto.")
     if name == "sequoia-auto":
-        return make_method(name, budget=budget, depth=depth, acceptance=acceptance, profile=ctx.profile), ""
+        method = make_method(name, budget=budget, depth=depth, acceptance=acceptance, profile=ctx.profile)
+        note = ("Under this machine's hardware profile no tree beats the target alone, so the optimizer chose "
+                "the root-only tree: plain target steps. Pick Sequoia (budget & depth) to see trees."
+                if method.tree.size == 0 else "")
+        return method, note
     if name == "sequoia-dynamic":
         return _dynamic(ctx, budget, depth, acceptance, temperature)
     if name == "chain":

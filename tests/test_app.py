@@ -313,3 +313,17 @@ def test_profiles_are_matched_to_the_device_and_pair(pair, tmp_path):
     save("c-this.json", "cpu: x86_64, 2 threads", "")
     note = ctx.load_profile()
     assert ctx.profile_source.endswith("c-this.json") and "not this pair" not in note
+
+
+def test_auto_says_when_the_optimizer_keeps_the_target_alone(ctx):
+    from sequoia.hardware import HardwareProfile
+
+    ctx.profile = HardwareProfile.hand_made(lambda n: 100.0 * n, lambda w: 20.0)
+    try:
+        method, note = live_tab.make_proposer(ctx, "Sequoia (auto)", 8, 3, BUILTIN_ACCEPTANCE[CODE])
+        assert method.tree.size == 0 and "root-only" in note
+        ctx.profile = HardwareProfile.hand_made(lambda n: 100.0 + 0.1 * n, lambda w: 1.0)
+        method, note = live_tab.make_proposer(ctx, "Sequoia (auto)", 8, 3, BUILTIN_ACCEPTANCE[CODE])
+        assert method.tree.size > 0 and note == ""
+    finally:
+        ctx.profile = None
