@@ -36,7 +36,7 @@ def test_shipped_acceptance_vectors(path):
 def test_every_setting_is_shipped():
     stems = {p.stem for p in ACCEPTANCE.glob("embedded-*.json")}
     for s in ("code", "chat"):
-        for tag in ("greedy", "t0.6"):
+        for tag in ("greedy", "t0.6", "t1.0"):
             assert f"embedded-{s}-{tag}" in stems
 
 
