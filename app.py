@@ -101,7 +101,7 @@ class _ConsoleProgress:
 
 def load_from_env(env: Mapping[str, str] = os.environ, progress: Callable[[float, str], None] | None = None):
     """Load the pair named by SEQUOIA_DRAFT / SEQUOIA_TARGET / SEQUOIA_DEVICE / SEQUOIA_DTYPE."""
-    from sequoia.models import load_pair
+    from sequoia.runtime.models import load_pair
 
     return load_pair(
         draft=env.get("SEQUOIA_DRAFT") or "embedded",
@@ -114,7 +114,7 @@ def load_from_env(env: Mapping[str, str] = os.environ, progress: Callable[[float
 
 def _env_budget_cap(env: Mapping[str, str] = os.environ) -> int | None:
     """The tree-size cap for the device the pair will load on (sliders are laid out before it loads)."""
-    from sequoia.models import resolve_device
+    from sequoia.runtime.models import resolve_device
 
     try:
         return budget_cap_for(resolve_device(env.get("SEQUOIA_DEVICE") or None))

@@ -34,7 +34,7 @@ HF_ROW = "hf assisted"
 
 def _hf_row(ctx: AppContext, req) -> compare_view.CompareRow | str:
     """HF assisted generation with the same pair, or a note why it was skipped."""
-    from sequoia.baselines import hf_generate
+    from sequoia.runtime.baselines import hf_generate
 
     try:
         run = hf_generate(ctx.pair(), req.prompt_ids, req.config, assisted=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from sequoia.trace import StepRecord
+from sequoia.core.trace import StepRecord
 
 from . import method_color
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+from sequoia._meta import ASSETS  # noqa: E402  (re-exported for the tabs)
 
 #: Fallbacks until measured vectors exist in assets/acceptance/ (Qwen2.5-Coder 0.5B -> 1.5B).
 BUILTIN_ACCEPTANCE: dict[str, tuple[float, ...]] = {
@@ -33,7 +33,7 @@ BUILTIN_ACCEPTANCE: dict[str, tuple[float, ...]] = {
     "built-in: chat": (0.582, 0.151, 0.083, 0.040, 0.020, 0.010),
 }
 
-#: Largest tree budget the UI accepts (a server guard, far below sequoia.tree.MAX_TREE_SIZE on CPU).
+#: Largest tree budget the UI accepts (a server guard, far below sequoia.core.tree.MAX_TREE_SIZE on CPU).
 CPU_MAX_BUDGET = 128
 GPU_MAX_BUDGET = 512
 
@@ -87,7 +87,7 @@ class LoadStatus:
 def acceptance_catalogue(assets_dir: Path = ASSETS) -> dict[str, tuple[float, ...]]:
     """Measured vectors from ``assets/acceptance/*.json`` (first) plus the built-ins.
 
-    Files are :class:`sequoia.acceptance.AcceptanceVector` JSON
+    Files are :class:`sequoia.runtime.acceptance.AcceptanceVector` JSON
     (``format: sequoia-acceptance/1``), listed as "stem (T=…, prompt set)";
     the plain ``{"acceptance": [...], "meta": {"name": ...}}`` form is read
     too.  Unreadable files are skipped.
@@ -101,7 +101,7 @@ def acceptance_catalogue(assets_dir: Path = ASSETS) -> dict[str, tuple[float, ..
 
 
 def _read_vector(path: Path) -> tuple[str, tuple[float, ...]] | None:
-    from sequoia.acceptance import AcceptanceVector
+    from sequoia.runtime.acceptance import AcceptanceVector
 
     try:
         vec = AcceptanceVector.load(path)
@@ -119,7 +119,7 @@ def _read_vector(path: Path) -> tuple[str, tuple[float, ...]] | None:
 
 def parse_acceptance(value: Any) -> tuple[float, ...]:
     """A list, or text such as ``"0.8, 0.1"`` / ``"[0.8, 0.1]"``, as a validated vector."""
-    from sequoia.dp import check_acceptance
+    from sequoia.core.dp import check_acceptance
 
     if isinstance(value, str):
         text = value.strip()
@@ -154,7 +154,7 @@ class AppContext:
     assets_dir: Path = ASSETS
     max_budget: int | None = None             # None: by device (CPU_MAX_BUDGET / GPU_MAX_BUDGET)
     status: LoadStatus = field(default_factory=LoadStatus)
-    profile: Any = None                       # sequoia.hardware.HardwareProfile in use
+    profile: Any = None                       # sequoia.core.profile.HardwareProfile in use
     profile_source: str = ""                  # where it came from (file path / "measured now")
     _pair: Any = field(default=None, repr=False)
     _engine: Any = field(default=None, repr=False)
@@ -216,7 +216,7 @@ class AppContext:
         return self._pair is not None
 
     def engine(self):
-        from sequoia.engine import SpeculativeEngine
+        from sequoia.runtime.engine import SpeculativeEngine
 
         pair = self.pair()
         with self._engine_lock:
@@ -241,7 +241,7 @@ class AppContext:
         """The shipped calibration for this pair nearest in temperature (``assets/acceptance/calibration-*``),
         or None (the dynamic tree then uses the identity a(q) = q)."""
         from sequoia._meta import pair_name
-        from sequoia.calibration import find_calibration
+        from sequoia.runtime.calibration import find_calibration
 
         name = pair_name(self._pair) if self._pair is not None else None
         return find_calibration(Path(self.assets_dir) / "acceptance", temperature, name)
@@ -251,7 +251,7 @@ class AppContext:
         for this pair and dtype preferred; return a note.  A CPU profile never prices a GPU, nor the
         reverse: with none for this device the server has no profile until *Profile now*."""
         from sequoia._meta import pair_name
-        from sequoia.hardware import HardwareProfile
+        from sequoia.core.profile import HardwareProfile
 
         found = []
         for path in find_profiles(self.assets_dir):

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from sequoia.config import MAX_DEPTH, check_budget
-from sequoia.tree import MAX_TREE_SIZE
+from sequoia.core.config import MAX_DEPTH, check_budget
+from sequoia.core.tree import MAX_TREE_SIZE
 
 from . import dp_view
 from .context import LIGHT_WORK, AppContext, acceptance_catalogue, format_acceptance, parse_acceptance
@@ -22,14 +22,14 @@ from .context import LIGHT_WORK, AppContext, acceptance_catalogue, format_accept
 
 @dataclass
 class DPSession:
-    """Per-session state: the last solved table (``sequoia.dp.DPResult``)."""
+    """Per-session state: the last solved table (``sequoia.core.dp.DPResult``)."""
 
     result: object = None
 
 
 def solve(acceptance_text: str, budget, depth):
     """Validated DP solve; raises ValueError with a readable message."""
-    from sequoia.dp import optimal_tree
+    from sequoia.core.dp import optimal_tree
 
     acc = parse_acceptance(acceptance_text)
     budget, depth = int(budget), int(depth)
@@ -55,7 +55,7 @@ def on_solve(acceptance_text, budget, depth, n, d, session: DPSession):
         result = solve(acceptance_text, budget, depth)
     except ValueError as exc:
         raise gr.Error(str(exc), title="Cannot solve the DP") from None
-    from sequoia.dp import baseline_curves
+    from sequoia.core.dp import baseline_curves
 
     sizes = dp_view.curve_sizes(result.budget)
     curves = dp_view.curves(sizes, baseline_curves(result.acceptance, sizes))
@@ -79,7 +79,7 @@ def on_pick(name, catalogue):
 
 def dp_api(acceptance: str, budget: int = 32, depth: int = 8) -> dict:
     """Solve the DP; returns the table, the optimal tree and the baseline curves."""
-    from sequoia.dp import baseline_curves
+    from sequoia.core.dp import baseline_curves
 
     try:
         result = solve(acceptance, budget, depth)

@@ -18,12 +18,12 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from sequoia.tree import Tree
+from sequoia.core.tree import Tree
 
 from . import method_color
 from .tree_view import shape_figure
 
-#: Display names of the curve keys of :func:`sequoia.dp.baseline_curves`.
+#: Display names of the curve keys of :func:`sequoia.core.dp.baseline_curves`.
 CURVE_NAMES = {"sequoia": "Sequoia (DP)", "chain": "chain", "k_chains": "best of k chains", "binary": "binary tree"}
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
-from sequoia.tree import Tree
+from sequoia.core.tree import Tree
 
 from . import dp_view, hardware_view
 from .context import LIGHT_WORK, MODEL_WORK, AppContext, ModelsNotReady, acceptance_catalogue
@@ -31,7 +31,7 @@ class HardwareSession:
 
 def predictions(ctx: AppContext, acceptance, budget: int, depth: int, measured: dict[str, float]):
     """(choice, rows): the optimizer's pick and predicted ms/token of it and the fixed shapes."""
-    from sequoia.optimizer import choose_tree, predict
+    from sequoia.core.optimizer import choose_tree, predict
 
     prof = ctx.profile
     choice = choose_tree(acceptance, prof, max_budget=budget, max_depth=depth)
@@ -73,7 +73,7 @@ def views(ctx: AppContext, acceptance_name, budget, depth, session: HardwareSess
 
 def profile_now(ctx: AppContext, quick: bool, progress=None) -> str:
     """Measure this machine, make it the server's profile; returns the saved JSON path."""
-    from sequoia.hardware import measure_profile
+    from sequoia.runtime.profiling import measure_profile
 
     kwargs = dict(target_grid=QUICK_TARGET_GRID, draft_grid=QUICK_DRAFT_GRID, repeats=2) if quick else {}
     prof = measure_profile(ctx.pair(), progress=progress, **kwargs)

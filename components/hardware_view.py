@@ -7,8 +7,8 @@
                        each candidate configuration.
 
 Both take plain numbers (milliseconds, like the profile); :func:`cost_series`
-reads them off a :class:`sequoia.hardware.HardwareProfile`, and
-:func:`choice_markdown` describes a :class:`sequoia.optimizer.Choice`.
+reads them off a :class:`sequoia.core.profile.HardwareProfile`, and
+:func:`choice_markdown` describes a :class:`sequoia.core.optimizer.Choice`.
 """
 
 from __future__ import annotations
@@ -91,14 +91,14 @@ def prediction_figure(rows: Sequence[PredictionRow]) -> go.Figure:
 
 
 def cost_series(profile) -> CostSeries:
-    """Read a :class:`sequoia.hardware.HardwareProfile` into a :class:`CostSeries`."""
+    """Read a :class:`sequoia.core.profile.HardwareProfile` into a :class:`CostSeries`."""
     return CostSeries(target_n=tuple(profile.target_n), target_ms=tuple(profile.target_ms),
                       draft_width=tuple(profile.draft_width), draft_ms=tuple(profile.draft_ms),
                       label=f"{profile.device} · {profile.dtype}")
 
 
 def choice_markdown(choice, acceptance_name: str = "") -> str:
-    """What the optimizer chose (a :class:`sequoia.optimizer.Choice`), in one paragraph."""
+    """What the optimizer chose (a :class:`sequoia.core.optimizer.Choice`), in one paragraph."""
     if choice.budget == 0:
         return (f"**No speculation pays off** on this profile: target alone at "
                 f"{choice.baseline_ms:.1f} ms/token.")

@@ -1,6 +1,6 @@
 """Live decoding tab: stream one generation step by step.
 
-The handler is a generator: every :class:`~sequoia.trace.StepRecord` the
+The handler is a generator: every :class:`~sequoia.core.trace.StepRecord` the
 engine yields updates the marked-up text, the tree of the newest step and
 (throttled) the statistics panel.  A step slider revisits any step's tree
 afterwards.  Request checking lives in :func:`make_request`, a plain function
@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
-from sequoia.config import MAX_NEW_TOKENS, GenerationConfig, SamplingConfig, check_budget
-from sequoia.trace import StepRecord
+from sequoia.core.config import MAX_NEW_TOKENS, GenerationConfig, SamplingConfig, check_budget
+from sequoia.core.trace import StepRecord
 
 from . import stats_view, text_view, tree_view
 from .context import LIGHT_WORK, MODEL_WORK, AppContext, acceptance_catalogue, parse_acceptance
 
-#: UI label -> sequoia.methods name.
+#: UI label -> sequoia.runtime.methods name.
 METHODS = {
     "Sequoia (auto)": "sequoia-auto",
     "Sequoia (budget & depth)": "sequoia",
@@ -75,7 +75,7 @@ def make_config(temperature, top_p, max_new_tokens, seed) -> GenerationConfig:
 def make_proposer(ctx: AppContext, method: str, budget, depth, acceptance,
                   temperature: float = 0.0) -> tuple[object, str]:
     """A proposer for a UI label or method name, checked against the server's budget cap."""
-    from sequoia.methods import make_method
+    from sequoia.runtime.methods import make_method
 
     name = METHODS.get(method, method)
     if name not in METHODS.values():
@@ -108,7 +108,7 @@ def make_proposer(ctx: AppContext, method: str, budget, depth, acceptance,
 
 def _dynamic(ctx: AppContext, budget: int, depth: int, acceptance, temperature: float) -> tuple[object, str]:
     """The dynamic tree under the server's profile and the shipped calibration (identity without one)."""
-    from sequoia.methods import make_method
+    from sequoia.runtime.methods import make_method
 
     method = make_method("sequoia-dynamic", budget=budget, depth=depth, acceptance=acceptance,
                          profile=ctx.profile, calibration=ctx.calibration(temperature))

@@ -2,7 +2,7 @@
 
 ``figure(records)`` is a 2x3 panel: tokens per step (histogram and over
 time), how often the accepted path reached each depth, acceptance by child rank
-(the empirical acceptance vector p_k of :mod:`sequoia.stats`), tokens per second over the run, and each step's time
+(the empirical acceptance vector p_k of :mod:`sequoia.core.stats`), tokens per second over the run, and each step's time
 split into draft / verify / other.  ``summary_markdown(records)`` is the
 one-paragraph version for a status line.
 """
@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from sequoia.stats import RunStats, summarize
-from sequoia.trace import StepRecord
+from sequoia.core.stats import RunStats, summarize
+from sequoia.core.trace import StepRecord
 
 from . import COLORS
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
-from sequoia.trace import StepRecord
+from sequoia.core.trace import StepRecord
 
 from . import COLORS, TEXT_BACKGROUNDS
 

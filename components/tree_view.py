@@ -1,8 +1,8 @@
 """The speculated token tree of one decoding step, drawn top-down in Plotly.
 
-``figure(record)`` is the pure view: one :class:`~sequoia.trace.StepRecord`
+``figure(record)`` is the pure view: one :class:`~sequoia.core.trace.StepRecord`
 in, one Plotly figure out.  Node colours follow the status vocabulary of
-:mod:`sequoia.trace` (accepted / rejected / unreached); the bonus token the
+:mod:`sequoia.core.trace` (accepted / rejected / unreached); the bonus token the
 target sampled after the accepted path is drawn as an extra node hanging off
 the last accepted node, and the accepted path's edges are highlighted.
 
@@ -25,8 +25,8 @@ from collections.abc import Sequence
 import networkx as nx
 import plotly.graph_objects as go
 
-from sequoia.trace import ACCEPTED, REJECTED, UNREACHED, StepRecord
-from sequoia.tree import Tree
+from sequoia.core.trace import ACCEPTED, REJECTED, UNREACHED, StepRecord
+from sequoia.core.tree import Tree
 
 from . import COLORS
 

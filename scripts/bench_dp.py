@@ -1,4 +1,4 @@
-"""Time the Sequoia DP (sequoia.dp.optimal_tree) for a few budgets, depths and widths.
+"""Time the Sequoia DP (sequoia.core.dp.optimal_tree) for a few budgets, depths and widths.
 
 Run from the repository root:  .venv/bin/python scripts/bench_dp.py
 Prints the best of REPEATS wall times per case; the headline case is budget
@@ -15,7 +15,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain script from anywhere
 
-from sequoia.dp import optimal_tree  # noqa: E402
+from sequoia.core.dp import optimal_tree  # noqa: E402
 
 REPEATS = 3
 CASES = (  # (budget, depth, width W)

@@ -4,7 +4,7 @@
         --acceptance assets/acceptance/embedded-code-greedy.json --prompts code --limit 3
 
 For the optimizer's choice and a few fixed trees (chains, DP trees of fixed budgets), prints the
-predicted ms/token and tokens/step (from :func:`sequoia.optimizer.predict`) beside what the engine
+predicted ms/token and tokens/step (from :func:`sequoia.core.optimizer.predict`) beside what the engine
 measures decoding the prompts greedily (or at ``--temperature``) with the embedded pair, and the
 relative error.  Writes the table as JSON with ``--out``.  The profile should have been measured
 on this machine, with the same thread count, when it was as quiet as it is now.
@@ -23,15 +23,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sequoia.acceptance import AcceptanceVector, load_prompts  # noqa: E402
-from sequoia.config import GenerationConfig, SamplingConfig  # noqa: E402
-from sequoia.dp import optimal_tree  # noqa: E402
-from sequoia.drafter import StaticTreeProposer  # noqa: E402
-from sequoia.engine import SpeculativeEngine  # noqa: E402
-from sequoia.hardware import HardwareProfile  # noqa: E402
-from sequoia.models import load_pair  # noqa: E402
-from sequoia.optimizer import choose_tree, predict  # noqa: E402
-from sequoia.tree import Tree  # noqa: E402
+from sequoia.core.config import GenerationConfig, SamplingConfig  # noqa: E402
+from sequoia.core.dp import optimal_tree  # noqa: E402
+from sequoia.core.optimizer import choose_tree, predict  # noqa: E402
+from sequoia.core.profile import HardwareProfile  # noqa: E402
+from sequoia.core.tree import Tree  # noqa: E402
+from sequoia.runtime.acceptance import AcceptanceVector, load_prompts  # noqa: E402
+from sequoia.runtime.drafter import StaticTreeProposer  # noqa: E402
+from sequoia.runtime.engine import SpeculativeEngine  # noqa: E402
+from sequoia.runtime.models import load_pair  # noqa: E402
 
 
 def trees_to_check(acc, profile, budgets, chains):

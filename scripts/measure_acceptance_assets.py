@@ -7,7 +7,7 @@ The shipped files were made with ``48``: about 5 minutes a file on a 2-core CPU,
 except chat at T=1.0, where flat distributions make the Monte Carlo slow
 (about 15 minutes).
 
-Teacher-forced (see :mod:`sequoia.acceptance`), width 16, for each prompt set
+Teacher-forced (see :mod:`sequoia.runtime.acceptance`), width 16, for each prompt set
 (assets/prompts/code.jsonl, chat.jsonl) at greedy, T=0.6 and T=1.0.  The
 continuations are written by the target, so this takes a while on a CPU
 (about 12 prompts x max_new_tokens target decode steps per file).
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from sequoia.acceptance import load_prompts, measure_acceptance
-from sequoia.config import SamplingConfig
-from sequoia.models import load_pair
+from sequoia.core.config import SamplingConfig
+from sequoia.runtime.acceptance import load_prompts, measure_acceptance
+from sequoia.runtime.models import load_pair
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ROOT / "assets" / "prompts"

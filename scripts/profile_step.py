@@ -94,7 +94,7 @@ def instrument(pkg: str, timers: Timers):
 
 
 def run(engine_mod, methods_mod, pair, ids, args, timers: Timers) -> float:
-    from sequoia.config import GenerationConfig, SamplingConfig
+    from sequoia.core.config import GenerationConfig, SamplingConfig
 
     kwargs = {"budget": args.budget} if args.budget else {}
     proposer = methods_mod.make_method(args.method, **kwargs)
@@ -110,11 +110,12 @@ def run(engine_mod, methods_mod, pair, ids, args, timers: Timers) -> float:
 
 def compare_methods(pair, args) -> None:
     """Whole methods side by side, interleaved prompt by prompt."""
-    from sequoia.baselines import hf_generate
-    from sequoia.config import GenerationConfig, SamplingConfig
-    from sequoia.engine import SpeculativeEngine
-    from sequoia.hardware import HardwareProfile, measure_profile
-    from sequoia.methods import make_method
+    from sequoia.runtime.baselines import hf_generate
+    from sequoia.core.config import GenerationConfig, SamplingConfig
+    from sequoia.runtime.engine import SpeculativeEngine
+    from sequoia.core.profile import HardwareProfile
+from sequoia.runtime.profiling import measure_profile
+    from sequoia.runtime.methods import make_method
 
     if args.profile:
         profile = HardwareProfile.load(args.profile)
@@ -181,7 +182,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    from sequoia.models import load_pair
+    from sequoia.runtime.models import load_pair
 
     pair = load_pair(dtype=args.dtype)
     print(f"cpu capability {torch.backends.cpu.get_cpu_capability()}, {args.threads} thread(s), "

@@ -2,14 +2,14 @@
 
 Average rejection rate (the probability that *every* one of k speculated
 children of a node is rejected) against k, at several temperatures, for the
-three ways of drawing children (:mod:`sequoia.sampling`): without replacement
+three ways of drawing children (:mod:`sequoia.core.sampling`): without replacement
 (Sequoia), with replacement (SpecInfer) and top-k.
 
 The target first writes a continuation of each prompt (sampled at
 ``--context-temperature``); one forward of each model over prompt +
 continuation then gives p (target) and q (draft) at every position.  At each
 position and temperature a seeded Monte Carlo draws K children and runs the
-verification rule of :func:`sequoia.sampling.verify_children`, vectorised over
+verification rule of :func:`sequoia.core.sampling.verify_children`, vectorised over
 positions and samples; the first k of K children drawn are a valid draw of k
 children for all three modes, so one run gives the whole curve.
 
@@ -29,10 +29,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain script from anywhere
 
-from sequoia.bench import encode, load_prompt_sets  # noqa: E402
-from sequoia.cli import ASSETS, _add_model_args, _load  # noqa: E402
-from sequoia.config import SAMPLING_MODES, SamplingConfig  # noqa: E402
-from sequoia.sampling import sample_children, warp  # noqa: E402
+from sequoia.core.config import SAMPLING_MODES, SamplingConfig  # noqa: E402
+from sequoia.core.sampling import sample_children, warp  # noqa: E402
+from sequoia.tools.bench import encode, load_prompt_sets  # noqa: E402
+from sequoia.tools.cli import ASSETS, _add_model_args, _load  # noqa: E402
 
 _TINY = 1e-12
 CHUNK = 8                  # positions truncated together
@@ -42,7 +42,7 @@ MAX_ELEMENTS = 1 << 22     # rows x kept tokens per Monte Carlo pass: bounds mem
 def first_accepted(p: torch.Tensor, q: torch.Tensor, k: int, mode: str, gen: torch.Generator) -> torch.Tensor:
     """Index of the first accepted of k children (-1: all rejected), per row.  p, q: [R, V] -> [R]
 
-    Vectorised :func:`sequoia.sampling.verify_children`: child x is accepted
+    Vectorised :func:`sequoia.core.sampling.verify_children`: child x is accepted
     when u * q(x) < r(x) (q(x) = 1 for top-k), r being p and then the residual
     norm(max(r - q, 0)) after each rejection (r without x for top-k); without
     replacement the rejected token also leaves q.
@@ -116,7 +116,7 @@ def teacher_logits(args, key: dict, cache: Path, gen: torch.Generator) -> tuple[
 
     Kept in ``cache`` (with the ``key`` settings that made them) so a rerun skips the models entirely.
     """
-    from sequoia.acceptance import target_continuation
+    from sequoia.runtime.acceptance import target_continuation
 
     if cache.exists():
         saved = torch.load(cache)
@@ -155,7 +155,7 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from sequoia.bench_figures import robustness_figure, write_figures
+    from sequoia.tools.bench_figures import robustness_figure, write_figures
 
     temps = [float(t) for t in args.temperatures.split(",")]
     children = sorted(int(k) for k in args.children.split(","))

@@ -23,12 +23,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain script from anywhere
 
-from sequoia.bench import encode, load_prompt_sets  # noqa: E402
-from sequoia.cli import ASSETS, _add_model_args, _load  # noqa: E402
-from sequoia.config import GenerationConfig, SamplingConfig  # noqa: E402
-from sequoia.dp import expected_tokens, optimal_tree  # noqa: E402
-from sequoia.drafter import StaticTreeProposer  # noqa: E402
-from sequoia.tree import Tree  # noqa: E402
+from sequoia.core.config import GenerationConfig, SamplingConfig  # noqa: E402
+from sequoia.core.dp import expected_tokens, optimal_tree  # noqa: E402
+from sequoia.core.tree import Tree  # noqa: E402
+from sequoia.runtime.drafter import StaticTreeProposer  # noqa: E402
+from sequoia.tools.bench import encode, load_prompt_sets  # noqa: E402
+from sequoia.tools.cli import ASSETS, _add_model_args, _load  # noqa: E402
 
 SHAPES = ("sequoia", "chain", "k_chains", "binary")
 
@@ -82,10 +82,10 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
 
     from sequoia._meta import pair_name
-    from sequoia.acceptance import AcceptanceVector
-    from sequoia.bench_figures import scalability_figure, write_figures
-    from sequoia.bench_trees import acceptance_files, pick_acceptance
-    from sequoia.engine import SpeculativeEngine
+    from sequoia.runtime.acceptance import AcceptanceVector
+    from sequoia.runtime.engine import SpeculativeEngine
+    from sequoia.tools.bench_figures import scalability_figure, write_figures
+    from sequoia.tools.bench_trees import acceptance_files, pick_acceptance
 
     sizes = [int(x) for x in args.sizes.split(",")]
     shapes = [s.strip() for s in args.shapes.split(",")]

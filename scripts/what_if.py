@@ -3,7 +3,7 @@
     .venv/bin/python scripts/what_if.py [assets/acceptance/embedded-*.json ...]
 
 For every acceptance vector and a few *hand-made* cost models (not measurements), prints the
-tree size and depth :func:`sequoia.optimizer.choose_tree` picks, its expected tokens per target
+tree size and depth :func:`sequoia.core.optimizer.choose_tree` picks, its expected tokens per target
 call and the predicted speedup over the target alone.  The models, in units of one target
 decoding step:
 
@@ -22,9 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sequoia.acceptance import AcceptanceVector  # noqa: E402
-from sequoia.hardware import HardwareProfile  # noqa: E402
-from sequoia.optimizer import choose_tree  # noqa: E402
+from sequoia.core.optimizer import choose_tree  # noqa: E402
+from sequoia.core.profile import HardwareProfile  # noqa: E402
+from sequoia.runtime.acceptance import AcceptanceVector  # noqa: E402
 
 
 def gpu_like(draft_ratio: float) -> HardwareProfile:

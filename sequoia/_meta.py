@@ -8,6 +8,9 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+#: The repository's shipped measurements and prompt sets (profiles, acceptance vectors, calibrations).
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+
 #: progress(done, total, label) -- e.g. a Gradio progress adapter; None shows a tqdm bar.
 ProgressFn = Callable[[int, int, str], None]
 

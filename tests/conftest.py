@@ -108,8 +108,8 @@ def tiny_pairs(tiny_target):
 
 
 def app_pair(draft, target):
-    """A real :class:`sequoia.models.ModelPair` of tiny models, so ``encode_prompt`` runs the library's code."""
-    from sequoia.models import ModelPair
+    """A real :class:`sequoia.runtime.models.ModelPair` of tiny models, so ``encode_prompt`` runs the library's code."""
+    from sequoia.runtime.models import ModelPair
 
     return ModelPair(draft=draft, target=target, tokenizer=ChatCharTokenizer(target.config.vocab_size),
                      draft_name="tiny-draft", target_name="tiny-target", device=torch.device("cpu"),
@@ -127,7 +127,7 @@ def embedded_pair_fp32():
     """The real embedded pair with an fp32 target: exactness tests need fp32 logits (see MODELS.md)."""
     import os
 
-    from sequoia.models import load_pair
+    from sequoia.runtime.models import load_pair
 
     torch.set_num_threads(os.cpu_count() or 1)
     try:

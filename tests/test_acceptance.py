@@ -10,9 +10,14 @@ import pytest
 import torch
 from conftest import make_pair, perturbed, tiny_model
 
-from sequoia.acceptance import (AcceptanceVector, greedy_rank_hits, load_prompts, measure_acceptance,
-                                sampled_rank_probs)
-from sequoia.config import SamplingConfig
+from sequoia.core.config import SamplingConfig
+from sequoia.runtime.acceptance import (
+    AcceptanceVector,
+    greedy_rank_hits,
+    load_prompts,
+    measure_acceptance,
+    sampled_rank_probs,
+)
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "prompts"
 QUIET = dict(progress=lambda *a: None)

@@ -8,8 +8,7 @@ import pytest
 
 import app
 from components import compare_tab, dp_tab, hardware_tab, live_tab
-from components.context import (BUILTIN_ACCEPTANCE, AppContext, LoadStatus, acceptance_catalogue,
-                                parse_acceptance)
+from components.context import BUILTIN_ACCEPTANCE, AppContext, LoadStatus, acceptance_catalogue, parse_acceptance
 
 CODE = next(iter(BUILTIN_ACCEPTANCE))
 
@@ -234,7 +233,7 @@ def test_acceptance_catalogue_reads_assets(tmp_path):
 
 
 def test_hardware_tab_with_hand_made_profile(ctx):
-    from sequoia.hardware import HardwareProfile
+    from sequoia.core.profile import HardwareProfile
 
     assert hardware_tab.views(ctx, CODE, 16, 4, None)[0] is None  # no profile yet
     ctx.profile = HardwareProfile.hand_made(lambda n: 30 + 0.5 * n, lambda w: 3 + 0.1 * w)
@@ -269,8 +268,8 @@ def test_gradio_client_end_to_end(demo):
 
 
 def test_dynamic_method_uses_the_profile_and_says_when_it_drafts_nothing(ctx, tmp_path):
-    from sequoia.calibration import Calibration
-    from sequoia.hardware import HardwareProfile
+    from sequoia.core.profile import HardwareProfile
+    from sequoia.runtime.calibration import Calibration
 
     method, note = live_tab.make_proposer(ctx, "Sequoia (dynamic)", 8, 3, BUILTIN_ACCEPTANCE[CODE])
     assert method.name == "sequoia-dynamic" and "built-in CPU figures" in note
@@ -297,7 +296,7 @@ def test_dynamic_method_uses_the_profile_and_says_when_it_drafts_nothing(ctx, tm
 
 
 def test_profiles_are_matched_to_the_device_and_pair(pair, tmp_path):
-    from sequoia.hardware import HardwareProfile
+    from sequoia.core.profile import HardwareProfile
 
     (tmp_path / "profiles").mkdir()
 
@@ -316,7 +315,7 @@ def test_profiles_are_matched_to_the_device_and_pair(pair, tmp_path):
 
 
 def test_auto_says_when_the_optimizer_keeps_the_target_alone(ctx):
-    from sequoia.hardware import HardwareProfile
+    from sequoia.core.profile import HardwareProfile
 
     ctx.profile = HardwareProfile.hand_made(lambda n: 100.0 * n, lambda w: 20.0)
     try:

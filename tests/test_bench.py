@@ -12,7 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from sequoia.bench import (
+from sequoia.core.profile import HardwareProfile
+from sequoia.core.tree import Tree
+from sequoia.tools.bench import (
     BenchConfig,
     PromptSet,
     RunResult,
@@ -21,9 +23,7 @@ from sequoia.bench import (
     load_prompt_sets,
     run_bench,
 )
-from sequoia.bench_report import FORMAT, markdown_report, markdown_table, summarize_runs, to_dict, write_json
-from sequoia.hardware import HardwareProfile
-from sequoia.tree import Tree
+from sequoia.tools.bench_report import FORMAT, markdown_report, markdown_table, summarize_runs, to_dict, write_json
 
 PROMPTS = (PromptSet("code", ((3, 5, 7, 9), (11, 2, 4))), PromptSet("chat", ((1, 8, 20, 6, 2),)))
 
@@ -39,7 +39,7 @@ def _trees(temps=(0.0,), tree=Tree.k_ary(2, 2)):
 
 @pytest.fixture(scope="module")
 def greedy_result(tiny_pairs):
-    from sequoia.bench_trees import dynamic_proposers
+    from sequoia.tools.bench_trees import dynamic_proposers
 
     config = BenchConfig(max_new_tokens=8, temperatures=(0.0,), warmup_tokens=2)
     dynamic = dynamic_proposers(PROMPTS, (0.0,), [], None, None, budget=8, max_depth=4)
@@ -139,7 +139,7 @@ def test_json_and_markdown(greedy_result, tmp_path):
     report = markdown_report(greedy_result)
     assert "Sequoia trees" in report and table in report
     json.dumps(to_dict(greedy_result))  # no NaN sneaks into the JSON
-    from sequoia.bench_report import read_runs
+    from sequoia.tools.bench_report import read_runs
 
     assert read_runs(path) == greedy_result.runs
 
@@ -160,7 +160,7 @@ def test_sequoia_needs_a_tree(tiny_pairs):
 
 
 def test_load_prompt_sets(tmp_path):
-    from sequoia.cli import ASSETS
+    from sequoia.tools.cli import ASSETS
 
     sets = load_prompt_sets("code,chat", ASSETS / "prompts", limit=2)
     assert [s.name for s in sets] == ["code", "chat"] and all(len(s.prompts) == 2 for s in sets)
@@ -173,8 +173,8 @@ def test_load_prompt_sets(tmp_path):
 
 
 def test_tree_choice_from_files(tmp_path):
-    from sequoia.acceptance import AcceptanceVector
-    from sequoia.bench_trees import acceptance_files, choose_trees, pick_acceptance
+    from sequoia.runtime.acceptance import AcceptanceVector
+    from sequoia.tools.bench_trees import acceptance_files, choose_trees, pick_acceptance
 
     AcceptanceVector((0.9, 0.05), temperature=0.0, prompt_set="code").save(tmp_path / "code-t0.json")
     AcceptanceVector((0.6, 0.2), temperature=0.6, prompt_set="chat").save(tmp_path / "chat-t06.json")
@@ -194,8 +194,14 @@ def test_tree_choice_from_files(tmp_path):
 
 def test_figures_are_built_from_summaries(greedy_result, tmp_path):
     pytest.importorskip("plotly")
-    from sequoia.bench_figures import robustness_figure, scalability_figure, speed_figure, speedup_figure
-    from sequoia.bench_figures import time_split_figure, write_figures
+    from sequoia.tools.bench_figures import (
+        robustness_figure,
+        scalability_figure,
+        speed_figure,
+        speedup_figure,
+        time_split_figure,
+        write_figures,
+    )
 
     sums = summarize_runs(greedy_result.runs)
     assert len(speed_figure(sums).data) == len(BenchConfig().methods)
@@ -238,7 +244,7 @@ def test_robustness_monte_carlo_matches_the_verification_rule():
 
 
 def test_cli_rejects_bad_settings_before_loading_models(capsys):
-    from sequoia.cli import build_parser, main
+    from sequoia.tools.cli import build_parser, main
 
     args = build_parser().parse_args(["bench", "--quick"])
     assert args.quick and args.prompts == "code,chat"
@@ -270,7 +276,7 @@ def test_process_clock_swaps_perf_counter_and_needs_one_thread():
 
     import torch
 
-    from sequoia.bench import process_clock
+    from sequoia.tools.bench import process_clock
 
     before = torch.get_num_threads()
     try:
@@ -287,7 +293,7 @@ def test_process_clock_swaps_perf_counter_and_needs_one_thread():
 
 
 def test_fixed_budget_trees_ignore_the_optimizer():
-    from sequoia.bench_trees import choose_trees
+    from sequoia.tools.bench_trees import choose_trees
 
     slow_verify = HardwareProfile.hand_made(lambda n: 100.0 * n, lambda w: 50.0)  # speculation never pays
     sets = [PromptSet("code", ("x",))]
@@ -304,8 +310,8 @@ def test_dynamic_method_needs_its_proposers(tiny_pairs):
 
 
 def test_dynamic_proposers_pick_the_nearest_calibration(tmp_path):
-    from sequoia.bench_trees import dynamic_proposers
-    from sequoia.calibration import Calibration
+    from sequoia.runtime.calibration import Calibration
+    from sequoia.tools.bench_trees import dynamic_proposers
 
     for t, name in ((0.0, "greedy"), (1.0, "hot")):
         Calibration(knots=(0.0, 1.0), values=((0.0, 1.0),), temperature=t, prompt_set=name).save(

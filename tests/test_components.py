@@ -8,8 +8,8 @@ import pytest
 
 from components import COLORS, compare_view, dp_view, hardware_view, stats_view, status_view, text_view, tree_view
 from components.context import LoadStatus
-from sequoia.trace import ACCEPTED, REJECTED, UNREACHED, StepRecord
-from sequoia.tree import Tree
+from sequoia.core.trace import ACCEPTED, REJECTED, UNREACHED, StepRecord
+from sequoia.core.tree import Tree
 
 # root -> 1, 2, 3 ; 1 -> 4, 5 ; 2 -> 6 ; 4 -> 7
 TREE = Tree((-1, 0, 0, 0, 1, 1, 2, 4))
@@ -199,7 +199,7 @@ def test_dp_tree_figure_and_curves():
 
 
 def test_dp_view_with_real_dp():
-    dp = pytest.importorskip("sequoia.dp")
+    dp = pytest.importorskip("sequoia.core.dp")
     res = dp.optimal_tree([0.797, 0.104, 0.048, 0.02, 0.01, 0.005], 16, 6)
     fig = dp_view.tree_figure(res.tree(16, 6), res.acceptance, res.value(16, 6))
     assert len(_nodes(fig)) == res.tree(16, 6).n_nodes
@@ -246,8 +246,8 @@ def test_hardware_figures():
 
 
 def test_hardware_from_profile_and_choice():
-    hw = pytest.importorskip("sequoia.hardware")
-    opt = pytest.importorskip("sequoia.optimizer")
+    hw = pytest.importorskip("sequoia.core.profile")
+    opt = pytest.importorskip("sequoia.core.optimizer")
     prof = hw.HardwareProfile.hand_made(lambda n: 300 + 2 * n, lambda w: 40 + w)
     cost = hardware_view.cost_series(prof)
     assert cost.target_n == prof.target_n and cost.draft_ms == prof.draft_ms

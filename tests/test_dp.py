@@ -8,9 +8,9 @@ from functools import lru_cache
 import numpy as np
 import pytest
 
-from sequoia.config import MAX_DEPTH
-from sequoia.dp import DPResult, baseline_curves, expected_tokens, optimal_tree
-from sequoia.tree import MAX_TREE_SIZE, Tree
+from sequoia.core.config import MAX_DEPTH
+from sequoia.core.dp import DPResult, baseline_curves, expected_tokens, optimal_tree
+from sequoia.core.tree import MAX_TREE_SIZE, Tree
 
 VECTORS = {
     "decreasing": (0.45, 0.2, 0.1, 0.05),

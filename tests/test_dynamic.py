@@ -16,7 +16,11 @@ from test_engine import (  # noqa: F401  (small_vocab_pair is a fixture)
     small_vocab_pair,
 )
 
-from sequoia.calibration import (
+from sequoia.core.config import GenerationConfig, SamplingConfig
+from sequoia.core.profile import HardwareProfile
+from sequoia.core.trace import StepRecord
+from sequoia.core.tree import Tree
+from sequoia.runtime.calibration import (
     Calibration,
     calibrate,
     child_outcomes,
@@ -24,13 +28,9 @@ from sequoia.calibration import (
     fit_records,
     target_continuation_of,
 )
-from sequoia.config import GenerationConfig, SamplingConfig
-from sequoia.drafter import Draft
-from sequoia.dynamic import DynamicTreeProposer
-from sequoia.hardware import HardwareProfile
-from sequoia.methods import METHODS, make_method
-from sequoia.trace import StepRecord
-from sequoia.tree import Tree
+from sequoia.runtime.drafter import Draft
+from sequoia.runtime.dynamic import DynamicTreeProposer
+from sequoia.runtime.methods import METHODS, make_method
 
 #: Verification nearly free, drafting cheap: the policy grows trees whenever a node adds anything.
 CHEAP = HardwareProfile.hand_made(target=lambda n: 100.0 + 0.5 * n, draft=lambda w: 2.0 + 0.1 * w)

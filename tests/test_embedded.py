@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sequoia.config import GenerationConfig, SamplingConfig
-from sequoia.engine import SpeculativeEngine
-from sequoia.methods import make_method
-from sequoia.stats import summarize
+from sequoia.core.config import GenerationConfig, SamplingConfig
+from sequoia.core.stats import summarize
+from sequoia.runtime.engine import SpeculativeEngine
+from sequoia.runtime.methods import make_method
 
 pytestmark = [pytest.mark.embedded, pytest.mark.slow]
 

@@ -9,12 +9,12 @@ import torch
 from conftest import make_pair, tiny_model
 from scipy import stats
 
-from sequoia.config import GenerationConfig, SamplingConfig
-from sequoia.engine import SpeculativeEngine
-from sequoia.masks import verify_mask
-from sequoia.methods import make_method
-from sequoia.trace import ACCEPTED, UNREACHED
-from sequoia.tree import Tree
+from sequoia.core.config import GenerationConfig, SamplingConfig
+from sequoia.core.masks import verify_mask
+from sequoia.core.trace import ACCEPTED, UNREACHED
+from sequoia.core.tree import Tree
+from sequoia.runtime.engine import SpeculativeEngine
+from sequoia.runtime.methods import make_method
 
 PROMPT = [1, 5, 9, 3, 7]
 SMALL_PROMPT = [1, 5, 3]  # for the 8-token vocabulary
@@ -104,7 +104,7 @@ def test_tree_forward_matches_each_path_alone(tiny_target):
 # --------------------------------------------------------------- distribution
 def _exact_two_token_joint(model, prompt, sampling) -> torch.Tensor:
     """P(x1, x2) under the target alone.  # [V, V]"""
-    from sequoia.sampling import warp
+    from sequoia.core.sampling import warp
 
     with torch.no_grad():
         p1 = warp(model(torch.tensor([prompt])).logits[0, -1], sampling)
@@ -158,7 +158,7 @@ def test_sampled_output_matches_target_distribution(small_vocab_pair, name, kwar
 
 
 def test_distribution_test_catches_a_wrong_rule(small_vocab_pair, monkeypatch):
-    import sequoia.sampling as sampling_mod
+    import sequoia.core.sampling as sampling_mod
 
     monkeypatch.setattr(sampling_mod, "_residual", lambda p, q, x: p)
     sampling = SamplingConfig(temperature=1.0)

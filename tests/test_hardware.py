@@ -6,10 +6,10 @@ import json
 
 import pytest
 import torch
-
-from sequoia.hardware import HardwareProfile, measure_profile
-
 from conftest import make_pair, tiny_model
+
+from sequoia.core.profile import HardwareProfile
+from sequoia.runtime.profiling import measure_profile
 
 
 def _profile(**kw) -> HardwareProfile:
@@ -119,7 +119,7 @@ def test_measure_profile_tiny_model():
 
 def test_measure_profile_leaves_cache_length_stable(monkeypatch):
     """Every timed forward must see the same context: the cache is cropped back each time."""
-    from sequoia import hardware
+    from sequoia.runtime import profiling as hardware
 
     lengths = []
     real = hardware.KVCache.crop
@@ -136,7 +136,7 @@ def test_measure_profile_leaves_cache_length_stable(monkeypatch):
 
 
 def test_slow_points_stop_repeating(monkeypatch):
-    from sequoia import hardware
+    from sequoia.runtime import profiling as hardware
 
     calls = []
     monkeypatch.setattr(hardware, "_forward_ms", lambda *a: calls.append(1) or 50.0)
@@ -150,7 +150,7 @@ def test_slow_points_stop_repeating(monkeypatch):
 
 def test_target_grid_stops_once_a_forward_costs_too_much(monkeypatch):
     """A compute-bound target (cost linear in n) is not profiled past stop_ratio x one token."""
-    from sequoia import hardware
+    from sequoia.runtime import profiling as hardware
 
     monkeypatch.setattr(hardware, "_forward_ms", lambda model, cache, ids, *a: 100.0 * ids.shape[1])
     pair = make_pair(tiny_model(1, vocab=64, hidden=16), tiny_model(0, vocab=64), 64)

@@ -13,8 +13,9 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from sequoia import embedded, models as M
-from sequoia.embedded import EmbeddedModelError, Part
+from sequoia.runtime import embedded
+from sequoia.runtime import models as M
+from sequoia.runtime.embedded import EmbeddedModelError, Part
 
 # "<|endoftext|>" is there because transformers loads a tokenizer saved beside a qwen2 config as a
 # Qwen2Tokenizer, which adds that pad token when it is missing.

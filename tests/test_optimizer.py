@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sequoia.dp import expected_tokens, optimal_tree
-from sequoia.hardware import HardwareProfile
-from sequoia.optimizer import cell_shapes, choose_tree, draft_widths, predict, predicted_grid, step_cost
-from sequoia.tree import Tree
+from sequoia.core.dp import expected_tokens, optimal_tree
+from sequoia.core.optimizer import cell_shapes, choose_tree, draft_widths, predict, predicted_grid, step_cost
+from sequoia.core.profile import HardwareProfile
+from sequoia.core.tree import Tree
 
 ACC = (0.6, 0.15, 0.08, 0.05, 0.03, 0.02)
 FLAT = lambda ms: (lambda _: ms)  # noqa: E731

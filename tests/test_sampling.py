@@ -6,8 +6,8 @@ import pytest
 import torch
 from scipy import stats
 
-from sequoia.config import SamplingConfig
-from sequoia.sampling import sample_children, verify_children, verify_greedy, warp
+from sequoia.core.config import SamplingConfig
+from sequoia.core.sampling import sample_children, verify_children, verify_greedy, warp
 
 # A correct rule fails a test with probability 1e-6 at most.
 ALPHA = 1e-6
@@ -60,7 +60,7 @@ def test_verification_preserves_target_distribution(case, mode, k):
 
 def test_a_rule_without_residual_is_caught(monkeypatch):
     """The test above has power: drawing the bonus from p instead of the residual fails it."""
-    import sequoia.sampling as sampling
+    import sequoia.core.sampling as sampling
 
     monkeypatch.setattr(sampling, "_residual", lambda p, q, x: p)
     p, q = CASES["skewed"]

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from sequoia.acceptance import AcceptanceVector
-from sequoia.calibration import Calibration, find_calibration
-from sequoia.hardware import HardwareProfile
-from sequoia.optimizer import choose_tree
+from sequoia.core.optimizer import choose_tree
+from sequoia.core.profile import HardwareProfile
+from sequoia.runtime.acceptance import AcceptanceVector
+from sequoia.runtime.calibration import Calibration, find_calibration
 
 ROOT = Path(__file__).resolve().parents[1]
 ACCEPTANCE = ROOT / "assets" / "acceptance"

@@ -2,9 +2,9 @@
 
 import pytest
 
-from sequoia.stats import empirical_acceptance, rank_counts, summarize
-from sequoia.trace import StepRecord
-from sequoia.tree import Tree
+from sequoia.core.stats import empirical_acceptance, rank_counts, summarize
+from sequoia.core.trace import StepRecord
+from sequoia.core.tree import Tree
 
 # root -> 1, 2, 3 ; 1 -> 4, 5 ; 2 -> 6 ; 4 -> 7
 TREE = Tree((-1, 0, 0, 0, 1, 1, 2, 4))

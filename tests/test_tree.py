@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from sequoia.tree import MAX_TREE_SIZE, Tree
+from sequoia.core.tree import MAX_TREE_SIZE, Tree
 
 # Root with children 1, 2; node 1 has children 3, 4; node 2 has child 5; node 4 has child 6.
 #

@@ -1,7 +1,7 @@
 """Measured positional acceptance vectors p_1..p_W of a draft/target pair.
 
 p_k is the probability that the k-th child the draft proposes at a node is
-the one the target accepts (see :mod:`sequoia.dp`).  Two ways to measure it:
+the one the target accepts (see :mod:`sequoia.core.dp`).  Two ways to measure it:
 
 ``teacher``  The target writes a continuation of each prompt (greedy or
     sampled with the same warping); then ONE forward of each model over
@@ -9,11 +9,11 @@ the one the target accepts (see :mod:`sequoia.dp`).  Two ways to measure it:
     Greedy: p_k is the fraction of positions where the target's argmax is the
     draft's k-th ranked token.  Sampling: p_1 = sum_x min(p, q) exactly; for
     k >= 2 a seeded Monte Carlo draws W children without replacement from q
-    and runs the residual verification rule of :mod:`sequoia.sampling`.
+    and runs the residual verification rule of :mod:`sequoia.core.sampling`.
     Continuations are what the target itself writes, so the contexts are
     distributed as in real decoding.
 ``decode``   Real speculative decoding with a tree whose root has W children;
-    p_k comes from the step records (:func:`sequoia.stats.empirical_acceptance`).
+    p_k comes from the step records (:func:`sequoia.core.stats.empirical_acceptance`).
 
 For speed the Monte Carlo keeps, per position, the fewest tokens that hold
 all but ``tail`` of both p's and q's mass and lumps the rest into one token;
@@ -30,13 +30,22 @@ from pathlib import Path
 
 import torch
 
-from ._meta import (Progress, ProgressFn, library_version, now_iso, number_list, pair_name, read_json, require,
-                    write_json)
-from .config import GenerationConfig, SamplingConfig
-from .dp import check_acceptance
+from .._meta import (
+    Progress,
+    ProgressFn,
+    library_version,
+    now_iso,
+    number_list,
+    pair_name,
+    read_json,
+    require,
+    write_json,
+)
+from ..core.config import GenerationConfig, SamplingConfig
+from ..core.dp import check_acceptance
+from ..core.sampling import sample_children, sample_token, warp
+from ..core.tree import Tree
 from .kv_cache import KVCache
-from .sampling import sample_children, sample_token, warp
-from .tree import Tree
 
 FORMAT = "sequoia-acceptance/1"
 METHODS = ("teacher", "decode")
@@ -290,7 +299,7 @@ def _truncate(p: torch.Tensor, q: torch.Tensor, tail: float) -> tuple[torch.Tens
 
 
 def _first_accepted(p: torch.Tensor, q: torch.Tensor, width: int, gen: torch.Generator) -> torch.Tensor:
-    """Vectorised :func:`sequoia.sampling.verify_children` (without replacement).  p, q: [R, V] -> [R] rank or -1."""
+    """Vectorised :func:`sequoia.core.sampling.verify_children` (without replacement).  p, q: [R, V] -> [R] rank or -1."""
     drawn = sample_children(q, width, "without_replacement", gen)       # [R, W] Gumbel-top-k order
     u = torch.rand(drawn.shape, generator=gen)                          # [R, W]
     first = torch.full((p.shape[0],), -1, dtype=torch.long)
@@ -314,9 +323,9 @@ def _first_accepted(p: torch.Tensor, q: torch.Tensor, width: int, gen: torch.Gen
 
 def _decode(pair, prompts, sampling, width, max_new, gen, mc_samples, tail, tick):
     """Real speculative decoding with a root of ``width`` children (one verified parent per step)."""
+    from ..core.stats import rank_counts
     from .drafter import StaticTreeProposer
     from .engine import SpeculativeEngine
-    from .stats import rank_counts
 
     engine = SpeculativeEngine(pair)
     proposer = StaticTreeProposer(Tree.k_ary(width, 1), name="acceptance")

@@ -5,7 +5,7 @@ that kind of prompt, at that temperature) and on the machine (the hardware
 profile).  The bench looks for measured vectors in a directory of
 ``sequoia-acceptance/1`` files, picks the best-matching one for every
 (prompt set, temperature) and hands it with the profile to
-:func:`sequoia.optimizer.choose_tree`.
+:func:`sequoia.core.optimizer.choose_tree`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ _SAME_T = 1e-9
 
 def acceptance_files(directory: str | Path | None, pair: str | None = None) -> list:
     """Every acceptance vector in ``directory`` (measured for ``pair`` when given); other files are skipped."""
-    from .acceptance import AcceptanceVector
+    from ..runtime.acceptance import AcceptanceVector
 
     if directory is None or not Path(directory).is_dir():
         return []
@@ -41,7 +41,7 @@ def pick_acceptance(files: Sequence, prompt_set: str, temperature: float) -> tup
 
     Returns (values, source) where source is the file path or ``"default"``.
     """
-    from .methods import DEFAULT_ACCEPTANCE
+    from ..runtime.methods import DEFAULT_ACCEPTANCE
 
     usable = [(path, vec) for path, vec in files if vec.top_p == 1.0 and vec.top_k == 0]
     same_t = [f for f in usable if abs(f[1].temperature - temperature) <= _SAME_T]
@@ -60,7 +60,7 @@ def pick_acceptance(files: Sequence, prompt_set: str, temperature: float) -> tup
 
 def find_profile(directory: str | Path | None, pair: str, dtype: str):
     """The newest hardware profile in ``directory`` measured for this pair and target dtype, or None."""
-    from .hardware import HardwareProfile
+    from ..core.profile import HardwareProfile
 
     if directory is None or not Path(directory).is_dir():
         return None
@@ -80,8 +80,8 @@ def choose_trees(prompt_sets: Sequence[PromptSet], temperatures: Sequence[float]
                  fixed_budget: int | None = None) -> list[TreeChoice]:
     """One tree per (prompt set, temperature): the optimizer's choice, or with ``fixed_budget`` the DP tree
     of exactly that budget (the paper's fixed-size Sequoia; the profile then only predicts its speed)."""
-    from .dp import optimal_tree
-    from .optimizer import choose_tree, predict
+    from ..core.dp import optimal_tree
+    from ..core.optimizer import choose_tree, predict
 
     out = []
     for s in prompt_sets:
@@ -105,8 +105,8 @@ def dynamic_proposers(prompt_sets: Sequence[PromptSet], temperatures: Sequence[f
     """(prompt set, temperature) -> a ``sequoia-dynamic`` proposer: priced by ``profile``, with the
     calibration nearest in temperature from ``calibration_dir`` (identity without one) and the acceptance
     vector :func:`pick_acceptance` gives as its prior."""
-    from .calibration import find_calibration
-    from .methods import make_method
+    from ..runtime.calibration import find_calibration
+    from ..runtime.methods import make_method
 
     out = {}
     for s in prompt_sets:

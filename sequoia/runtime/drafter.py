@@ -7,8 +7,8 @@ attention mask, so a tree of depth d costs d draft forwards however wide it is.
 Leaves of the last level are never forwarded: nothing is drafted after them.
 
 A :class:`Proposer` decides the tree shape (static trees take it from a
-:class:`~sequoia.tree.Tree`; dynamic policies decide as they go, see
-:mod:`sequoia.dynamic`) and returns a :class:`Draft`: the tree, its tokens and
+:class:`~sequoia.core.tree.Tree`; dynamic policies decide as they go, see
+:mod:`sequoia.runtime.dynamic`) and returns a :class:`Draft`: the tree, its tokens and
 the draft distribution q at every node that has children.
 
 Node indices are those of the finished tree (breadth-first), so a proposer
@@ -24,11 +24,11 @@ from typing import Protocol
 
 import torch
 
-from .config import SamplingConfig
+from ..core.config import SamplingConfig
+from ..core.masks import tree_attention_mask
+from ..core.sampling import sample_children, warp
+from ..core.tree import Tree
 from .kv_cache import KVCache
-from .masks import tree_attention_mask
-from .sampling import sample_children, warp
-from .tree import Tree
 
 
 @dataclass
@@ -42,7 +42,7 @@ class Draft:
 
 class Proposer(Protocol):
     name: str
-    mode: str  # sampling mode used at temperature > 0 (see sequoia.sampling)
+    mode: str  # sampling mode used at temperature > 0 (see sequoia.core.sampling)
 
     def propose(self, drafter: "Drafter", generator: torch.Generator | None) -> Draft: ...
 

@@ -4,7 +4,7 @@ The engine yields a :class:`StepRecord` per target call.  Final text,
 statistics, benchmarks and every UI view are computed from these records
 alone, so a method is comparable with any other as soon as it emits them.
 
-Node status vocabulary (see :mod:`sequoia.sampling` for the terms):
+Node status vocabulary (see :mod:`sequoia.core.sampling` for the terms):
 ``accepted``  on the accepted path (the root is always accepted);
 ``rejected``  verified by the target and rejected;
 ``unreached`` never verified, because an ancestor or an earlier sibling

@@ -11,7 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+from .._meta import ASSETS
+
 QUICK = dict(limit=1, max_new_tokens=16, temperatures="0", warmup=2)
 #: Profile grids measured at the start of a bench when no profile is given: trees up to 63 tokens
 #: (larger ones do not pay on a CPU, and 256-token forwards take minutes there); coarser for --quick.
@@ -66,8 +67,8 @@ def run_bench(args) -> int:
     from contextlib import nullcontext
 
     from .bench import BenchConfig, load_prompt_sets, process_clock
-    from .bench_report import write_json
     from .bench import run_bench as bench
+    from .bench_report import write_json
 
     if args.quick:
         args.limit = args.limit or QUICK["limit"]
@@ -110,9 +111,10 @@ def run_bench(args) -> int:
 
 
 def _profile(args, pair, out: Path):
-    from ._meta import pair_name
+    from .._meta import pair_name
+    from ..core.profile import HardwareProfile
+    from ..runtime.profiling import measure_profile
     from .bench_trees import find_profile
-    from .hardware import HardwareProfile, measure_profile
 
     if args.profile:
         return HardwareProfile.load(args.profile, pair=pair_name(pair))
@@ -127,7 +129,7 @@ def _profile(args, pair, out: Path):
 
 
 def _trees(args, pair, sets, config, profile):
-    from ._meta import pair_name
+    from .._meta import pair_name
     from .bench_trees import acceptance_files, choose_trees
 
     files = acceptance_files(args.acceptance_dir, pair_name(pair))
@@ -140,7 +142,7 @@ def _trees(args, pair, sets, config, profile):
 
 
 def _dynamic(args, pair, sets, config, profile):
-    from ._meta import pair_name
+    from .._meta import pair_name
     from .bench_trees import acceptance_files, dynamic_proposers
 
     name = pair_name(pair)

@@ -1,6 +1,6 @@
 """From draft confidence to acceptance: the per-node estimate a dynamic tree grows by.
 
-The static DP (:mod:`sequoia.dp`) knows one number per sibling rank: p_k, the
+The static DP (:mod:`sequoia.core.dp`) knows one number per sibling rank: p_k, the
 probability that the k-th child of an accepted node is the one the target
 accepts.  A dynamic tree sees more: the draft's own probability q of every
 token it proposes.  A :class:`Calibration` maps (q, rank) to
@@ -34,9 +34,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ._meta import library_version, now_iso, pair_name, read_json, write_json
-from .config import GenerationConfig, SamplingConfig
-from .trace import StepRecord
+from .._meta import library_version, now_iso, pair_name, read_json, write_json
+from ..core.config import GenerationConfig, SamplingConfig
+from ..core.trace import StepRecord
 
 FORMAT = "sequoia-calibration/1"
 #: Confidence bins of a fit; finer where drafts put most of their mass.
@@ -184,7 +184,7 @@ def calibrate(pair, sequences: Sequence[tuple[list[int], list[int]]], samplings:
     ``width`` (q, rank, hit) observations per config.  Greedy: the rank-r
     child hits when the draft's r-th token is the target's argmax.  Sampling:
     ``width`` children are drawn without replacement from q and verified with
-    the library's rule (:func:`sequoia.sampling.verify_children`).  Scored
+    the library's rule (:func:`sequoia.core.sampling.verify_children`).  Scored
     tokens may be any text; :func:`target_continuation_of` gives the target's
     own (the faithful but slow choice).
     """
@@ -232,7 +232,7 @@ def teacher_logits(pair, context: list[int], scored: list[int]) -> tuple[torch.T
 def outcomes(p_logits: torch.Tensor, q_logits: torch.Tensor, sampling: SamplingConfig, width: int,
              gen: torch.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(q, rank, hit) of ``width`` children at each position.  logits: [L, V] -> three [L * width]"""
-    from .sampling import sample_children, verify_children, warp
+    from ..core.sampling import sample_children, verify_children, warp
 
     if p_logits.ndim != 2 or p_logits.shape != q_logits.shape:
         raise ValueError(f"logits must both be [L, V], got {tuple(p_logits.shape)} and {tuple(q_logits.shape)}")
@@ -281,7 +281,7 @@ def find_calibration(directory: str | Path | None, temperature: float = 0.0,
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python -m sequoia.calibration --texts sequoia/*.py README.md --out-dir assets/acceptance"""
+    """python -m sequoia.runtime.calibration --texts sequoia/*.py README.md --out-dir assets/acceptance"""
     import argparse
 
     from .acceptance import load_prompts

@@ -5,9 +5,9 @@ vector.  Acceptance is bursty (long runs of easy tokens, then hard ones), so
 this proposer grows each step's tree from the draft's own probabilities:
 
 * the estimated acceptance of a node is f(v) = product along its path of
-  a(q, rank) (:mod:`sequoia.calibration`), the same quantity the DP maximises;
+  a(q, rank) (:mod:`sequoia.runtime.calibration`), the same quantity the DP maximises;
 * a step is predicted to cost ``begin + sum_levels draft(width) +
-  target(n + 1)`` ms under a :class:`~sequoia.hardware.HardwareProfile`
+  target(n + 1)`` ms under a :class:`~sequoia.core.profile.HardwareProfile`
   and to yield E = 1 + sum f(v) tokens;
 * level by level (one draft forward per level), it first chooses how many
   children each frontier node gets, best-first over the whole level, keeping
@@ -21,7 +21,7 @@ altogether: never when no chain could beat the target alone under the
 profile (a compute-bound target verifying k tokens for k times the price of
 one), and for a while after drafting steps were predicted to lose.
 
-Losslessness (see :mod:`sequoia.sampling`): verification is the library's,
+Losslessness (see :mod:`sequoia.core.sampling`): verification is the library's,
 unchanged.  At temperature > 0 a node's *number* of children must not depend
 on the values of the children it draws (a child included only because it
 came out likely would bias the draw).  So the child count of a node is
@@ -31,7 +31,7 @@ the children are then the first k of one draw without replacement.  At
 temperature 0 every choice is exact anyway (a child is accepted iff it is
 the target's argmax).
 
-Each :class:`~sequoia.drafter.Draft` carries ``extra`` annotations against the
+Each :class:`~sequoia.runtime.drafter.Draft` carries ``extra`` annotations against the
 static DP tree of the same size (nodes matched by their path of sibling
 ranks): ``static_tree_parents``, ``added`` (indices of this tree's nodes the
 static tree lacks), ``pruned`` (indices of static-tree nodes left out),
@@ -46,10 +46,10 @@ from functools import cached_property
 import numpy as np
 import torch
 
+from ..core.profile import HardwareProfile
+from ..core.tree import Tree
 from .calibration import Calibration
 from .drafter import Draft, Drafter
-from .hardware import HardwareProfile
-from .tree import Tree
 
 #: Issue 6 figures for the embedded pair on a 2-core CPU (bf16 target with a
 #: tree mask at ~300 tokens of context; int8 draft by level width).
@@ -291,7 +291,7 @@ class DynamicTreeProposer:
 
     @cached_property
     def _dp(self):
-        from .dp import optimal_tree
+        from ..core.dp import optimal_tree
 
         return optimal_tree(self.acceptance, self.budget, min(self.max_depth, 64))
 

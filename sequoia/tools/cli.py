@@ -12,9 +12,8 @@ import json
 import sys
 from pathlib import Path
 
-from .config import GenerationConfig, SamplingConfig
-
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+from .._meta import ASSETS
+from ..core.config import GenerationConfig, SamplingConfig
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -36,7 +35,7 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_method_args(p: argparse.ArgumentParser) -> None:
-    from .methods import METHODS
+    from ..runtime.methods import METHODS
 
     g = p.add_argument_group("method")
     g.add_argument("--method", default="sequoia", choices=METHODS)
@@ -97,14 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    calibrate = argv[:1] == ["calibrate"]  # it has its own parser (sequoia.calibration.main)
+    calibrate = argv[:1] == ["calibrate"]  # it has its own parser (sequoia.runtime.calibration.main)
     args = None if calibrate else build_parser().parse_args(argv)
     import torch
 
     torch.set_flush_denormal(True)  # denormals make CPU matmuls of small activations many times slower
     try:
         if calibrate:
-            from .calibration import main as run_calibration
+            from ..runtime.calibration import main as run_calibration
 
             return run_calibration(argv[1:])
         return _COMMANDS[args.command](args)
@@ -118,7 +117,7 @@ def _sampling(args) -> SamplingConfig:
 
 
 def _load(args):
-    from .models import load_pair
+    from ..runtime.models import load_pair
 
     return load_pair(args.draft, args.target, device=args.device, dtype=args.dtype,
                      draft_int8=False if args.no_int8 else None, cache_dir=args.cache_dir)
@@ -127,7 +126,7 @@ def _load(args):
 def load_acceptance(path: str | None) -> tuple[float, ...] | None:
     if path is None:
         return None
-    from .acceptance import AcceptanceVector
+    from ..runtime.acceptance import AcceptanceVector
 
     return tuple(AcceptanceVector.load(path).values)
 
@@ -135,15 +134,14 @@ def load_acceptance(path: str | None) -> tuple[float, ...] | None:
 def load_profile(path: str | None):
     if path is None:
         return None
-    from .hardware import HardwareProfile
+    from ..core.profile import HardwareProfile
 
     return HardwareProfile.load(path)
 
 
 def proposer_from_args(args):
-    from .methods import make_method
-
-    from .calibration import find_calibration
+    from ..runtime.calibration import find_calibration
+    from ..runtime.methods import make_method
 
     calibration = args.calibration
     if args.method == "sequoia-dynamic" and calibration is None:
@@ -154,8 +152,8 @@ def proposer_from_args(args):
 
 
 def _generate(args) -> int:
-    from .engine import SpeculativeEngine
-    from .stats import summarize
+    from ..core.stats import summarize
+    from ..runtime.engine import SpeculativeEngine
 
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, sampling=_sampling(args),
                               stop_strings=tuple(args.stop), seed=args.seed)
@@ -199,7 +197,7 @@ def record_to_json(rec) -> dict:
 def _accept(args) -> int:
     import torch
 
-    from .acceptance import load_prompts, measure_acceptance
+    from ..runtime.acceptance import load_prompts, measure_acceptance
 
     prompts = load_prompts(args.prompts)
     pair = _load(args)
@@ -212,7 +210,7 @@ def _accept(args) -> int:
 
 
 def _profile(args) -> int:
-    from .hardware import measure_profile
+    from ..runtime.profiling import measure_profile
 
     pair = _load(args)
     prof = measure_profile(pair, context_len=args.context, repeats=args.repeats)
@@ -223,12 +221,12 @@ def _profile(args) -> int:
 
 
 def _tree(args) -> int:
-    from .dp import optimal_tree
+    from ..core.dp import optimal_tree
 
     acceptance = load_acceptance(args.acceptance)
     profile = load_profile(args.profile)
     if profile is not None:
-        from .optimizer import choose_tree
+        from ..core.optimizer import choose_tree
 
         c = choose_tree(acceptance, profile, max_budget=args.budget, max_depth=args.depth)
         c.tree.to_json(args.out, expected_tokens=c.expected_tokens, ms_per_token=c.ms_per_token,

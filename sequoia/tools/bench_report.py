@@ -1,6 +1,6 @@
 """Summaries of a bench run (medians per prompt set) and their JSON / Markdown forms.
 
-Every number here is computed from :class:`sequoia.bench.RunResult` alone.
+Every number here is computed from :class:`sequoia.tools.bench.RunResult` alone.
 ``speedup`` is the median over prompts of each prompt's tokens/s ratio to
 ``hf-generate`` on the same prompt and temperature (the target alone), and
 ``vs_assisted`` the same ratio to ``hf-assisted``: per-prompt ratios cancel
@@ -104,7 +104,7 @@ def write_json(result: BenchResult, path: str | Path) -> None:
 
 def read_runs(path: str | Path) -> list[RunResult]:
     """The runs of a bench JSON file (e.g. to merge partial benches or redraw their charts)."""
-    from ._meta import read_json
+    from .._meta import read_json
 
     data = read_json(path, FORMAT, "Sequoia bench")
     fields = set(RunResult.__dataclass_fields__)

@@ -12,7 +12,7 @@ method, prefill included).  Engine methods also keep the draft / verify /
 other split summed from their step records.  At temperature 0 each output is
 compared token for token with target-only greedy decoding (``hf-generate``,
 else the engine's ``ar``).  Summaries are medians over the prompts of one
-prompt set (:mod:`sequoia.bench_report`).
+prompt set (:mod:`sequoia.tools.bench_report`).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from pathlib import Path
 
 import torch
 
-from ._meta import Progress, ProgressFn, now_iso, pair_name
-from .baselines import count_forwards
-from .config import GenerationConfig, SamplingConfig
-from .tree import Tree
+from .._meta import Progress, ProgressFn, now_iso, pair_name
+from ..core.config import GenerationConfig, SamplingConfig
+from ..core.tree import Tree
+from ..runtime.baselines import count_forwards
 
 #: Methods in the order the report lists them.
 BENCH_METHODS = ("hf-generate", "ar", "hf-assisted", "chain", "specinfer", "sequoia", "sequoia-dynamic")
@@ -157,7 +157,7 @@ class BenchResult:
 # ---------------------------------------------------------------------------- prompts
 def load_prompt_sets(spec: str, assets_dir: str | Path, limit: int | None = None) -> list[PromptSet]:
     """``spec`` is a comma-separated list of shipped set names (``code``, ``chat``) or JSONL paths."""
-    from .acceptance import load_prompts
+    from ..runtime.acceptance import load_prompts
 
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
@@ -191,9 +191,9 @@ def run_bench(
 
     ``checkpoint`` is called with the result so far after every (prompt, temperature) group.
     ``dynamic`` maps (prompt set, temperature) to the ``sequoia-dynamic`` proposer to run there
-    (see :func:`sequoia.bench_trees.dynamic_proposers`).
+    (see :func:`sequoia.tools.bench_trees.dynamic_proposers`).
     """
-    from .engine import SpeculativeEngine
+    from ..runtime.engine import SpeculativeEngine
 
     proposers = make_proposers(config, prompt_sets, sequoia_trees, dynamic)
     engine = SpeculativeEngine(pair)
@@ -229,8 +229,8 @@ def run_bench(
 def make_proposers(config: BenchConfig, prompt_sets: Sequence[PromptSet],
                    sequoia_trees: Sequence[TreeChoice], dynamic: Mapping | None = None) -> dict:
     """(method, prompt set, temperature) -> proposer, for the engine methods."""
-    from .drafter import StaticTreeProposer
-    from .methods import make_method
+    from ..runtime.drafter import StaticTreeProposer
+    from ..runtime.methods import make_method
 
     fixed = {
         "ar": make_method("ar"),
@@ -258,7 +258,7 @@ def make_proposers(config: BenchConfig, prompt_sets: Sequence[PromptSet],
 def run_method(engine, pair, method: str, ids: list[int], gen: GenerationConfig, proposer=None) -> RunResult:
     """One timed run of ``method`` on one prompt (prompt set and index are filled in by the caller)."""
     if method in HF_METHODS:
-        from .baselines import hf_generate
+        from ..runtime.baselines import hf_generate
 
         wall = _WALL_CLOCK()
         with count_forwards(pair.target) as calls:
@@ -353,7 +353,7 @@ def _compare_with_reference(group: list[RunResult]) -> list[RunResult]:
 
 
 def _describe(pair) -> str:
-    from .hardware import describe_device
+    from ..runtime.profiling import describe_device
 
     return describe_device(torch.device(pair.device))
 

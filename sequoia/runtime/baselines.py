@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import GenerationConfig
+from ..core.config import GenerationConfig
 
 
 @dataclass(frozen=True)

@@ -10,16 +10,16 @@ name               tree                                        children drawn
 ``sequoia``        DP-optimal for the acceptance vector          without replacement
 ``sequoia-auto``   budget and depth chosen by the optimizer      without replacement
 ``sequoia-dynamic`` grown each step from the draft's confidence   without replacement
-                   under the hardware profile (sequoia.dynamic)
+                   under the hardware profile (sequoia.runtime.dynamic)
 ``file``           any tree from a JSON file                    without replacement
 =================  ==========================================  ==================
 """
 
 from __future__ import annotations
 
-from .config import check_budget
+from ..core.config import check_budget
+from ..core.tree import Tree
 from .drafter import StaticTreeProposer
-from .tree import Tree
 
 METHODS = ("ar", "chain", "specinfer", "kary", "sequoia", "sequoia-auto", "sequoia-dynamic", "file")
 
@@ -67,7 +67,7 @@ def make_method(
 
 
 def _sequoia(acceptance, budget: int, depth: int | None) -> StaticTreeProposer:
-    from .dp import optimal_tree
+    from ..core.dp import optimal_tree
 
     check_budget(budget, depth)
     return StaticTreeProposer(optimal_tree(acceptance, budget, depth).tree(), name="sequoia")
@@ -75,7 +75,7 @@ def _sequoia(acceptance, budget: int, depth: int | None) -> StaticTreeProposer:
 
 def _auto(name, acceptance, profile, budget, depth) -> StaticTreeProposer:
     """Let the hardware-aware optimizer choose budget and depth."""
-    from .optimizer import choose_tree
+    from ..core.optimizer import choose_tree
 
     if profile is None:
         raise ValueError(f"method {name!r} needs a hardware profile (python -m sequoia profile)")

@@ -1,10 +1,10 @@
 """The decoding loop shared by every method.
 
-One step: the proposer grows a draft tree (:mod:`sequoia.drafter`); the target
+One step: the proposer grows a draft tree (:mod:`sequoia.runtime.drafter`); the target
 scores the whole tree in ONE forward with a tree attention mask and explicit
 position ids; the walk in :func:`walk` accepts a path plus one bonus token
-(:mod:`sequoia.sampling`); both KV caches are compacted to the accepted path;
-the step is yielded as a :class:`~sequoia.trace.StepRecord`.
+(:mod:`sequoia.core.sampling`); both KV caches are compacted to the accepted path;
+the step is yielded as a :class:`~sequoia.core.trace.StepRecord`.
 
 Cache invariant between steps: the target cache holds every committed token
 but the last (the next root); the draft cache holds a prefix of them.
@@ -24,13 +24,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import MAX_PROMPT_TOKENS, GenerationConfig, SamplingConfig
+from ..core.config import MAX_PROMPT_TOKENS, GenerationConfig, SamplingConfig
+from ..core.masks import is_chain, verify_mask
+from ..core.sampling import sample_token, verify_children, verify_greedy, warp
+from ..core.trace import ACCEPTED, REJECTED, UNREACHED, StepRecord
+from ..core.tree import Tree
 from .drafter import Draft, Drafter, Proposer, StaticTreeProposer
 from .kv_cache import KVCache
-from .masks import is_chain, verify_mask
-from .sampling import sample_token, verify_children, verify_greedy, warp
-from .trace import ACCEPTED, REJECTED, UNREACHED, StepRecord
-from .tree import Tree
 
 _DISPLAY = SamplingConfig(temperature=1.0)  # at T=0, show the models' raw confidence
 
@@ -43,7 +43,7 @@ class Walk:
 
 
 class SpeculativeEngine:
-    """Runs any :class:`~sequoia.drafter.Proposer` against a draft/target pair."""
+    """Runs any :class:`~sequoia.runtime.drafter.Proposer` against a draft/target pair."""
 
     def __init__(self, pair) -> None:
         self.pair = pair

@@ -1,7 +1,7 @@
 """Loading a draft/target pair: devices, dtypes, the int8 CPU draft, tokenizer checks.
 
 ``"embedded"`` names the offline default pair (Qwen2.5-Coder 0.5B draft, 1.5B
-target, see :mod:`sequoia.embedded`); anything else is a Hugging Face hub id or
+target, see :mod:`sequoia.runtime.embedded`); anything else is a Hugging Face hub id or
 a local directory.  Nothing is loaded at import time, and transformers itself
 is imported only when a model is.
 """
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .config import MAX_PROMPT_TOKENS
+from ..core.config import MAX_PROMPT_TOKENS
 from .embedded import EMBEDDED, ProgressFn, default_cache_dir, ensure_converted, is_converted
 
 if TYPE_CHECKING:
@@ -290,7 +290,7 @@ def load_pair(draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME, device: s
 
     ``draft_int8`` defaults to True on CPU and False on CUDA (where it is refused).
     ``cache_dir`` holds the converted embedded models; None means
-    :func:`sequoia.embedded.default_cache_dir`.
+    :func:`sequoia.runtime.embedded.default_cache_dir`.
     """
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)

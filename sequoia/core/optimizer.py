@@ -1,13 +1,13 @@
 """Hardware-aware choice of tree budget and depth (Sequoia section 3.3).
 
-The DP (:mod:`sequoia.dp`) gives, for every budget n and depth limit d, the
+The DP (:mod:`sequoia.core.dp`) gives, for every budget n and depth limit d, the
 tree with the most expected tokens per step.  Which cell is best depends on
 the machine: a step costs
 
     draft:  d draft forwards, one per level.  The first one feeds the root
             (plus at most one accepted leaf the draft never saw: costed as one
             token); level l >= 1 forwards only the level-l nodes that have
-            children (see :class:`sequoia.drafter.Drafter`).
+            children (see :class:`sequoia.runtime.drafter.Drafter`).
     target: one forward of the tree's n + 1 tokens.
 
 and yields E(n, d) tokens on average, so the predicted time per token is
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..core.profile import HardwareProfile
 from .dp import DPResult, check_acceptance, expected_tokens, optimal_tree
-from .hardware import HardwareProfile
 from .tree import MAX_TREE_SIZE, Tree
 
 
