@@ -6,15 +6,20 @@ in, one Plotly figure out.  Node colours follow the status vocabulary of
 target sampled after the accepted path is drawn as an extra node hanging off
 the last accepted node, and the accepted path's edges are highlighted.
 
-Methods that reshape a static tree per step (dynamic pruning) may annotate
-``record.extra`` with ``"added"`` (indices of nodes in this tree that the
-static tree lacks) and ``"pruned"`` (a count, or a list, of static-tree nodes
-left out); ``figure(..., overlay=True)`` rings the added nodes and reports
-the pruned count in the title.
+A dynamic tree's step carries ``record.dynamic`` (a
+:class:`~sequoia.core.trace.DynamicInfo`: nodes added to and pruned from the
+static tree of the same size); ``figure(..., overlay=True)`` rings the added
+nodes and reports the pruned count in the title.
 
 The layout is a tidy layered tree: leaves are spread left to right in
-depth-first order (siblings in sampling order, so rank 0 is leftmost) and
-every parent sits above the middle of its children.  It needs no graphviz.
+depth-first order (siblings in sampling order, so the first child, the one
+p_1 is about, is leftmost) and every parent sits above the middle of its
+children.  Labels shorten as the tree widens (hover carries the whole token),
+so a 32-leaf tree stays legible.  It needs no graphviz.
+
+Token text is escaped once, for Plotly (which decodes ``&amp; &lt; &gt;``
+but not ``&quot;``), and whitespace is drawn visibly: ␣ space, ↵ newline,
+⇥ tab; a piece of a multi-byte character shows as ▯.
 """
 
 from __future__ import annotations
@@ -28,28 +33,42 @@ import plotly.graph_objects as go
 from sequoia.core.trace import ACCEPTED, REJECTED, UNREACHED, StepRecord
 from sequoia.core.tree import Tree
 
-from . import COLORS
+from sequoia.core.stats import dropped_nodes, kept
+
+from . import COLORS, method_label
 
 #: Above this many nodes token labels are hidden (hover still shows them).
 MAX_LABELS = 64
 
-_VISIBLE = {" ": "\u2423", "\n": "\u21b5", "\t": "\u21e5", "\r": "\u240d"}
-_SYMBOLS = {"root": "square", "bonus": "diamond"}
-_GROUP_ORDER = ("root", ACCEPTED, REJECTED, UNREACHED, "bonus")
+#: Whitespace drawn visibly; the byte-level BPE stand-ins (GPT-2's Ġ Ċ ĉ) mean the same characters.
+_VISIBLE = {" ": "\u2423", "\n": "\u21b5", "\t": "\u21e5", "\r": "\u240d",
+            "\u0120": "\u2423", "\u010a": "\u21b5", "\u0109": "\u21e5", "\ufffd": "\u25af"}
+DROPPED = "dropped"        # accepted, but cut by the length limit or a stop condition
+TARGET_TOKEN = "target token"  # the one token of a target-alone step (not a "bonus": nothing was drafted)
+_SYMBOLS = {"root": "square", "bonus": "diamond", TARGET_TOKEN: "diamond", DROPPED: "circle-x-open"}
+_GROUP_ORDER = ("root", ACCEPTED, REJECTED, UNREACHED, DROPPED, "bonus", TARGET_TOKEN)
+_PLOT_PX = 720             # width a tree figure gets on the page, for sizing labels
+_CHAR_PX = 8               # one label character at Plotly's default font
+
+
+def visible(text: str) -> str:
+    """Token text with whitespace and byte pieces made visible (not escaped); ∅ for the empty string."""
+    if text == "":
+        return "\u2205"
+    return "".join(_VISIBLE.get(ch, ch if ch.isprintable() else f"\\x{ord(ch):02x}") for ch in text)
 
 
 def escape_token(text: str, max_len: int = 12) -> str:
-    """Token text made visible and safe inside Plotly's HTML-ish labels.
-
-    Whitespace becomes visible glyphs (space -> ␣, newline -> ↵, tab -> ⇥),
-    the empty string becomes ∅, long tokens are cut with an ellipsis.
-    """
-    if text == "":
-        return "\u2205"
-    shown = "".join(_VISIBLE.get(ch, ch) for ch in text)
+    """Token text made visible and escaped once for Plotly's HTML-ish labels; long tokens end in …."""
+    shown = visible(text)
     if len(shown) > max_len:
         shown = shown[: max_len - 1] + "\u2026"
-    return html.escape(shown)
+    return html.escape(shown, quote=False)
+
+
+def label_length(n_leaves: int) -> int:
+    """Characters a label may take so neighbours on a row of ``n_leaves`` leaves do not overlap."""
+    return max(1, min(12, _PLOT_PX // (_CHAR_PX * max(n_leaves, 1)) - 1))
 
 
 def tree_graph(parents: Sequence[int]) -> nx.DiGraph:
@@ -106,7 +125,7 @@ def draw_tree(
     n = len(parents)
     if not len(groups) == len(labels) == len(hovers) == n:
         raise ValueError(f"need one group, label and hover per node ({n} nodes)")
-    colors = {**COLORS, **(colors or {})}
+    colors = {**COLORS, TARGET_TOKEN: COLORS["bonus"], **(colors or {})}
     pos = tree_positions(parents)
     fig = go.Figure()
     _add_edges(fig, parents, pos, highlight)
@@ -159,20 +178,38 @@ def _style(fig: go.Figure, pos, title: str) -> None:
 
 
 # --------------------------------------------------------------- step records
-def _node_hover(record: StepRecord, i: int) -> str:
+def _node_hover(record: StepRecord, i: int, dropped: bool = False) -> str:
     tree = record.tree
-    tok = html.escape(repr(record.texts[i]))
-    head = "root (last committed token)" if i == 0 else f"node {i}"
-    return (f"<b>{head}</b><br>token {tok} (id {record.tokens[i]})"
-            f"<br>depth {tree.depths[i]} · rank {tree.ranks[i]}"
+    tok = html.escape(visible(record.texts[i]), quote=False)
+    if i == 0:
+        return f"<b>root</b> (last committed token)<br>token {tok} (id {record.tokens[i]})"
+    status = record.status[i] + (", then dropped by the length limit" if dropped else "")
+    return (f"<b>node {i}</b>: token {tok} (id {record.tokens[i]})"
+            f"<br>depth {tree.depths[i]} · child {tree.ranks[i] + 1} of its parent (p_{tree.ranks[i] + 1})"
             f"<br>q (draft) = {record.q[i]:.4f}<br>p (target) = {record.p[i]:.4f}"
-            f"<br>status: {record.status[i]}")
+            f"<br>status: {status}")
+
+
+def step_title(record: StepRecord, note: str = "") -> str:
+    """What one step committed, in words that agree with ``record.new_tokens``."""
+    name = method_label(record.method)
+    if record.tree.size == 0:
+        return f"step {record.step} · {name} · 1 token from the target (nothing drafted){note}"
+    n_kept, bonus_kept = kept(record)
+    head = f"step {record.step} · {name} · {record.tree.size} drafted, "
+    if n_kept == record.n_accepted and bonus_kept:
+        return head + f"{record.n_accepted} accepted + 1 bonus{note}"
+    cut = f"{record.n_new} kept ({n_kept} accepted{' + 1 bonus' if bonus_kept else ''}) of " \
+          f"{record.n_accepted} accepted + 1 bonus: {record.finish_reason or 'stop'} limit"
+    return head + cut + note
 
 
 def _overlay(record: StepRecord) -> tuple[list[int], str]:
-    added = [int(i) for i in record.extra.get("added", ()) if 0 < int(i) < record.tree.n_nodes]
-    pruned = record.extra.get("pruned", ())
-    n_pruned = pruned if isinstance(pruned, int) else len(pruned)
+    info = record.dynamic
+    if info is None:
+        return [], ""
+    added = [i for i in info.added if 0 < i < record.tree.n_nodes]
+    n_pruned = len(info.pruned)
     note = f" · +{len(added)} added / −{n_pruned} pruned vs static" if (added or n_pruned) else ""
     return added, note
 
@@ -185,38 +222,41 @@ def figure(record: StepRecord, overlay: bool = True) -> go.Figure:
     last = record.accepted[-1]
     parents = list(tree.parents) + [last]
     bonus = tree.n_nodes
-    groups = ["root"] + list(record.status[1:]) + ["bonus"]
-    labels = [escape_token(t) for t in record.texts] + [escape_token(record.bonus_text)]
-    hovers = [_node_hover(record, i) for i in range(tree.n_nodes)]
-    hovers.append(f"<b>bonus token</b> (sampled from the target)<br>token "
-                  f"{html.escape(repr(record.bonus_text))} (id {record.bonus})"
-                  f"<br>depth {len(record.accepted)}")
+    dropped = set(dropped_nodes(record))
+    bonus_group = TARGET_TOKEN if tree.size == 0 else "bonus"
+    groups = ["root"] + [DROPPED if i in dropped else record.status[i] for i in range(1, tree.n_nodes)]
+    groups.append(bonus_group if kept(record)[1] else DROPPED)
+    width = label_length(sum(1 for i in range(len(parents)) if i not in set(parents)))
+    labels = [escape_token(t, width) for t in record.texts] + [escape_token(record.bonus_text, width)]
+    hovers = [_node_hover(record, i, i in dropped) for i in range(tree.n_nodes)]
+    what = ("<b>target token</b> (the target alone, nothing drafted)" if tree.size == 0
+            else "<b>bonus token</b> (sampled from the target after the accepted path)")
+    hovers.append(f"{what}<br>token {html.escape(visible(record.bonus_text), quote=False)} (id {record.bonus})"
+                  f"<br>depth {len(record.accepted)}" + ("" if kept(record)[1] else "<br>dropped by the length limit"))
     path = list(record.accepted) + [bonus]
     highlight = set(zip(path[:-1], path[1:]))
     ring, note = _overlay(record) if overlay else ([], "")
-    title = (f"step {record.step} · {record.method} · {tree.size} drafted, "
-             f"{record.n_accepted} accepted + 1 bonus{note}")
-    return draw_tree(parents, groups, labels, hovers, highlight, title=title, ring=ring)
+    return draw_tree(parents, groups, labels, hovers, highlight, title=step_title(record, note), ring=ring)
 
 
 def shape_figure(tree: Tree, acceptance: Sequence[float] | None = None, title: str = "") -> go.Figure:
-    """A tree shape without tokens (e.g. a DP-optimal tree), coloured by rank.
+    """A tree shape without tokens (e.g. a DP-optimal tree), coloured by sibling position.
 
-    With an acceptance vector (``acceptance[k]`` = chance that the rank-k
-    child of an accepted node is the one accepted, the Sequoia paper's p_{k+1})
+    With an acceptance vector (``acceptance[k - 1]`` = p_k, the chance that the
+    k-th child of an accepted node is the one accepted, as in the Sequoia paper)
     each node shows the probability that the whole path to it is accepted.
     """
     reach = _reach_probs(tree, acceptance) if acceptance is not None else None
-    groups = ["root"] + [f"rank {r}" for r in tree.ranks[1:]]
+    groups = ["root"] + [f"child {r + 1} (p_{r + 1})" for r in tree.ranks[1:]]
     labels = ["" if i == 0 else (f"{reach[i]:.2f}" if reach else str(i)) for i in range(tree.n_nodes)]
     hovers = []
     for i in range(tree.n_nodes):
-        h = f"node {i}<br>depth {tree.depths[i]} · rank {tree.ranks[i]}"
+        h = f"node {i}<br>depth {tree.depths[i]}" + (f" · child {tree.ranks[i] + 1} (p_{tree.ranks[i] + 1})" if i else "")
         if reach:
             h += f"<br>P(path accepted) = {reach[i]:.4f}"
         hovers.append(h)
     palette = ["#2ca02c", "#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
-    colors = {f"rank {r}": palette[r % len(palette)] for r in set(tree.ranks)}
+    colors = {f"child {r + 1} (p_{r + 1})": palette[r % len(palette)] for r in set(tree.ranks)}
     return draw_tree(tree.parents, groups, labels, hovers, colors=colors, title=title)
 
 

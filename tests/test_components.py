@@ -8,7 +8,7 @@ import pytest
 
 from components import COLORS, compare_view, dp_view, hardware_view, stats_view, status_view, text_view, tree_view
 from components.context import LoadStatus
-from sequoia.core.trace import ACCEPTED, REJECTED, UNREACHED, StepRecord
+from sequoia.core.trace import ACCEPTED, REJECTED, UNREACHED, DynamicInfo, StepRecord
 from sequoia.core.tree import Tree
 
 # root -> 1, 2, 3 ; 1 -> 4, 5 ; 2 -> 6 ; 4 -> 7
@@ -111,7 +111,9 @@ def test_tree_figure_hides_labels_on_big_trees():
 
 
 def test_tree_figure_overlay_added_pruned():
-    rec = replace(StepRecord.fake(TREE, (0, 1)), extra={"added": [3, 6], "pruned": 2})
+    info = DynamicInfo(static_tree_parents=(-1,), added=(3, 6), pruned=(4, 5), predicted_tokens=1.0,
+                       predicted_ms=1.0, widths=(1,))
+    rec = replace(StepRecord.fake(TREE, (0, 1)), dynamic=info)
     fig = tree_view.figure(rec)
     assert list(_trace(fig, "added vs static").customdata) == [3, 6]
     assert "+2 added" in fig.layout.title.text and "2 pruned" in fig.layout.title.text

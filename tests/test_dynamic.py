@@ -58,7 +58,7 @@ def test_greedy_output_equals_target_greedy(tiny_pairs, tiny_target, pair_name, 
 
 def test_greedy_with_the_registered_method(tiny_pairs, tiny_target):
     assert "sequoia-dynamic" in METHODS
-    method = make_method("sequoia-dynamic", budget=10, depth=5)
+    method = make_method("sequoia-dynamic", budget=10, depth=5, profile=CPU_LIKE)
     tokens, records = _run(tiny_pairs["noisy"], method, GenerationConfig(max_new_tokens=30))
     assert tokens == _hf_greedy(tiny_target, PROMPT, 30)
     assert all(r.method == "sequoia-dynamic" and r.tree.size <= 10 and r.tree.depth <= 5 for r in records)
@@ -105,7 +105,7 @@ def test_grows_deeper_when_the_draft_is_confident(profile):
     unsure = _dynamic(profile=profile).propose(FakeDrafter(0.3), None)
     assert isinstance(confident, Draft)
     assert confident.tree.depth > unsure.tree.depth
-    assert confident.extra["predicted_tokens"] > unsure.extra["predicted_tokens"]
+    assert confident.dynamic.predicted_tokens > unsure.dynamic.predicted_tokens
 
 
 def test_a_hopeless_draft_drafts_nothing():
@@ -120,11 +120,11 @@ def test_gate_skips_the_draft_while_it_does_not_pay(tiny_pairs, tiny_target):
     cfg = GenerationConfig(max_new_tokens=30)
     tokens, records = _run(tiny_pairs["random"], _dynamic(profile=costly), cfg)
     assert tokens == _hf_greedy(tiny_target, PROMPT, 30)
-    drafted = ["predicted_ms" in r.extra for r in records]
+    drafted = [r.dynamic is not None for r in records]
     assert drafted[0] and drafted.count(False) > len(records) // 2
     assert _dynamic(profile=costly).can_pay
     _, ungated = _run(tiny_pairs["random"], _dynamic(profile=costly, gate=False), cfg)
-    assert all("predicted_ms" in r.extra for r in ungated)
+    assert all(r.dynamic is not None for r in ungated)
 
 
 def test_seeds_make_sampling_reproducible(tiny_pairs):
@@ -139,7 +139,7 @@ def test_budget_and_depth_caps(budget, depth):
     draft = _dynamic(profile=CHEAP, budget=budget, max_depth=depth).propose(drafter, None)
     assert draft.tree.size == budget  # everything pays under CHEAP, so the cap binds
     assert draft.tree.depth <= depth
-    assert len(drafter.forwards) == len(draft.extra["widths"]) - 1
+    assert len(drafter.forwards) == len(draft.dynamic.widths) - 1
     assert set(draft.q) == {v for v in range(draft.tree.n_nodes) if draft.tree.children[v]}
 
 
@@ -160,13 +160,13 @@ def test_confident_pair_grows_bigger_trees_than_an_unrelated_one(tiny_pairs):
 
 def test_static_annotations_match_nodes_by_rank_path(tiny_pairs):
     _, records = _run(tiny_pairs["noisy"], _dynamic(budget=12), GenerationConfig(max_new_tokens=20))
-    drafted = [r for r in records if "static_tree_parents" in r.extra]  # the gate may skip some steps
+    drafted = [r for r in records if r.dynamic is not None]  # the gate may skip some steps
     assert drafted
     for r in drafted:
-        static = r.extra["static_tree_parents"]
-        matched = r.tree.n_nodes - len(r.extra["added"])
-        assert matched == len(static) - len(r.extra["pruned"])
-        assert all(0 < v < r.tree.n_nodes for v in r.extra["added"])
+        static = r.dynamic.static_tree_parents
+        matched = r.tree.n_nodes - len(r.dynamic.added)
+        assert matched == len(static) - len(r.dynamic.pruned)
+        assert all(0 < v < r.tree.n_nodes for v in r.dynamic.added)
         assert len(static) - 1 == r.tree.size or len(static) - 1 < r.tree.size  # DP may use fewer nodes
 
 
@@ -215,7 +215,7 @@ def test_fit_recovers_a_known_mapping_and_round_trips(tmp_path):
     lambda: Calibration(knots=(0.5, 0.2), values=((0.1, 0.2),)),
     lambda: Calibration(knots=(0.0, 1.0), values=((0.1, 1.5),)),
     lambda: make_method("sequoia-dynamic", budget=0),
-    lambda: DynamicTreeProposer(max_depth=0),
+    lambda: DynamicTreeProposer(profile=CPU_LIKE, max_depth=0),
 ])
 def test_bad_parameters_raise(build):
     with pytest.raises(ValueError):

@@ -13,11 +13,52 @@ Node status vocabulary (see :mod:`sequoia.core.sampling` for the terms):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 
 from .tree import Tree
 
 ACCEPTED, REJECTED, UNREACHED = "accepted", "rejected", "unreached"
+
+
+@dataclass(frozen=True)
+class DynamicInfo:
+    """What a dynamic tree (``sequoia-dynamic``) decided in one step, against the static DP tree.
+
+    Nodes of the two trees are matched by their path of sibling ranks from the root.
+    """
+
+    static_tree_parents: tuple[int, ...]  # [m] parents of the static DP tree of the same size (root: -1)
+    added: tuple[int, ...]                # indices of this step's nodes the static tree lacks
+    pruned: tuple[int, ...]               # indices of static-tree nodes this step left out
+    predicted_tokens: float               # 1 + sum of the nodes' estimated acceptance
+    predicted_ms: float                   # the cost model's price of the step
+    widths: tuple[int, ...]               # draft forward widths, the root's begin() first
+
+    def to_dict(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class NodeCheck:
+    """What verification saw at one node, for the inspector (recorded with ``generate(..., inspect=True)``).
+
+    One per tested child, in verification order, plus one for the bonus draw
+    (``node == tree.n_nodes``, the index the tree view gives the bonus).  The
+    ``top_*`` tuples share one token axis: the parent's most likely tokens
+    under p and q at the moment of the test, and the child's own token.
+    """
+
+    node: int                         # the tested child (tree.n_nodes: the bonus)
+    parent: int
+    u: float | None                   # uniform draw; accepted iff u * q_token < p_token (None: T=0 / bonus)
+    p_token: float                    # target prob of the child's token at the test (after earlier siblings)
+    q_token: float                    # draft prob of it at the test (renormalised after earlier siblings)
+    accepted: bool
+    top_ids: tuple[int, ...]          # [k] token ids on the shared axis
+    top_texts: tuple[str, ...]        # [k] their decoded text ("" when texts were not asked for)
+    top_p: tuple[float, ...]          # [k] target distribution at the test
+    top_q: tuple[float, ...]          # [k] draft distribution at the test (() for the bonus)
+    residual: tuple[float, ...] = ()  # [k] norm(max(p - q, 0)) after this rejection (() if accepted)
 
 
 @dataclass(frozen=True)
@@ -39,7 +80,8 @@ class StepRecord:
     method: str = "sequoia"
     finished: bool = False            # True on the last step (EOS, stop string or length)
     finish_reason: str | None = None  # "eos" | "stop" | "length" | None
-    extra: dict = field(default_factory=dict, compare=False)  # method-specific annotations (e.g. dynamic pruning)
+    dynamic: DynamicInfo | None = None  # a dynamic tree's decisions (None: static trees, skipped drafts)
+    checks: tuple[NodeCheck, ...] = ()  # what verification saw (only with generate(..., inspect=True))
 
     @property
     def n_accepted(self) -> int:
@@ -54,10 +96,17 @@ class StepRecord:
     def total_s(self) -> float:
         return self.draft_s + self.verify_s + self.other_s
 
-    @property
-    def accepted_ranks(self) -> tuple[int, ...]:
-        """Sibling rank (0-based) of each accepted draft node, by depth."""
-        return tuple(self.tree.ranks[i] for i in self.accepted[1:])
+    def to_dict(self) -> dict:
+        """A JSON-ready view (lists, numbers, strings); the tree as its parent list."""
+        return {
+            "step": self.step, "method": self.method, "parents": list(self.tree.parents),
+            "tokens": list(self.tokens), "texts": list(self.texts), "q": list(self.q), "p": list(self.p),
+            "accepted": list(self.accepted), "status": list(self.status), "bonus": self.bonus,
+            "bonus_text": self.bonus_text, "new_tokens": list(self.new_tokens), "draft_s": self.draft_s,
+            "verify_s": self.verify_s, "other_s": self.other_s, "finished": self.finished,
+            "finish_reason": self.finish_reason,
+            "dynamic": self.dynamic.to_dict() if self.dynamic is not None else None,
+        }
 
     @classmethod
     def fake(cls, tree: Tree, accepted: tuple[int, ...], step: int = 0, bonus: int = 7) -> "StepRecord":

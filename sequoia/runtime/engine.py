@@ -9,10 +9,12 @@ the step is yielded as a :class:`~sequoia.core.trace.StepRecord`.
 Cache invariant between steps: the target cache holds every committed token
 but the last (the next root); the draft cache holds a prefix of them.
 
-Proposers may define three optional hooks: ``start()`` at the beginning of a
-generation, ``observe(record)`` after each step, and ``wants_draft()``
-before it (False: this step is a plain target step, no draft forward).
-Decisions they take from past records keep decoding lossless.
+The engine drives a :class:`~sequoia.runtime.drafter.Proposer`: ``start()`` at the
+beginning of a generation, ``wants_draft()`` before each step (False: a plain
+target step, no draft forward), ``propose()``, and ``observe(record)`` after it.
+
+Step timings (draft / verify / other) read the engine's ``clock`` (wall time by
+default); a caller timing a whole run with another clock passes the same one.
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ import torch
 from ..core.config import MAX_PROMPT_TOKENS, GenerationConfig, SamplingConfig
 from ..core.masks import is_chain, verify_mask
 from ..core.sampling import sample_token, verify_children, verify_greedy, warp
-from ..core.trace import ACCEPTED, REJECTED, UNREACHED, StepRecord
+from ..core.checks import bonus_check, greedy_checks, sampled_checks, with_texts as checks_with_texts
+from ..core.trace import ACCEPTED, REJECTED, UNREACHED, NodeCheck, StepRecord
 from ..core.tree import Tree
-from .drafter import Draft, Drafter, Proposer, StaticTreeProposer
+from .drafter import Draft, Drafter, Proposer
 from .kv_cache import KVCache
 
 _DISPLAY = SamplingConfig(temperature=1.0)  # at T=0, show the models' raw confidence
@@ -40,13 +43,15 @@ class Walk:
     path: list[int]                   # accepted node indices, root first
     bonus: int
     verified: set[int]                # nodes the target looked at
+    checks: list[NodeCheck] | None = None  # what each test saw (walk_tree(..., inspect=True) only)
 
 
 class SpeculativeEngine:
     """Runs any :class:`~sequoia.runtime.drafter.Proposer` against a draft/target pair."""
 
-    def __init__(self, pair) -> None:
+    def __init__(self, pair, clock: Callable[[], float] = time.perf_counter) -> None:
         self.pair = pair
+        self.clock = clock                # seconds; read after draining the GPU queue (see _now)
         self.device = pair.device
         self.vocab_size = _shared_vocab(pair)
 
@@ -57,42 +62,50 @@ class SpeculativeEngine:
         config: GenerationConfig,
         should_stop: Callable[[], bool] | None = None,
         with_texts: bool = True,
+        inspect: bool = False,
     ) -> Iterator[StepRecord]:
+        """Yield one record per step; ``inspect`` also records what verification saw (``record.checks``)."""
         self._check_request(prompt_ids, proposer, config)
         gen = torch.Generator(device=self.device).manual_seed(config.seed)
         state = _State(list(prompt_ids), KVCache(self.pair.target.config),
                        Drafter(self.pair.draft, config.sampling, self.vocab_size))
         self._prefill(state)
-        _hook(proposer, "start")()
+        proposer.start()
         step = 0
         while True:
-            record = self._step(state, proposer, config, gen, step, with_texts)
-            _hook(proposer, "observe")(record)
+            record = self._step(state, proposer, config, gen, step, with_texts, inspect)
+            proposer.observe(record)
             yield record
             if record.finished or (should_stop is not None and should_stop()):
                 return
             step += 1
 
+    def _now(self) -> float:
+        sync(self.device)
+        return self.clock()
+
     # ------------------------------------------------------------------ a step
-    def _step(self, state, proposer, config, gen, step, with_texts) -> StepRecord:
-        t0 = _now(self.device)
+    def _step(self, state, proposer, config, gen, step, with_texts, inspect=False) -> StepRecord:
+        t0 = self._now()
         draft = self._draft(state, proposer, gen)
-        t1 = _now(self.device)
+        t1 = self._now()
         logits = self._verify_forward(state, draft.tree, draft.tokens)
-        t2 = _now(self.device)
-        walk = walk_tree(draft, logits, config.sampling, proposer.mode, gen)
+        t2 = self._now()
+        walk = walk_tree(draft, logits, config.sampling, proposer.mode, gen, inspect)
         prefix = len(state.target) - draft.tree.n_nodes
         state.target.keep(prefix, [prefix + v for v in walk.path])
         if draft.tree.size:
             state.drafter.commit(walk.path)
         new, reason = self._commit(state, draft, walk, config)
         record = self._record(step, draft, logits, walk, new, reason, config, proposer, with_texts)
-        t3 = _now(self.device)
+        if walk.checks is not None:
+            decode = self.pair.tokenizer.batch_decode if with_texts else (lambda ids: [""] * len(ids))
+            record = dataclasses.replace(record, checks=checks_with_texts(walk.checks, decode))
+        t3 = self._now()
         return _with_times(record, t1 - t0, t2 - t1, t3 - t2)
 
     def _draft(self, state, proposer, gen) -> Draft:
-        root_only = isinstance(proposer, StaticTreeProposer) and proposer.tree.size == 0
-        if root_only or _hook(proposer, "wants_draft", True)() is False:
+        if not proposer.wants_draft():
             # No draft forward at all; the draft cache catches up at the next begin().
             return Draft(tree=Tree.root_only(), tokens=[state.committed[-1]], q={}, q_token=[1.0])
         state.drafter.begin(state.committed)
@@ -109,12 +122,18 @@ class SpeculativeEngine:
                                past_key_values=state.target.cache, use_cache=True, logits_to_keep=keep)
         return out.logits[0, :, : self.vocab_size]
 
+    @torch.inference_mode()
     def _prefill(self, state) -> None:
         ctx = state.committed[:-1]
         if ctx:
-            # Only the cache is wanted: skip the lm_head over the prompt (a row costs as
-            # much as a whole layer stack's worth of a token on a compute-bound CPU).
-            self._verify_forward(state, Tree.chain(len(ctx) - 1), ctx, keep=1)
+            # A plain causal forward, not a chain-shaped tree: a prompt may be far longer than any tree
+            # (MAX_TREE_SIZE).  Only the cache is wanted: logits_to_keep=1 skips the lm_head over the
+            # prompt (a row costs as much as a whole layer stack's worth of a token on a compute-bound CPU).
+            start = len(state.target)
+            ids = torch.tensor([ctx], dtype=torch.long, device=self.device)                  # [1, L]
+            pos = torch.arange(start, start + len(ctx), device=self.device)[None]           # [1, L]
+            self.pair.target(input_ids=ids, position_ids=pos, past_key_values=state.target.cache,
+                             use_cache=True, logits_to_keep=1)
 
     # ------------------------------------------------------------- bookkeeping
     def _commit(self, state, draft: Draft, walk: Walk, config: GenerationConfig):
@@ -151,8 +170,8 @@ class SpeculativeEngine:
             accepted=tuple(walk.path), status=status, bonus=walk.bonus,
             bonus_text=tok.decode([walk.bonus]) if with_texts else "",
             new_tokens=new, draft_s=0.0, verify_s=0.0, other_s=0.0,
-            method=getattr(proposer, "name", "custom"), finished=reason is not None,
-            finish_reason=reason, extra=dict(draft.extra),
+            method=proposer.name, finished=reason is not None,
+            finish_reason=reason, dynamic=draft.dynamic,
         )
 
     def _check_request(self, prompt_ids, proposer, config) -> None:
@@ -161,7 +180,7 @@ class SpeculativeEngine:
         if len(prompt_ids) > MAX_PROMPT_TOKENS:
             raise ValueError(f"the prompt has {len(prompt_ids)} tokens; the maximum is {MAX_PROMPT_TOKENS}")
         limit = getattr(self.pair.target.config, "max_position_embeddings", None)
-        need = len(prompt_ids) + config.max_new_tokens + _max_nodes(proposer)
+        need = len(prompt_ids) + config.max_new_tokens + proposer.max_nodes
         if limit and need > limit:
             raise ValueError(f"prompt + max_new_tokens + tree ({need} positions) exceeds the target's "
                              f"context of {limit}")
@@ -175,9 +194,14 @@ class _State:
     n_new: int = 0
 
 
-def walk_tree(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, mode: str, gen) -> Walk:
-    """Accept a path from the root and draw the bonus token.  logits: [n_nodes, V] target."""
+def walk_tree(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, mode: str, gen,
+              inspect: bool = False) -> Walk:
+    """Accept a path from the root and draw the bonus token.  logits: [n_nodes, V] target.
+
+    ``inspect`` fills ``Walk.checks`` (same random draws, same result).
+    """
     tree, node, path, verified = draft.tree, 0, [0], set()
+    checks: list[NodeCheck] | None = [] if inspect else None
     while True:
         kids = list(tree.children[node])
         kid_tokens = [draft.tokens[c] for c in kids]
@@ -185,13 +209,22 @@ def walk_tree(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, mode
             target = int(logits[node].argmax())
             idx, bonus_dist = verify_greedy(target, kid_tokens), None
             verified.update(kids if idx is None else kids[: idx + 1])
+            if checks is not None:  # the raw softmax, to show how sure each model was
+                bonus_dist = warp(logits[node], _DISPLAY)
+                checks += greedy_checks(node, kids, kid_tokens, idx, bonus_dist, draft.q.get(node))
         else:
             p = warp(logits[node], sampling)
-            idx, bonus_dist = verify_children(p, draft.q.get(node), kid_tokens, mode, gen) if kids else (None, p)
+            events = [] if checks is not None else None
+            idx, bonus_dist = (verify_children(p, draft.q.get(node), kid_tokens, mode, gen, events)
+                               if kids else (None, p))
             verified.update(kids if idx is None else kids[: idx + 1])
+            if checks is not None:
+                checks += sampled_checks(node, kids, events or [])
         if idx is None:
             bonus = target if sampling.greedy else sample_token(bonus_dist, gen)
-            return Walk(path=path, bonus=bonus, verified=verified)
+            if checks is not None:
+                checks.append(bonus_check(node, tree.n_nodes, bonus, bonus_dist))
+            return Walk(path=path, bonus=bonus, verified=verified, checks=checks)
         node = kids[idx]
         path.append(node)
 
@@ -222,28 +255,14 @@ def node_target_probs(draft: Draft, logits: torch.Tensor, sampling: SamplingConf
     return (1.0,) + tuple(out.tolist())
 
 
-def _hook(proposer, name: str, default=None):
-    """An optional proposer method (``start``, ``observe``, ``wants_draft``), or a no-op returning ``default``."""
-    fn = getattr(proposer, name, None)
-    return fn if callable(fn) else (lambda *_: default)
-
-
-def _max_nodes(proposer) -> int:
-    """Most tree nodes (root included) one step of ``proposer`` may verify."""
-    if getattr(proposer, "max_nodes", None) is not None:
-        return int(proposer.max_nodes)
-    tree = getattr(proposer, "tree", None)
-    return tree.n_nodes if tree is not None else 0
-
-
 def _with_times(record: StepRecord, draft_s: float, verify_s: float, other_s: float) -> StepRecord:
     return dataclasses.replace(record, draft_s=draft_s, verify_s=verify_s, other_s=other_s)
 
 
-def _now(device) -> float:
+def sync(device) -> None:
+    """Drain the GPU queue: honest times of a GPU run need it (a no-op on CPU)."""
     if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)  # honest wall times need the queue drained
-    return time.perf_counter()
+        torch.cuda.synchronize(device)
 
 
 def _shared_vocab(pair) -> int:
