@@ -25,12 +25,21 @@ Three ways to draw children from q:
 ``topk``                           the k most likely draft tokens; verified as
                                    if q were a point mass on each one.
 
+The test: the next child x is accepted with probability min(1, r(x) / q(x)),
+r being p for the first child and the residual after each rejection, q the
+draft x was drawn from (renormalised without the rejected tokens, or a point
+mass for ``topk``).  :func:`acceptance_probability` and :func:`reject` state
+that rule once; :func:`verify_children` applies it to one node and
+:func:`first_accepted` to many rows at once (the Monte Carlo measurements).
+
 At temperature 0 both p and q are point masses on their argmax; verification
 then accepts a child exactly when it equals the target's argmax, so the
 output equals the target's greedy output token for token.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -89,55 +98,121 @@ def sample_children(q: torch.Tensor, k: int, mode: str, generator: torch.Generat
     return torch.topk(torch.log(q) + gumbel, k, dim=-1).indices
 
 
+@dataclass(frozen=True)
+class ChildTest:
+    """What verifying one child saw; recorded only when ``verify_children`` is given ``events``."""
+
+    index: int                        # position in ``children``
+    token: int
+    u: float                          # the uniform draw; accepted iff u < min(1, p(token) / q(token))
+    p: torch.Tensor                   # [V] target distribution at the test (residual after earlier siblings)
+    q: torch.Tensor | None            # [V] draft distribution at the test (renormalised); None for topk
+    accepted: bool
+    residual: torch.Tensor | None     # [V] norm(max(p - q, 0)) after this rejection; None if accepted
+
+
 def verify_children(
     p: torch.Tensor,
     q: torch.Tensor | None,
     children: list[int],
     mode: str,
     generator: torch.Generator | None,
+    events: list[ChildTest] | None = None,
 ) -> tuple[int | None, torch.Tensor]:
     """Verify one node's children in order against the target.
 
     p: [V] target distribution at the node; q: [V] draft distribution (ignored
     for ``topk``).  Returns (index into ``children`` of the accepted child or
     None, the distribution to draw the bonus from if nothing was accepted).
+    ``events``, when given, gets one :class:`ChildTest` per tested child (the
+    random draws are the same with or without it).  :func:`first_accepted` is
+    the same rule over many rows at once.
     """
     if p.ndim != 1 or (q is not None and q.shape != p.shape):
         raise ValueError("p and q must be 1-D distributions over the same vocabulary")
-    p = p.clone()
-    q = None if mode == "topk" else q.clone()
+    q = None if mode == "topk" else q
     for i, x in enumerate(children):
         qx = 1.0 if q is None else float(q[x])
         if qx <= 0.0:
             continue  # a zero-probability filler slot: it can never be proposed, so skip it
         u = float(torch.rand((), generator=generator, device=p.device))
-        px = float(p[x])
-        if u * qx < px:
+        if u < acceptance_probability(float(p[x]), qx):
+            if events is not None:
+                events.append(ChildTest(i, x, u, p, q, True, None))
             return i, p
-        p = _residual(p, q, x)
-        if mode == "without_replacement":
-            q[x] = 0.0
-            total = q.sum()
-            if total <= _TINY:
-                q = None  # q's whole support was rejected; later slots are fillers
-                break
-            q /= total
+        before, before_q = p, q
+        p, q = reject(p, q, torch.tensor([x], device=p.device), mode)
+        if events is not None:  # reject never writes in place, so the tensors recorded stay as they were
+            events.append(ChildTest(i, x, u, before, before_q, False, p))
     return None, p
 
 
-def _residual(p: torch.Tensor, q: torch.Tensor | None, x: int) -> torch.Tensor:
-    """norm(max(p - q, 0)); with q a point mass on x that is p with x removed."""
-    if q is None:
-        r = p.clone()
-        r[x] = 0.0
-    else:
-        r = (p - q).clamp_(min=0.0)
-    total = r.sum()
-    if total <= _TINY:
-        # Only reachable through rounding when p == q (a rejection of
-        # probability ~0); p itself is then the right distribution.
-        return p
-    return r / total
+def acceptance_probability(r_x, q_x):
+    """The rule: a child x is accepted with probability min(1, r(x) / q(x)).
+
+    r is the target's (residual) distribution and q the draft's at the test;
+    floats or tensors (elementwise), q_x > 0.  With the residual update of
+    :func:`reject` this makes the emitted token distributed exactly as p.
+    """
+    ratio = r_x / q_x
+    return ratio.clamp(max=1.0) if isinstance(ratio, torch.Tensor) else min(1.0, ratio)
+
+
+def reject(
+    r: torch.Tensor, q: torch.Tensor | None, x: torch.Tensor, mode: str
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The state after child ``x`` is rejected: (residual, the draft the next sibling is tested against).
+
+    r, q: [..., V] (q None: a point mass on x, ``topk``); x: [..., 1] int64.
+    Without replacement the rejected token also leaves q, which is
+    renormalised (all zeros once q's support is used up: later slots are
+    fillers).  Never writes in place.
+    """
+    r_next = _residual(r, q, x)
+    if mode == "without_replacement":
+        q = q.scatter(-1, x, 0.0)
+        total = q.sum(-1, keepdim=True)
+        q = torch.where(total > _TINY, q / total.clamp(min=_TINY), torch.zeros_like(q))
+    return r_next, q
+
+
+def _residual(p: torch.Tensor, q: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    """norm(max(p - q, 0)) per row; with q a point mass on x that is p with x removed.  [..., V]"""
+    r = p.scatter(-1, x, 0.0) if q is None else (p - q).clamp(min=0.0)
+    total = r.sum(-1, keepdim=True)
+    # total ~ 0 is only reachable through rounding when p == q (a rejection of
+    # probability ~0); p itself is then the right distribution.
+    return torch.where(total > _TINY, r / total.clamp(min=_TINY), p)
+
+
+def first_accepted(p: torch.Tensor, q: torch.Tensor, k: int, mode: str,
+                   generator: torch.Generator | None) -> torch.Tensor:
+    """Draw k children per row and verify them: index of the first accepted, -1 if all are rejected.
+
+    p, q: [R, V] -> [R] int64.  :func:`verify_children` over many rows at once
+    (the Monte Carlo measurements), with the same :func:`acceptance_probability`
+    and :func:`reject`; the first j of the k children drawn are a valid draw of
+    j children in every mode, so one call answers every j <= k.
+    """
+    if p.ndim != 2 or p.shape != q.shape:
+        raise ValueError(f"p and q must both be [R, V], got {tuple(p.shape)} and {tuple(q.shape)}")
+    drawn = sample_children(q, k, mode, generator)                      # [R, k]
+    u = torch.rand(drawn.shape, generator=generator, device=p.device)   # [R, k]
+    first = torch.full((p.shape[0],), -1, dtype=torch.long, device=p.device)
+    live = torch.ones(p.shape[0], dtype=torch.bool, device=p.device)   # no child accepted yet
+    r, qc = p, (None if mode == "topk" else q)
+    for i in range(drawn.shape[1]):
+        x = drawn[:, i:i + 1]                                           # [R, 1]
+        qx = torch.ones_like(first, dtype=p.dtype) if qc is None else qc.gather(-1, x)[:, 0]
+        tested = live & (qx > 0)                                        # fillers are skipped, as in verify_children
+        accept = tested & (u[:, i] < acceptance_probability(r.gather(-1, x)[:, 0], qx))
+        first[accept] = i
+        live &= ~accept
+        r_next, q_next = reject(r, qc, x, mode)
+        moved = (tested & ~accept)[:, None]                             # [R, 1] rows whose state changes
+        r = torch.where(moved, r_next, r)
+        qc = None if qc is None else torch.where(moved, q_next, qc)
+    return first
 
 
 def sample_token(probs: torch.Tensor, generator: torch.Generator | None) -> int:
