@@ -55,7 +55,7 @@ def test_json_round_trip(tmp_path):
 @pytest.mark.parametrize("content, msg", [
     ("{not json", "not valid JSON"),
     ("[1, 2]", "JSON object"),
-    (json.dumps({"format": "sequoia-acceptance/1", "values": [0.5]}), r"expected a Sequoia hardware profile file \(format 'sequoia-hardware/1'\), but it is a 'sequoia-acceptance/1' file"),
+    (json.dumps({"format": "sequoia-acceptance/1", "values": [0.5]}), r"expected a Sequoia hardware profile file \(format 'sequoia-hardware/2'\), but it is a 'sequoia-acceptance/1' file"),
     (json.dumps({"parents": [-1]}), "no 'format' field"),
 ])
 def test_malformed_files(tmp_path, content, msg):

@@ -2,20 +2,14 @@
 
 The DP (:mod:`sequoia.core.dp`) gives, for every budget n and depth limit d, the
 tree with the most expected tokens per step.  Which cell is best depends on
-the machine: a step costs
+the machine: a step costs what :mod:`sequoia.core.cost` says (overhead, one
+draft forward per level, one target forward of the tree's n + 1 tokens) and
+yields E(n, d) tokens on average, so the predicted time per token is
 
-    draft:  d draft forwards, one per level.  The first one feeds the root
-            (plus at most one accepted leaf the draft never saw: costed as one
-            token); level l >= 1 forwards only the level-l nodes that have
-            children (see :class:`sequoia.runtime.drafter.Drafter`).
-    target: one forward of the tree's n + 1 tokens.
+    cost.step_ms(widths(n, d), n + 1) / E(n, d).
 
-and yields E(n, d) tokens on average, so the predicted time per token is
-
-    (sum_l draft_ms(width_l) + target_ms(n + 1)) / E(n, d).
-
-The baseline is the target alone: target_ms(1) per token.  When no cell beats
-it, the answer is the root-only tree (budget 0, speedup 1).
+The baseline is the target alone (:func:`sequoia.core.cost.baseline_ms`).
+When no cell beats it, the answer is the root-only tree (budget 0, speedup 1).
 """
 
 from __future__ import annotations
@@ -24,20 +18,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..core.profile import HardwareProfile
+from .cost import StepCost, baseline_ms, draft_widths, step_cost
 from .dp import DPResult, check_acceptance, expected_tokens, optimal_tree
+from .profile import HardwareProfile
 from .tree import MAX_TREE_SIZE, Tree
 
-
-@dataclass(frozen=True)
-class StepCost:
-    draft_ms: float        # all draft levels of one step
-    target_ms: float       # the one verifying target forward
-    expected_tokens: float
-
-    @property
-    def ms_per_token(self) -> float:
-        return (self.draft_ms + self.target_ms) / self.expected_tokens
+# draft_widths and step_cost live in .cost; re-exported for callers of the optimizer.
+__all__ = ["Choice", "StepCost", "cell_shapes", "choose_tree", "draft_widths", "predict", "predicted_grid",
+           "step_cost"]
 
 
 @dataclass(frozen=True)
@@ -48,7 +36,7 @@ class Choice:
     expected_tokens: float         # per step, bonus included
     ms_per_token: float            # predicted
     speedup: float                 # baseline_ms / ms_per_token
-    baseline_ms: float             # target alone: target_ms(1) per token
+    baseline_ms: float             # target alone: cost.baseline_ms (target(1) + step overhead) per token
     cost: StepCost
     # [max_budget+1, max_depth+1] predicted ms/token of the DP tree of every cell;
     # row 0 and column 0 (no draft tokens) hold the baseline.
@@ -60,24 +48,8 @@ class Choice:
             "expected_tokens": self.expected_tokens, "ms_per_token": self.ms_per_token,
             "speedup": self.speedup, "baseline_ms": self.baseline_ms,
             "draft_ms_per_step": self.cost.draft_ms, "target_ms_per_step": self.cost.target_ms,
+            "overhead_ms_per_step": self.cost.overhead_ms,
         }
-
-
-def draft_widths(tree: Tree) -> tuple[int, ...]:
-    """Tokens the draft forwards at each level: the root, then the nodes with children."""
-    if tree.depth == 0:
-        return ()
-    parents_at = [set() for _ in range(tree.depth)]  # level -> nodes there with children
-    for v in range(1, tree.n_nodes):
-        p = tree.parents[v]
-        parents_at[tree.depths[p]].add(p)
-    return (1,) + tuple(len(s) for s in parents_at[1:])
-
-
-def step_cost(tree: Tree, expected: float, profile: HardwareProfile) -> StepCost:
-    """Predicted cost of one step with ``tree`` yielding ``expected`` tokens on average."""
-    draft = sum(profile.draft(w) for w in draft_widths(tree))
-    return StepCost(draft_ms=draft, target_ms=profile.target(tree.n_nodes), expected_tokens=expected)
 
 
 def predict(tree: Tree, acceptance, profile: HardwareProfile) -> StepCost:
@@ -96,14 +68,14 @@ def choose_tree(acceptance, profile: HardwareProfile, max_budget: int | None = N
     p = check_acceptance(acceptance)
     if max_budget is None:
         max_budget = min(profile.max_tokens - 1, MAX_TREE_SIZE)
-    baseline = profile.target(1)
+    baseline = baseline_ms(profile)
     if max_budget < 1 or max_depth == 0:
-        return _root_only(baseline, np.full((max(max_budget, 0) + 1, (max_depth or 0) + 1), baseline))
+        return _root_only(profile, np.full((max(max_budget, 0) + 1, (max_depth or 0) + 1), baseline))
     dp = optimal_tree(p, max_budget, max_depth)
     grid = predicted_grid(dp, profile)
     n, d = np.unravel_index(np.argmin(grid), grid.shape)  # first minimum: the smallest budget, then depth
     if grid[n, d] >= baseline:
-        return _root_only(baseline, grid)
+        return _root_only(profile, grid)
     tree = dp.tree(int(n), int(d))
     cost = step_cost(tree, dp.value(int(n), int(d)), profile)
     return Choice(budget=tree.size, depth=tree.depth, tree=tree, expected_tokens=cost.expected_tokens,
@@ -115,8 +87,10 @@ def predicted_grid(dp: DPResult, profile: HardwareProfile) -> np.ndarray:
     """Predicted ms/token of the DP tree of every cell.  # [budget+1, depth+1]; no-draft cells = baseline"""
     sizes, widths = cell_shapes(dp)                         # [B+1, D+1], [B+1, D+1, D]
     expected = dp.table                                     # [B+1, D+1]
-    draft = np.where(widths > 0, profile.draft(np.maximum(widths, 1)), 0.0)  # [B+1, D+1, D]
-    total = draft.sum(-1) + profile.target(sizes + 1)
+    # cost.step_ms, vectorised over cells: each level that forwards pays its forward and its overhead.
+    level = profile.draft(np.maximum(widths, 1)) + profile.level_overhead_ms
+    draft = np.where(widths > 0, level, 0.0)                # [B+1, D+1, D]
+    total = profile.step_overhead_ms + draft.sum(-1) + profile.target(sizes + 1)
     return total / expected
 
 
@@ -147,7 +121,9 @@ def cell_shapes(dp: DPResult) -> tuple[np.ndarray, np.ndarray]:
     return below.T.copy(), shape.transpose(1, 0, 2).copy()
 
 
-def _root_only(baseline: float, grid: np.ndarray) -> Choice:
-    cost = StepCost(draft_ms=0.0, target_ms=baseline, expected_tokens=1.0)
+def _root_only(profile: HardwareProfile, grid: np.ndarray) -> Choice:
+    baseline = baseline_ms(profile)
+    cost = StepCost(draft_ms=0.0, target_ms=float(profile.target(1)), expected_tokens=1.0,
+                    overhead_ms=profile.step_overhead_ms)
     return Choice(budget=0, depth=0, tree=Tree.root_only(), expected_tokens=1.0, ms_per_token=baseline,
                   speedup=1.0, baseline_ms=baseline, cost=cost, grid=grid)

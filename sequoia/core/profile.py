@@ -11,24 +11,173 @@ A :class:`HardwareProfile` holds two cost curves, both in milliseconds:
                vocabulary that sampling the next level needs.
 
 Both are measured on a grid and interpolated linearly in between; past the
-last grid point they are extrapolated along the last segment.
+last grid point they are extrapolated along the last segment.  Two measured
+overheads complete the cost of a step (see :mod:`sequoia.core.cost`):
+``step_overhead_ms`` per step outside the model forwards (verification walk,
+sampling, cache compaction) and ``level_overhead_ms`` per draft level outside
+its forward (sampling the level, building masks).
+
+A :class:`Fingerprint` says what the costs were measured on: device kind, the
+CPU features or GPU that change matmul cost, the thread count, and each
+model's dtype and weight quantization.  A profile is meant for the machines
+whose fingerprint matches it on those fields (:meth:`Fingerprint.mismatches`);
+one without a fingerprint (format 1 files, hand-made profiles) matches none.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
 
 from .._meta import int_list, number_list, read_json, require, write_json
 
-FORMAT = "sequoia-hardware/1"
+FORMAT = "sequoia-hardware/2"
+#: Older files (no fingerprint, no overheads) are still read.
+FORMAT_1 = "sequoia-hardware/1"
+WHAT = "Sequoia hardware profile"
+#: CPU flags that change what a matmul costs, weakest first (as /proc/cpuinfo names them).
+CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 #: New-token counts at which the target is timed (n = tree size + 1).
 TARGET_GRID = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 #: Level widths at which the draft is timed.
 DRAFT_GRID = (1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What a profile's costs depend on: the machine and how each model is stored.
+
+    Dtypes are short names ("bf16", "fp32", "fp16"); quantizations are "none",
+    "int8" or "int4" (weight-only).  ``cpu_model`` and ``torch_version`` are
+    kept for the reader but do not decide a match: the same features and
+    threads cost the same whatever the marketing name, and patch releases do
+    not change kernels enough to matter.
+    """
+
+    device_kind: str                        # "cpu" or "cuda"
+    cpu_model: str                          # /proc/cpuinfo "model name"
+    cpu_features: tuple[str, ...]           # those of CPU_FEATURES present, in that order
+    onednn_bf16: bool                       # oneDNN has native bf16 kernels here
+    threads: int                            # torch.get_num_threads() when measured
+    gpu_name: str = ""
+    gpu_memory_gb: float = 0.0
+    gpu_capability: str = ""                # e.g. "9.0"
+    torch_version: str = ""
+    target_dtype: str = ""
+    target_quant: str = "none"
+    draft_dtype: str = ""
+    draft_quant: str = "none"
+    pair: str = ""
+
+    def __post_init__(self) -> None:
+        if self.device_kind not in ("cpu", "cuda"):
+            raise ValueError(f"device_kind must be 'cpu' or 'cuda', got {self.device_kind!r}")
+        unknown = set(self.cpu_features) - set(CPU_FEATURES)
+        if unknown:
+            raise ValueError(f"unknown cpu_features {sorted(unknown)}; known: {', '.join(CPU_FEATURES)}")
+        # One order, so equal feature sets compare (and hash) equal.
+        object.__setattr__(self, "cpu_features", tuple(f for f in CPU_FEATURES if f in self.cpu_features))
+        if not isinstance(self.threads, int) or self.threads < 1:
+            raise ValueError(f"threads must be a positive integer, got {self.threads!r}")
+
+    def _decisive(self) -> dict:
+        """The fields that decide a match (and the cache key): see :meth:`mismatches`."""
+        out = {"device_kind": self.device_kind}
+        if self.device_kind == "cpu":
+            out.update(cpu_features=list(self.cpu_features), onednn_bf16=self.onednn_bf16, threads=self.threads)
+        else:
+            out.update(gpu_name=self.gpu_name, gpu_capability=self.gpu_capability)
+        out.update(target_dtype=self.target_dtype, target_quant=self.target_quant,
+                   draft_dtype=self.draft_dtype, draft_quant=self.draft_quant, pair=self.pair)
+        return out
+
+    def mismatches(self, other: "Fingerprint") -> list[str]:
+        """Readable differences that change costs ("threads: 2 here, 8 in the profile"); [] when they match.
+
+        ``self`` is read as the profile's fingerprint and ``other`` as the machine's.
+        ``pair`` counts only when both name one.
+        """
+        if self.device_kind != other.device_kind:
+            return [f"device: {other.device_kind} here, {self.device_kind} in the profile"]
+        mine, theirs = self._decisive(), other._decisive()
+        if not (self.pair and other.pair):
+            mine.pop("pair"), theirs.pop("pair")
+        return [f"{_LABELS[k]}: {_show(theirs[k])} here, {_show(mine[k])} in the profile"
+                for k in mine if mine[k] != theirs[k]]
+
+    def matches(self, other: "Fingerprint") -> bool:
+        return not self.mismatches(other)
+
+    def key(self) -> str:
+        """Short stable hash of the deciding fields, for cache file names."""
+        text = json.dumps(self._decisive(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    def describe(self) -> str:
+        """One line, e.g. "cpu AMD EPYC 7B13, avx512_bf16, oneDNN bf16, 2 threads; target bf16, draft int8"."""
+        if self.device_kind == "cuda":
+            mem = f", {self.gpu_memory_gb:.0f} GB" if self.gpu_memory_gb else ""
+            cap = f", sm {self.gpu_capability}" if self.gpu_capability else ""
+            machine = f"cuda {self.gpu_name or 'GPU'}{mem}{cap}"
+        else:
+            best = self.cpu_features[-1] if self.cpu_features else "no avx2"
+            bf16 = "oneDNN bf16" if self.onednn_bf16 else "no oneDNN bf16"
+            machine = f"cpu {self.cpu_model or 'unknown model'}, {best}, {bf16}, {self.threads} threads"
+        models = [f"{role} {_precision(dtype, quant)}" for role, dtype, quant in
+                  (("target", self.target_dtype, self.target_quant), ("draft", self.draft_dtype, self.draft_quant))
+                  if dtype or quant != "none"]
+        return machine + ("; " + ", ".join(models) if models else "")
+
+    def to_dict(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, data: dict, what: str = "fingerprint") -> "Fingerprint":
+        if not isinstance(data, dict):
+            raise ValueError(f"{what}: field 'fingerprint' must be an object, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        extra = set(data) - known
+        if extra:
+            raise ValueError(f"{what}: unknown fingerprint fields {sorted(extra)}")
+        features = require(data, "cpu_features", list, what)
+        return cls(
+            device_kind=require(data, "device_kind", str, what),
+            cpu_model=require(data, "cpu_model", str, what),
+            cpu_features=tuple(str(f) for f in features),
+            onednn_bf16=require(data, "onednn_bf16", bool, what),
+            threads=require(data, "threads", int, what),
+            gpu_memory_gb=_number(data, "gpu_memory_gb", what),
+            **{k: require(data, k, str, what) for k in known - _REQUIRED - {"gpu_memory_gb"} if k in data},
+        )
+
+
+_REQUIRED = {"device_kind", "cpu_model", "cpu_features", "onednn_bf16", "threads"}
+_LABELS = {
+    "device_kind": "device", "cpu_features": "CPU features", "onednn_bf16": "oneDNN bf16", "threads": "threads",
+    "gpu_name": "GPU", "gpu_capability": "compute capability", "target_dtype": "target dtype",
+    "target_quant": "target quantization", "draft_dtype": "draft dtype", "draft_quant": "draft quantization",
+    "pair": "model pair",
+}
+
+
+def _show(value) -> str:
+    if isinstance(value, list):
+        return ", ".join(value) if value else "none"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value) if value != "" else "unknown"
+
+
+def _precision(dtype: str, quant: str) -> str:
+    """How a model's weights are stored: the quantization when there is one, else the dtype."""
+    return quant if quant != "none" else dtype
+
 
 
 @dataclass(frozen=True)
@@ -44,6 +193,10 @@ class HardwareProfile:
     date: str = ""
     version: str = ""
     repeats: int = 0                  # timed repeats per point (0: hand-made)
+    fingerprint: Fingerprint | None = None  # what it was measured on (None: matches no machine)
+    step_overhead_ms: float = 0.0     # per step outside the model forwards (walk, sampling, cache compaction)
+    level_overhead_ms: float = 0.0    # per draft level outside its forward
+    note: str = ""                    # how it was made, what is unknown
 
     def __post_init__(self) -> None:
         for grid, values, name in (("target_n", "target_ms", "target"), ("draft_width", "draft_ms", "draft")):
@@ -54,6 +207,11 @@ class HardwareProfile:
             _check_curve(g, v, grid, values, name)
         if not isinstance(self.context_len, int) or self.context_len < 0:
             raise ValueError(f"context_len must be a non-negative integer, got {self.context_len!r}")
+        for name in ("step_overhead_ms", "level_overhead_ms"):
+            value = float(getattr(self, name))
+            if not (math.isfinite(value) and value >= 0.0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+            object.__setattr__(self, name, value)
 
     # ------------------------------------------------------------------ costs
     def target(self, n):
@@ -64,6 +222,16 @@ class HardwareProfile:
         """ms of one draft level of ``width`` >= 1 tokens; width may be an array."""
         return _interp(width, self.draft_width, self.draft_ms, "width")
 
+    # ------------------------------------------------------------- matching
+    def mismatches(self, machine: Fingerprint) -> list[str]:
+        """Why this profile does not describe ``machine`` ([] when it does)."""
+        if self.fingerprint is None:
+            return ["the profile has no fingerprint (measured before fingerprints, or hand-made)"]
+        return self.fingerprint.mismatches(machine)
+
+    def matches(self, machine: Fingerprint) -> bool:
+        return not self.mismatches(machine)
+
     @property
     def max_tokens(self) -> int:
         """Largest measured target forward: trees up to max_tokens - 1 draft tokens are interpolated."""
@@ -71,15 +239,19 @@ class HardwareProfile:
 
     @classmethod
     def hand_made(cls, target: Callable[[int], float], draft: Callable[[int], float],
-                  target_n: Sequence[int] = TARGET_GRID, draft_width: Sequence[int] = DRAFT_GRID) -> "HardwareProfile":
-        """A profile from two cost functions, for tests and what-if plots."""
-        return cls(device="hand-made", dtype="none", context_len=0,
+                  target_n: Sequence[int] = TARGET_GRID, draft_width: Sequence[int] = DRAFT_GRID,
+                  step_overhead_ms: float = 0.0, level_overhead_ms: float = 0.0,
+                  device: str = "hand-made", note: str = "") -> "HardwareProfile":
+        """A profile from two cost functions, for tests and what-if plots (no fingerprint: matches no machine)."""
+        return cls(device=device, dtype="none", context_len=0,
                    target_n=tuple(target_n), target_ms=tuple(target(n) for n in target_n),
-                   draft_width=tuple(draft_width), draft_ms=tuple(draft(w) for w in draft_width))
+                   draft_width=tuple(draft_width), draft_ms=tuple(draft(w) for w in draft_width),
+                   step_overhead_ms=step_overhead_ms, level_overhead_ms=level_overhead_ms, note=note)
 
     # ------------------------------------------------------------- (de)serialise
     def to_dict(self) -> dict:
-        return {"format": FORMAT, **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}}
+        out = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items() if k != "fingerprint"}
+        return {"format": FORMAT, **out, "fingerprint": self.fingerprint.to_dict() if self.fingerprint else None}
 
     def save(self, path: str | Path) -> None:
         write_json(path, self.to_dict())
@@ -100,6 +272,10 @@ class HardwareProfile:
                 date=data.get("date", ""),
                 version=data.get("version", ""),
                 repeats=int(data.get("repeats", 0)),
+                fingerprint=Fingerprint.from_dict(fp, what) if (fp := data.get("fingerprint")) is not None else None,
+                step_overhead_ms=_number(data, "step_overhead_ms", what),
+                level_overhead_ms=_number(data, "level_overhead_ms", what),
+                note=data.get("note", ""),
             )
         except ValueError as exc:
             if str(exc).startswith(what):
@@ -109,10 +285,29 @@ class HardwareProfile:
     @classmethod
     def load(cls, path: str | Path, pair: str | None = None) -> "HardwareProfile":
         """Read a profile; with ``pair``, refuse one measured for another model pair."""
-        prof = cls.from_dict(read_json(path, FORMAT, "Sequoia hardware profile"), source=str(path))
+        prof = cls.from_dict(_read(path), source=str(path))
         if pair is not None and prof.pair and prof.pair != pair:
             raise ValueError(f"{path}: profile was measured for pair {prof.pair!r}, not {pair!r}")
         return prof
+
+
+def _read(path: str | Path) -> dict:
+    """A format-2 file, or a format-1 one (read as having no fingerprint and zero overheads)."""
+    try:
+        return read_json(path, FORMAT, WHAT)
+    except ValueError as exc:
+        try:
+            return read_json(path, FORMAT_1, WHAT)
+        except ValueError:
+            raise exc from None
+
+
+def _number(data: dict, key: str, what: str) -> float:
+    """An optional non-negative number field (0 when absent)."""
+    value = data.get(key, 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what}: field {key!r} must be a number, got {type(value).__name__}")
+    return float(value)
 
 
 def _check_curve(grid: tuple[int, ...], values: tuple[float, ...], gname: str, vname: str, name: str) -> None:

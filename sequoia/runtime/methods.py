@@ -18,6 +18,7 @@ name               tree                                        children drawn
 from __future__ import annotations
 
 from ..core.config import check_budget
+from ..core.cost import conservative_profile
 from ..core.tree import Tree
 from .drafter import StaticTreeProposer
 
@@ -77,20 +78,19 @@ def _auto(name, acceptance, profile, budget, depth) -> StaticTreeProposer:
     """Let the hardware-aware optimizer choose budget and depth."""
     from ..core.optimizer import choose_tree
 
-    if profile is None:
-        raise ValueError(f"method {name!r} needs a hardware profile (python -m sequoia profile)")
-    choice = choose_tree(acceptance, profile, max_budget=budget, max_depth=depth or 16)
+    # Without a measured profile: a stand-in under which no tree pays (the root-only tree), as for sequoia-dynamic.
+    choice = choose_tree(acceptance, profile or conservative_profile(), max_budget=budget, max_depth=depth or 16)
     return StaticTreeProposer(choice.tree, name="sequoia-auto")
 
 
 def _dynamic(acceptance, profile, budget, depth, calibration):
     """``calibration``: a Calibration, a path to one, or None for the identity a(q) = q."""
     from .calibration import Calibration
-    from .dynamic import DEFAULT_CPU_PROFILE, DynamicTreeProposer
+    from .dynamic import DynamicTreeProposer
 
     budget = 48 if budget is None else budget
     check_budget(budget, depth)
     if isinstance(calibration, (str, bytes)) or hasattr(calibration, "__fspath__"):
         calibration = Calibration.load(calibration)
     return DynamicTreeProposer(calibration=calibration or Calibration.identity(), acceptance=acceptance,
-                               profile=profile or DEFAULT_CPU_PROFILE, budget=budget, max_depth=depth or 16)
+                               profile=profile or conservative_profile(), budget=budget, max_depth=depth or 16)

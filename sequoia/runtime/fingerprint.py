@@ -1,0 +1,87 @@
+"""This machine's :class:`~sequoia.core.profile.Fingerprint`: what its costs depend on.
+
+Read without measuring anything: CPU model and flags from ``/proc/cpuinfo``,
+whether oneDNN has bf16 kernels, torch's thread count, the GPU's properties
+when the pair runs on CUDA, and each model's dtype and weight quantization.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .._meta import pair_name
+from ..core.profile import CPU_FEATURES, Fingerprint
+
+CPUINFO = Path("/proc/cpuinfo")
+#: Short dtype names used in fingerprints and file names.
+DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def machine_fingerprint(pair=None) -> Fingerprint:
+    """The fingerprint of this machine, and of ``pair``'s models when given (dtypes, quantization, name).
+
+    ``pair`` is a :class:`~sequoia.runtime.models.ModelPair` or anything with
+    ``device``, ``dtype``, ``draft`` and ``target``; the device kind is its
+    device's (CPU without a pair).
+    """
+    model, features = cpu_facts()
+    device = torch.device(getattr(pair, "device", None) or "cpu") if pair is not None else torch.device("cpu")
+    gpu = _gpu_facts(device) if device.type == "cuda" else {}
+    models = _model_facts(pair) if pair is not None else {}
+    return Fingerprint(device_kind=device.type, cpu_model=model, cpu_features=features,
+                       onednn_bf16=onednn_bf16(), threads=torch.get_num_threads(),
+                       torch_version=torch.__version__, **gpu, **models)
+
+
+def cpu_facts(cpuinfo: str | None = None) -> tuple[str, tuple[str, ...]]:
+    """(model name, matmul-relevant flags present) from /proc/cpuinfo text ("" and () where it is unreadable)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = CPUINFO.read_text()
+        except OSError:  # not Linux: the features stay unknown, so no shipped CPU profile matches
+            return "", ()
+    model, flags = "", set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and not model:
+            model = value.strip()
+        elif key == "flags" and not flags:
+            flags = set(value.split())
+    return model, tuple(f for f in CPU_FEATURES if f in flags)
+
+
+def onednn_bf16() -> bool:
+    """Whether oneDNN reports native bf16 kernels (False where torch lacks the query)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a private op: absent on some builds
+        return False
+
+
+def dtype_name(dtype) -> str:
+    return DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def _gpu_facts(device: torch.device) -> dict:
+    props = torch.cuda.get_device_properties(device)
+    return dict(gpu_name=props.name, gpu_memory_gb=round(props.total_memory / 2**30, 1),
+                gpu_capability=f"{props.major}.{props.minor}")
+
+
+def _model_facts(pair) -> dict:
+    """Dtypes and weight quantization of both models.
+
+    ``draft_quant`` / ``target_quant`` when the pair names them ("int8", "int4",
+    "none"), else the older ``draft_int8`` flag.
+    """
+    draft_quant = getattr(pair, "draft_quant", None) or ("int8" if getattr(pair, "draft_int8", False) else "none")
+    return dict(
+        target_dtype=dtype_name(getattr(pair, "dtype", None) or pair.target.dtype),
+        target_quant=getattr(pair, "target_quant", None) or "none",
+        draft_dtype=dtype_name(getattr(pair, "draft_dtype", None) or pair.draft.dtype),
+        draft_quant=draft_quant,
+        pair=pair_name(pair),
+    )
