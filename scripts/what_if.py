@@ -35,7 +35,7 @@ def gpu_like(draft_ratio: float) -> HardwareProfile:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="*")
-    ap.add_argument("--profile", default=str(ROOT / "assets" / "profiles" / "embedded-cpu-bf16.json"))
+    ap.add_argument("--profile", default=str(ROOT / "assets" / "profiles" / "embedded-cpu-avx2-bf16-int8.json"))
     ap.add_argument("--max-budget", type=int, default=128)
     ap.add_argument("--max-depth", type=int, default=16)
     args = ap.parse_args(argv)

@@ -14,6 +14,7 @@ from sequoia.runtime.calibration import Calibration, find_calibration
 
 ROOT = Path(__file__).resolve().parents[1]
 ACCEPTANCE = ROOT / "assets" / "acceptance"
+PROFILES = ROOT / "assets" / "profiles"
 
 
 def _script(name: str):
@@ -44,11 +45,30 @@ def test_shipped_calibrations_and_profile():
     cal = find_calibration(ACCEPTANCE, 0.5)
     assert isinstance(cal, Calibration) and cal.temperature == 0.6 and cal.steps > 100
     assert find_calibration(ACCEPTANCE, 0.0).temperature == 0.0
-    prof = HardwareProfile.load(ROOT / "assets" / "profiles" / "embedded-cpu-bf16.json")
+
+
+@pytest.mark.parametrize("path", sorted(PROFILES.glob("*.json")), ids=lambda p: p.stem)
+def test_shipped_profiles_say_what_they_were_measured_on(path):
+    prof = HardwareProfile.load(path)
     assert prof.device.startswith("cpu") and prof.dtype == "torch.bfloat16" and prof.target_n[0] == 1
-    # On the machine it was measured on, no tree pays: the optimizer keeps the target alone.
+    fp = prof.fingerprint
+    assert fp is not None and fp.device_kind == "cpu" and fp.threads == 2 and "Qwen2.5-Coder" in fp.pair
+    assert (fp.target_dtype, fp.target_quant, fp.draft_quant) == ("bf16", "none", "int8")
+    assert prof.note  # says how it was made and that the overheads are unknown
+    assert path.stem == f"embedded-cpu-{'avx512bf16' if 'avx512_bf16' in fp.cpu_features else 'avx2'}-bf16-int8"
+
+
+def test_the_two_cpu_kinds_choose_differently():
+    avx2 = HardwareProfile.load(PROFILES / "embedded-cpu-avx2-bf16-int8.json")
+    avx512 = HardwareProfile.load(PROFILES / "embedded-cpu-avx512bf16-bf16-int8.json")
+    assert not avx2.matches(avx512.fingerprint) and not avx512.matches(avx2.fingerprint)
+    assert any("CPU features" in m for m in avx2.mismatches(avx512.fingerprint))
     vec = AcceptanceVector.load(ACCEPTANCE / "embedded-code-greedy.json")
-    assert choose_tree(vec.values, prof).budget == 0
+    # AVX2 only: verifying 16 tokens costs ~11x one, no tree pays and the optimizer keeps the target alone.
+    assert choose_tree(vec.values, avx2).budget == 0
+    # AVX-512-BF16: verification almost free up to 16 tokens, so a real tree pays.
+    choice = choose_tree(vec.values, avx512)
+    assert choice.budget >= 4 and choice.speedup > 1.3
 
 
 def test_what_if_prints_a_row_per_vector_and_cost_model(capsys):
