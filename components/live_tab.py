@@ -13,15 +13,22 @@ shared with the API endpoint and the Compare tab.
 import time
 from collections.abc import Iterator
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import gradio as gr
 
-from sequoia.core.config import MAX_NEW_TOKENS, GenerationConfig, SamplingConfig, check_budget
+from sequoia.core.config import MAX_NEW_TOKENS, GenerationConfig, SamplingConfig, check_acceptance_length, check_budget
 from sequoia.core.trace import StepRecord
 
-from . import stats_view, text_view, tree_view
-from .context import LIGHT_WORK, MODEL_WORK, AppContext, acceptance_catalogue, parse_acceptance
+from . import inspector_view, serving, stats_view, text_view, tree_view
+from .context import (
+    LIGHT_WORK,
+    MODEL_WORK,
+    AppContext,
+    acceptance_catalogue,
+    default_acceptance_label,
+    parse_acceptance,
+)
 
 #: UI label -> sequoia.runtime.methods name.
 METHODS = {
@@ -30,8 +37,21 @@ METHODS = {
     "Sequoia (dynamic)": "sequoia-dynamic",
     "Chain": "chain",
     "SpecInfer": "specinfer",
-    "Target only": "ar",
+    "Target alone": "ar",
 }
+#: Older labels still accepted from API clients and other tabs.
+_ALIASES = {"Target only": "ar"}
+#: The method the page opens on: the tree the machine's profile prices as best, per step.
+DEFAULT_METHOD = "Sequoia (dynamic)"
+DEFAULT_NEW_TOKENS = 48
+#: The one-click example: a code prompt whose trees visibly branch when sampling at T=0.6.
+GUIDED = dict(prompt="Write a Python function fizzbuzz(n) that returns the FizzBuzz strings for 1..n.",
+              method="Sequoia (budget & depth)", budget=32, depth=6, temperature=0.6, max_new=48, seed=0)
+HOW_TO_READ = """\
+**Text**: green tokens are drafts the target accepted, blue ones the target drew itself (the bonus); a thin bar starts each target call, and the slider outlines one step.
+**Tree**: the step's draft tree, first-sampled child on the left (the one p_1 is about); green = accepted path, red = tested and rejected, grey = never tested, open = cut by the length limit.
+**Inspector**: pick a node to see the target's p and the draft's q over the likeliest tokens, the random draw u against min(1, p/q), and the residual the next sibling is tested against.
+"""
 # While streaming, update the page at most this often.  A browser re-rendering Plotly figures for every
 # step of a fast method (target only: ~10 steps/s) falls behind and stops answering clicks, Stop included.
 FRAME_S = 0.2         # the text and the summary line
@@ -45,6 +65,7 @@ class LiveSession:
 
     records: list[StepRecord] = field(default_factory=list)
     prompt: str = ""
+    target_tps: float | None = None   # the profile's predicted tokens/s of the target alone (None: no profile)
 
 
 @dataclass(frozen=True)
@@ -53,6 +74,7 @@ class Request:
     proposer: object
     config: GenerationConfig
     note: str = ""            # e.g. a fallback that was taken, shown as a warning
+    inspect: bool = False     # record what verification saw (the live tab's inspector)
 
 
 def _as_int(name: str, value, lo: int, hi: int | None = None) -> int:
@@ -77,7 +99,7 @@ def make_proposer(ctx: AppContext, method: str, budget, depth, acceptance,
     """A proposer for a UI label or method name, checked against the server's budget cap."""
     from sequoia.runtime.methods import make_method
 
-    name = METHODS.get(method, method)
+    name = METHODS.get(method, _ALIASES.get(method, method))
     if name not in METHODS.values():
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     cap = ctx.budget_cap()
@@ -127,21 +149,13 @@ def make_request(ctx: AppContext, prompt: str, method: str, budget, depth, tempe
     """Everything one decode needs, validated; raises ValueError with a readable message."""
     if not prompt or not prompt.strip():
         raise ValueError("the prompt is empty: type something to continue")
+    serving.server_caps(ctx).check_new_tokens(_as_int("max new tokens", max_new_tokens, 1))
     config = make_config(temperature, top_p, max_new_tokens, seed)
+    if acceptance is not None:
+        check_acceptance_length(acceptance)
     proposer, note = make_proposer(ctx, method, budget, depth, acceptance, config.sampling.temperature)
     prompt_ids = ctx.pair().encode_prompt(prompt, chat=bool(chat))
     return Request(list(prompt_ids), proposer, config, note)
-
-
-def step_dict(r: StepRecord) -> dict:
-    """A JSON-safe view of one step record (for the API)."""
-    return {
-        "step": r.step, "method": r.method, "parents": list(r.tree.parents), "tokens": list(r.tokens),
-        "texts": list(r.texts), "q": list(r.q), "p": list(r.p), "accepted": list(r.accepted),
-        "status": list(r.status), "bonus": r.bonus, "bonus_text": r.bonus_text,
-        "new_tokens": list(r.new_tokens), "draft_s": r.draft_s, "verify_s": r.verify_s,
-        "other_s": r.other_s, "finished": r.finished, "finish_reason": r.finish_reason,
-    }
 
 
 def generated_text(ctx: AppContext, records: list[StepRecord]) -> str:
@@ -151,7 +165,7 @@ def generated_text(ctx: AppContext, records: list[StepRecord]) -> str:
 
 def run_decode(ctx: AppContext, req: Request) -> Iterator[StepRecord]:
     """The engine's step stream for a validated request."""
-    return ctx.engine().generate(req.prompt_ids, req.proposer, req.config)
+    return ctx.engine().generate(req.prompt_ids, req.proposer, req.config, inspect=req.inspect)
 
 
 # ------------------------------------------------------------------ handlers
@@ -163,7 +177,25 @@ def _views(session: LiveSession, selected: int | None, stats: bool, tree: bool =
     else:
         tree_fig = tree_view.figure(recs[selected]) if recs and selected is not None else None
     stats_fig = stats_view.figure(recs) if stats else gr.skip()
-    return html, tree_fig, stats_fig, stats_view.summary_markdown(recs)
+    return html, tree_fig, stats_fig, summary(session)
+
+
+def summary(session: LiveSession) -> str:
+    """The statistics line plus this run's speed against the target alone (predicted by the profile)."""
+    md = stats_view.summary_markdown(session.records)
+    line = stats_view.speedup_markdown(session.records, session.target_tps)
+    return md + ("  \n" + line if line else "")
+
+
+def first_frame(prompt: str) -> tuple[str, str]:
+    """What the page shows the moment Decode is pressed: the prompt and a note, before any step is done."""
+    return (text_view.html_view([], prompt=prompt or "", waiting="drafting the first step…"),
+            "*Drafting and verifying the first step…*")
+
+
+def _predicted_target_tps(ctx: AppContext) -> float | None:
+    prof = ctx.profile
+    return 1000.0 / prof.target(1) if prof is not None else None
 
 
 def _slider(n_records: int) -> gr.Slider:
@@ -186,9 +218,9 @@ def decode_stream(ctx: AppContext, prompt, method, budget, depth, temperature, t
         raise gr.Error(str(exc), title="Cannot decode") from None
     if req.note:
         gr.Warning(req.note)
-    session = LiveSession(prompt=prompt)
+    session = LiveSession(prompt=prompt, target_tps=_predicted_target_tps(ctx))
     try:
-        with closing(run_decode(ctx, req)) as steps:
+        with closing(run_decode(ctx, replace(req, inspect=True))) as steps:
             yield from _stream_views(session, steps)
     except ValueError as exc:
         raise gr.Error(str(exc), title="Cannot decode") from None
@@ -239,35 +271,61 @@ def show_step(step, session: LiveSession):
 
 def decode_api_fn(ctx: AppContext):
     """The typed function behind the ``/decode`` API endpoint."""
-    def decode(prompt: str, method: str = "sequoia", budget: int = 32, depth: int = 8,
-               temperature: float = 0.0, top_p: float = 1.0, max_new_tokens: int = 64,
-               seed: int = 0, chat: bool = True, acceptance: str = "") -> tuple[str, list]:
+    def work(stop, prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed, chat, acceptance):
+        vec = parse_acceptance(acceptance) if acceptance.strip() else None
+        req = make_request(ctx, prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed, vec, chat)
+        records = serving.drain(run_decode(ctx, req), stop)  # a cancelled request stops within a step
+        return generated_text(ctx, records), [r.to_dict() for r in records]
+
+    gpu_work = serving.on_gpu(work, lambda stop, *a: serving.gpu_seconds(a[6]))
+
+    async def decode(prompt: str, method: str = "sequoia", budget: int = 32, depth: int = 8,
+                     temperature: float = 0.0, top_p: float = 1.0, max_new_tokens: int = 64,
+                     seed: int = 0, chat: bool = True, acceptance: str = "") -> tuple[str, list]:
         """Generate with one method; returns the text and one JSON object per step.
 
         ``acceptance`` (e.g. "0.8, 0.1, 0.05") sets the vector the Sequoia tree is built for.
         """
+        args = (prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed, chat, acceptance)
         try:
-            vec = parse_acceptance(acceptance) if acceptance.strip() else None
-            req = make_request(ctx, prompt, method, budget, depth, temperature, top_p, max_new_tokens,
-                               seed, vec, chat)
-            records = list(run_decode(ctx, req))
+            return await serving.run_cancellable(lambda stop: gpu_work(stop, *args))
         except ValueError as exc:
             raise gr.Error(str(exc)) from None
-        return generated_text(ctx, records), [step_dict(r) for r in records]
     return decode
 
 
 # ------------------------------------------------------------------ layout
+def inspect_choices(step, session: LiveSession):
+    """The nodes of one step the inspector can show (tested nodes, then the bonus), first rejected preselected."""
+    if session is None or not session.records:
+        return gr.Dropdown(choices=[], value=None)
+    rec = session.records[min(max(int(step), 0), len(session.records) - 1)]
+    choices = inspector_view.node_choices(rec)
+    rejected = [n for _, n in choices if n < rec.tree.n_nodes and rec.status[n] == "rejected"]
+    return gr.Dropdown(choices=choices, value=(rejected or [choices[-1][1]])[0])
+
+
+def inspect_node(node, step, session: LiveSession):
+    """Inspector handler: figure and explanation of one node of the shown step."""
+    if session is None or not session.records or node is None:
+        return None, "*Decode something, then pick a node of the step shown above.*"
+    rec = session.records[min(max(int(step), 0), len(session.records) - 1)]
+    return inspector_view.figure(rec, int(node)), inspector_view.explain(rec, int(node))
+
+
 def build(ctx: AppContext) -> None:
     """Lay out the tab inside the current ``gr.Blocks`` and wire its events."""
     cap = ctx.budget_cap()
     choices = list(acceptance_catalogue(ctx.assets_dir))
+    start_vector = default_acceptance_label("code", 0.0, ctx.assets_dir)
+    with gr.Accordion("How to read this", open=False):
+        gr.Markdown(HOW_TO_READ)
     with gr.Row():
         with gr.Column(scale=1, min_width=300):
             prompt = gr.Textbox(label="Prompt", lines=5, elem_id="sq-prompt",
                                 value="Write a Python function that checks whether a number is prime.")
             chat = gr.Checkbox(value=True, label="apply the chat template")
-            method = gr.Dropdown(list(METHODS), value="Sequoia (budget & depth)", label="Method")
+            method = gr.Dropdown(list(METHODS), value=DEFAULT_METHOD, label="Method")
             with gr.Row():
                 budget = gr.Slider(1, cap, value=min(32, cap), step=1, label="budget (draft tokens / step)")
                 depth = gr.Slider(1, 32, value=8, step=1, label="depth")
@@ -277,28 +335,53 @@ def build(ctx: AppContext) -> None:
                 temperature = gr.Slider(0, 2, value=0, step=0.05, label="temperature (0 = greedy)")
                 top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p")
             with gr.Row():
-                max_new = gr.Slider(1, 1024, value=128, step=1, label="max new tokens")
+                max_new = gr.Slider(1, 1024, value=DEFAULT_NEW_TOKENS, step=1, label="max new tokens")
                 seed = gr.Number(0, precision=0, minimum=0, label="seed")
-            acceptance = gr.Dropdown(choices, value=choices[0], label="acceptance vector (for the DP tree)")
+            acceptance = gr.Dropdown(choices, value=start_vector if start_vector in choices else choices[0],
+                                     label="acceptance vector (for the DP tree)")
             with gr.Row():
                 go_btn = gr.Button("Decode", variant="primary")
                 stop_btn = gr.Button("Stop", variant="stop")
+            guided_btn = gr.Button("▶ Guided example: a code prompt at T=0.6 (the tree branches)", size="sm",
+                                   elem_id="sq-guided")
         with gr.Column(scale=2):
             text = gr.HTML(text_view.html_view([]), label="Generated text", elem_id="sq-text")
-            summary = gr.Markdown(stats_view.summary_markdown([]), elem_id="sq-summary")
+            summary_md = gr.Markdown(stats_view.summary_markdown([]), elem_id="sq-summary")
             step = gr.Slider(0, 1, value=0, step=1, label="step (tree shown below)", interactive=False)
             tree = gr.Plot(label="Speculated tree", elem_id="sq-tree")
+            with gr.Accordion("Inspector: why was a node accepted or rejected?", open=True, elem_id="sq-inspector"):
+                node = gr.Dropdown([], label="node of the step shown above", elem_id="sq-inspect-node")
+                explain = gr.Markdown("*Decode something, then pick a node of the step shown above.*",
+                                      elem_id="sq-inspect-text")
+                inspect_fig = gr.Plot(label="target p and draft q at the test", elem_id="sq-inspect-plot")
     stats = gr.Plot(label="Statistics", elem_id="sq-stats")
     session = gr.State(LiveSession())
 
     def handler(*args):
         yield from decode_stream(ctx, *args)
 
-    event = go_btn.click(handler, [prompt, method, budget, depth, temperature, top_p, max_new, seed, acceptance, chat],
-                         [text, tree, stats, summary, step, session], api_name="decode_stream", **MODEL_WORK)
+    inputs = [prompt, method, budget, depth, temperature, top_p, max_new, seed, acceptance, chat]
+    outputs = [text, tree, stats, summary_md, step, session]
+    # The first frame comes from a light event outside the model queue, so it shows at once (even while
+    # another visitor's decode holds the model).
+    go_btn.click(first_frame, prompt, [text, summary_md], api_visibility="private", show_progress="hidden",
+                 concurrency_limit=None)
+    event = go_btn.click(handler, inputs, outputs, api_name="decode_stream", **MODEL_WORK)
+    fields = [prompt, method, budget, depth, temperature, max_new, seed]
+    guided = guided_btn.click(lambda: [GUIDED[k] for k in ("prompt", "method", "budget", "depth", "temperature",
+                                                            "max_new", "seed")],
+                              None, fields, api_visibility="private", concurrency_limit=None)
+    guided = guided.then(first_frame, prompt, [text, summary_md], api_visibility="private",
+                         show_progress="hidden", concurrency_limit=None)
+    guided_run = guided.then(handler, inputs, outputs, api_visibility="private", **MODEL_WORK)
     # Cancelling closes the handler's generator, and with it the engine's (see decode_stream).
-    stop_btn.click(None, None, None, cancels=[event], api_visibility="private")
+    stop_btn.click(None, None, None, cancels=[event, guided_run], api_visibility="private")
     # input (user moves only, not the updates streamed during decoding); always_last drops stale drags.
     step.input(show_step, [step, session], [tree, text], api_visibility="private", trigger_mode="always_last",
                **LIGHT_WORK)
+    # change also fires on the slider updates the stream sends, so the picker follows the tree on screen.
+    step.change(inspect_choices, [step, session], node, api_visibility="private", trigger_mode="always_last",
+                show_progress="hidden", **LIGHT_WORK)
+    node.change(inspect_node, [node, step, session], [inspect_fig, explain], api_visibility="private",
+                trigger_mode="always_last", show_progress="hidden", **LIGHT_WORK)
     gr.api(decode_api_fn(ctx), api_name="decode", **MODEL_WORK)

@@ -14,16 +14,10 @@ import pytest
 
 from sequoia.core.profile import HardwareProfile
 from sequoia.core.tree import Tree
-from sequoia.tools.bench import (
-    BenchConfig,
-    PromptSet,
-    RunResult,
-    TreeChoice,
-    _compare_with_reference,
-    load_prompt_sets,
-    run_bench,
-)
-from sequoia.tools.bench_report import FORMAT, markdown_report, markdown_table, summarize_runs, to_dict, write_json
+from sequoia._meta import write_json
+from sequoia.runtime.runner import RunResult, process_clock
+from sequoia.tools.bench import BenchConfig, PromptSet, TreeChoice, _compare_with_reference, load_prompt_sets, run_bench
+from sequoia.tools.bench_report import FORMAT, markdown_report, markdown_table, summarize_runs, to_dict
 
 PROMPTS = (PromptSet("code", ((3, 5, 7, 9), (11, 2, 4))), PromptSet("chat", ((1, 8, 20, 6, 2),)))
 
@@ -38,11 +32,12 @@ def _trees(temps=(0.0,), tree=Tree.k_ary(2, 2)):
 
 
 @pytest.fixture(scope="module")
-def greedy_result(tiny_pairs):
+def greedy_result(tiny_pairs, tmp_path_factory):
     from sequoia.tools.bench_trees import dynamic_proposers
 
     config = BenchConfig(max_new_tokens=8, temperatures=(0.0,), warmup_tokens=2)
-    dynamic = dynamic_proposers(PROMPTS, (0.0,), [], None, None, budget=8, max_depth=4)
+    no_assets = tmp_path_factory.mktemp("no-assets")  # no calibration: the identity
+    dynamic = dynamic_proposers(PROMPTS, (0.0,), [], None, no_assets, budget=8, max_depth=4)
     return run_bench(_pair(tiny_pairs["noisy"]), PROMPTS, config, _trees(), progress=lambda *a: None,
                      dynamic=dynamic)
 
@@ -68,6 +63,14 @@ def test_engine_runs_carry_a_time_split_and_hf_runs_do_not(greedy_result):
             assert r.target_calls == r.steps + 1
     ar = [r for r in greedy_result.runs if r.method == "ar"]
     assert all(r.tree_size == 0 for r in ar)
+
+
+def test_tree_size_is_what_the_steps_drafted(greedy_result):
+    """sequoia-dynamic drafts its own trees (at most its budget of 8), not the static tree of its budget."""
+    chain = [r for r in greedy_result.runs if r.method == "chain"]
+    assert all(r.tree_size == BenchConfig().chain_budget for r in chain)
+    dyn = [r for r in greedy_result.runs if r.method == "sequoia-dynamic"]
+    assert dyn and all(0 <= r.tree_size <= 8 for r in dyn)
 
 
 def test_greedy_outputs_equal_target_only(greedy_result):
@@ -124,7 +127,7 @@ def test_summary_ratio_is_per_prompt():
 
 def test_json_and_markdown(greedy_result, tmp_path):
     path = tmp_path / "bench.json"
-    write_json(greedy_result, path)
+    write_json(path, to_dict(greedy_result))
     data = json.loads(path.read_text())
     assert data["format"] == FORMAT
     assert len(data["runs"]) == len(greedy_result.runs) and len(data["summary"]) == 2 * len(BenchConfig().methods)
@@ -174,22 +177,19 @@ def test_load_prompt_sets(tmp_path):
 
 def test_tree_choice_from_files(tmp_path):
     from sequoia.runtime.acceptance import AcceptanceVector
-    from sequoia.tools.bench_trees import acceptance_files, choose_trees, pick_acceptance
+    from sequoia.runtime.finder import list_acceptance
+    from sequoia.tools.bench_trees import choose_trees
 
-    AcceptanceVector((0.9, 0.05), temperature=0.0, prompt_set="code").save(tmp_path / "code-t0.json")
-    AcceptanceVector((0.6, 0.2), temperature=0.6, prompt_set="chat").save(tmp_path / "chat-t06.json")
-    (tmp_path / "junk.json").write_text("{}")
-    files = acceptance_files(tmp_path)
-    assert len(files) == 2
-    assert pick_acceptance(files, "code", 0.0)[0] == (0.9, 0.05)
-    assert pick_acceptance(files, "code", 0.6)[0] == (0.6, 0.2)       # same T beats same set
-    assert pick_acceptance(files, "chat", 0.0)[0] == (0.9, 0.05)
-    assert pick_acceptance([], "chat", 0.0)[1] == "default"
+    AcceptanceVector((0.9, 0.05), temperature=0.0, prompt_set="code").save(tmp_path / "acceptance" / "code-t0.json")
+    AcceptanceVector((0.6, 0.2), temperature=0.6, prompt_set="chat").save(tmp_path / "acceptance" / "chat-t06.json")
+    (tmp_path / "acceptance" / "junk.json").write_text("{}")
+    entries = list_acceptance(tmp_path)
+    assert len(entries) == 2  # the finder's rules are tested in test_finder.py
     prof = HardwareProfile.hand_made(lambda n: 100.0 + n, lambda w: 10.0 + w)
-    trees = choose_trees([PromptSet("code", ("x",))], (0.0, 0.6), files, prof, max_budget=32)
+    trees = choose_trees([PromptSet("code", ("x",))], (0.0, 0.6), entries, prof, max_budget=32)
     assert [t.temperature for t in trees] == [0.0, 0.6]
     assert all(t.tree.size >= 1 and t.predicted_speedup > 1 for t in trees)
-    assert trees[0].acceptance_source.endswith("code-t0.json")
+    assert trees[0].acceptance_source == "code, T=0 (code-t0)" and trees[1].acceptance == (0.6, 0.2)
 
 
 def test_figures_are_built_from_summaries(greedy_result, tmp_path):
@@ -271,23 +271,32 @@ def test_bench_on_the_embedded_pair_matches_target_greedy_in_fp32(embedded_pair_
     assert seq.tokens_per_call > 1.0 and seq.steps < seq.new_tokens
 
 
-def test_process_clock_swaps_perf_counter_and_needs_one_thread():
+def test_process_clock_needs_one_thread_and_times_the_engine_steps(tiny_pairs):
+    """The clock is passed in (no global patching): the run and the engine's step split both read it."""
     import time
 
     import torch
 
-    from sequoia.tools.bench import process_clock
+    from sequoia.core.config import GenerationConfig
+    from sequoia.runtime.engine import SpeculativeEngine
+    from sequoia.runtime.methods import make_method
+    from sequoia.runtime.runner import run_method
 
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        with process_clock():
-            assert time.perf_counter is time.process_time
+        assert process_clock() is time.process_time
+        ticks = iter(range(10_000))
+        engine = SpeculativeEngine(_pair(tiny_pairs["noisy"]), clock=lambda: float(next(ticks)))
+        run = run_method(engine, engine.pair, "chain", [3, 5, 7], GenerationConfig(max_new_tokens=4),
+                         make_method("chain", budget=2))
         assert time.perf_counter is not time.process_time
+        # every clock read is one tick: 4 per step, 2 for the whole run
+        assert run.draft_s + run.verify_s + run.other_s == 3 * run.steps
+        assert run.seconds == 4 * run.steps + 1
         torch.set_num_threads(2)
         with pytest.raises(ValueError, match="one torch thread"):
-            with process_clock():
-                pass
+            process_clock()
     finally:
         torch.set_num_threads(before)
 
@@ -315,7 +324,7 @@ def test_dynamic_proposers_pick_the_nearest_calibration(tmp_path):
 
     for t, name in ((0.0, "greedy"), (1.0, "hot")):
         Calibration(knots=(0.0, 1.0), values=((0.0, 1.0),), temperature=t, prompt_set=name).save(
-            tmp_path / f"calibration-x-t{t:g}.json")
+            tmp_path / "acceptance" / f"calibration-x-t{t:g}.json")
     found = dynamic_proposers(PROMPTS[:1], (0.0, 0.8), [], None, tmp_path, budget=8, max_depth=4)
     assert found[("code", 0.0)].calibration.prompt_set == "greedy"
     assert found[("code", 0.8)].calibration.prompt_set == "hot"

@@ -5,10 +5,12 @@ once before the next prompt starts (their order rotates from prompt to
 prompt), so slow drift of a shared machine (thermal state, other processes)
 lands on all methods alike instead of on whichever ran last.
 
-Per run the bench records the wall time of the whole call (prefill included,
-for the engine as for Hugging Face), the generated tokens, and the number of
-target forwards (a forward pre-hook counts them the same way for every
-method, prefill included).  Engine methods also keep the draft / verify /
+Each run goes through :func:`sequoia.runtime.runner.run_method`, whose rule
+the app and the scripts share: the whole call is timed (prefill included, for
+the engine as for Hugging Face) on the engine's clock, after one untimed
+warm-up run of every method (:func:`sequoia.runtime.runner.warmup`).  A run
+records the generated tokens, the target forwards (prefill included), the
+mean tree size each step drafted, and for engine methods the draft / verify /
 other split summed from their step records.  At temperature 0 each output is
 compared token for token with target-only greedy decoding (``hf-generate``,
 else the engine's ``ar``).  Summaries are medians over the prompts of one
@@ -20,8 +22,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -29,15 +30,17 @@ import torch
 from .._meta import Progress, ProgressFn, now_iso, pair_name
 from ..core.config import GenerationConfig, SamplingConfig
 from ..core.tree import Tree
-from ..runtime.baselines import count_forwards
+from ..runtime.acceptance import load_prompts
+from ..runtime.drafter import StaticTreeProposer
+from ..runtime.engine import SpeculativeEngine
+from ..runtime.methods import make_method
+from ..runtime.profiling import describe_device
+from ..runtime.runner import RunResult, run_method, warmup
 
 #: Methods in the order the report lists them.
 BENCH_METHODS = ("hf-generate", "ar", "hf-assisted", "chain", "specinfer", "sequoia", "sequoia-dynamic")
-HF_METHODS = ("hf-generate", "hf-assisted")
 #: Target-only greedy references, best first: outputs at T=0 are compared with the first one run.
 REFERENCES = ("hf-generate", "ar")
-#: The real wall clock, kept before :func:`process_clock` can swap ``time.perf_counter``.
-_WALL_CLOCK = time.perf_counter
 
 
 @dataclass(frozen=True)
@@ -91,56 +94,6 @@ class TreeChoice:
                 "expected_tokens": self.expected_tokens}
 
 
-@dataclass(frozen=True)
-class RunResult:
-    method: str
-    prompt_set: str
-    prompt_index: int
-    temperature: float
-    prompt_tokens: int
-    tokens: tuple[int, ...]           # generated tokens (prompt excluded, EOS kept)
-    seconds: float                    # wall time of the whole call, prefill included
-    target_calls: int                 # target forwards, prefill included
-    steps: int | None = None          # engine step records (None: a Hugging Face method)
-    tree_size: int | None = None      # draft tokens per step (engine methods)
-    draft_s: float | None = None      # summed over steps (engine methods)
-    verify_s: float | None = None
-    other_s: float | None = None
-    reference: str | None = None      # the target-only greedy run compared with (T=0)
-    matches_reference: bool | None = None
-    agree_prefix: int | None = None   # leading tokens equal to the reference's
-    load1: float | None = None        # the OS 1-minute load average after the run (a shared machine shows here)
-    wall_s: float | None = None       # wall time, when ``seconds`` is process CPU time (see process_clock)
-
-    @property
-    def new_tokens(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
-
-    @property
-    def tokens_per_call(self) -> float:
-        return self.new_tokens / self.target_calls if self.target_calls else 0.0
-
-    @property
-    def outside_steps_s(self) -> float | None:
-        """Wall time outside the step records: prefill and generator overhead (engine methods)."""
-        if self.steps is None:
-            return None
-        return max(0.0, self.seconds - (self.draft_s + self.verify_s + self.other_s))
-
-    def to_dict(self) -> dict:
-        keys = ("method", "prompt_set", "prompt_index", "temperature", "prompt_tokens", "seconds", "target_calls",
-                "steps", "tree_size", "draft_s", "verify_s", "other_s", "reference", "matches_reference",
-                "agree_prefix", "load1", "wall_s")
-        out = {k: getattr(self, k) for k in keys}
-        out.update(new_tokens=self.new_tokens, tokens_per_s=self.tokens_per_s,
-                   tokens_per_call=self.tokens_per_call, tokens=list(self.tokens))
-        return out
-
-
 @dataclass
 class BenchResult:
     config: BenchConfig
@@ -149,6 +102,7 @@ class BenchResult:
     runs: list[RunResult] = field(default_factory=list)
     trees: list[TreeChoice] = field(default_factory=list)
     profile: dict | None = None       # the hardware profile the optimizer used
+    profile_reason: str = ""          # which profile that is and why (sequoia.runtime.finder)
     clock: str = "wall"               # "wall", or "process" (CPU time of this process, one thread)
     started: str = ""
     seconds: float = 0.0              # whole bench, warm-up included (wall time)
@@ -157,8 +111,6 @@ class BenchResult:
 # ---------------------------------------------------------------------------- prompts
 def load_prompt_sets(spec: str, assets_dir: str | Path, limit: int | None = None) -> list[PromptSet]:
     """``spec`` is a comma-separated list of shipped set names (``code``, ``chat``) or JSONL paths."""
-    from ..runtime.acceptance import load_prompts
-
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
     sets = []
@@ -186,25 +138,26 @@ def run_bench(
     progress: ProgressFn | None = None,
     checkpoint: Callable[[BenchResult], None] | None = None,
     dynamic: Mapping[tuple[str, float], object] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> BenchResult:
     """Run every method on every prompt and temperature, interleaved; see the module docstring.
 
     ``checkpoint`` is called with the result so far after every (prompt, temperature) group.
     ``dynamic`` maps (prompt set, temperature) to the ``sequoia-dynamic`` proposer to run there
-    (see :func:`sequoia.tools.bench_trees.dynamic_proposers`).
+    (see :func:`sequoia.tools.bench_trees.dynamic_proposers`).  ``clock`` times every run and the
+    engine's step split (e.g. :func:`sequoia.runtime.runner.process_clock`); the bench's own duration is wall time.
     """
-    from ..runtime.engine import SpeculativeEngine
-
     proposers = make_proposers(config, prompt_sets, sequoia_trees, dynamic)
-    engine = SpeculativeEngine(pair)
+    engine = SpeculativeEngine(pair, clock=clock)
     encoded = [(s.name, i, encode(pair, p)) for s in prompt_sets for i, p in enumerate(s.prompts)]
     if not encoded:
         raise ValueError("the prompt sets hold no prompts")
     result = BenchResult(config=config, pair=pair_name(pair), device=_describe(pair), trees=list(sequoia_trees),
                          started=now_iso())
-    start = _WALL_CLOCK()
-    if config.warmup_tokens:
-        _warmup(engine, pair, encoded[0], config, proposers)
+    start = time.perf_counter()
+    first_set, _, first_ids = encoded[0]
+    warmup(engine, pair, first_ids, [(m, proposers.get((m, first_set, config.temperatures[0])))
+                                     for m in config.methods], tokens=config.warmup_tokens, seed=config.seed)
     tick = Progress(len(encoded) * len(config.temperatures) * len(config.methods), progress, "bench")
     try:
         for n, (set_name, index, ids) in enumerate(encoded):
@@ -218,20 +171,17 @@ def run_bench(
                     tick(f"{set_name}#{index} T={temp:g} {method}: {run.tokens_per_s:.2f} tok/s")
                 result.runs.extend(_compare_with_reference(group) if temp == 0 else group)
                 if checkpoint is not None:
-                    result.seconds = _WALL_CLOCK() - start
+                    result.seconds = time.perf_counter() - start
                     checkpoint(result)
     finally:
         tick.close()
-    result.seconds = _WALL_CLOCK() - start
+    result.seconds = time.perf_counter() - start
     return result
 
 
 def make_proposers(config: BenchConfig, prompt_sets: Sequence[PromptSet],
                    sequoia_trees: Sequence[TreeChoice], dynamic: Mapping | None = None) -> dict:
     """(method, prompt set, temperature) -> proposer, for the engine methods."""
-    from ..runtime.drafter import StaticTreeProposer
-    from ..runtime.methods import make_method
-
     fixed = {
         "ar": make_method("ar"),
         "chain": make_method("chain", budget=config.chain_budget),
@@ -255,62 +205,6 @@ def make_proposers(config: BenchConfig, prompt_sets: Sequence[PromptSet],
     return out
 
 
-def run_method(engine, pair, method: str, ids: list[int], gen: GenerationConfig, proposer=None) -> RunResult:
-    """One timed run of ``method`` on one prompt (prompt set and index are filled in by the caller)."""
-    if method in HF_METHODS:
-        from ..runtime.baselines import hf_generate
-
-        wall = _WALL_CLOCK()
-        with count_forwards(pair.target) as calls:
-            base = hf_generate(pair, ids, gen, assisted=method == "hf-assisted")
-        return RunResult(method=method, prompt_set="", prompt_index=0, temperature=gen.sampling.temperature,
-                         prompt_tokens=len(ids), tokens=base.tokens, seconds=base.seconds, target_calls=calls[0],
-                         wall_s=_WALL_CLOCK() - wall)
-    if proposer is None:
-        raise ValueError(f"method {method!r} needs a proposer")
-    with count_forwards(pair.target) as calls:
-        wall, start = _WALL_CLOCK(), time.perf_counter()
-        records = list(engine.generate(ids, proposer, gen, with_texts=False))
-        _sync(pair.device)
-        seconds, wall = time.perf_counter() - start, _WALL_CLOCK() - wall
-    return RunResult(
-        method=method, prompt_set="", prompt_index=0, temperature=gen.sampling.temperature,
-        prompt_tokens=len(ids), tokens=tuple(t for r in records for t in r.new_tokens), seconds=seconds,
-        target_calls=calls[0], steps=len(records), tree_size=proposer.tree.size, wall_s=wall,
-        draft_s=sum(r.draft_s for r in records), verify_s=sum(r.verify_s for r in records),
-        other_s=sum(r.other_s for r in records),
-    )
-
-
-@contextmanager
-def process_clock():
-    """Within the block, ``time.perf_counter`` reports this process's CPU time.
-
-    On a shared machine other processes steal the cores, and wall times then
-    measure the neighbours as much as the method.  With ONE torch thread, CPU
-    time is what the run would take on a core of its own (memory and cache
-    contention aside), and every timer in the stack (the engine's step split,
-    Hugging Face runs, hardware profiling) reads it alike.  With several
-    threads CPU time sums them, so callers must pin torch to one thread.
-    """
-    if torch.get_num_threads() != 1:
-        raise ValueError("the process clock needs exactly one torch thread (--threads 1)")
-    saved = time.perf_counter
-    time.perf_counter = time.process_time
-    try:
-        yield
-    finally:
-        time.perf_counter = saved
-
-
-def _warmup(engine, pair, first, config: BenchConfig, proposers: dict) -> None:
-    """One short untimed run of every method: first-call costs (allocator, kernels) stay out of the numbers."""
-    set_name, _, ids = first
-    gen = GenerationConfig(max_new_tokens=config.warmup_tokens, seed=config.seed)
-    for method in config.methods:
-        run_method(engine, pair, method, ids, gen, proposers.get((method, set_name, config.temperatures[0])))
-
-
 def encode(pair, prompt: str | Sequence[int]) -> list[int]:
     """A text prompt through the pair's chat template; token ids pass through."""
     if isinstance(prompt, str):
@@ -327,16 +221,12 @@ def _rotated(methods: tuple[str, ...], n: int) -> tuple[str, ...]:
 
 
 def _label(run: RunResult, set_name: str, index: int) -> RunResult:
-    from dataclasses import replace
-
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     return replace(run, prompt_set=set_name, prompt_index=index, load1=load)
 
 
 def _compare_with_reference(group: list[RunResult]) -> list[RunResult]:
     """At T=0: flag every run whose tokens differ from target-only greedy decoding of the same prompt."""
-    from dataclasses import replace
-
     by_method = {r.method: r for r in group}
     ref_name = next((m for m in REFERENCES if m in by_method), None)
     if ref_name is None:
@@ -353,11 +243,4 @@ def _compare_with_reference(group: list[RunResult]) -> list[RunResult]:
 
 
 def _describe(pair) -> str:
-    from ..runtime.profiling import describe_device
-
     return describe_device(torch.device(pair.device))
-
-
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)

@@ -7,23 +7,26 @@ prompt per set, 16 tokens, greedy only, a coarse hardware profile.
 
 from __future__ import annotations
 
-import argparse
 import sys
+import time
 from pathlib import Path
 
-from .._meta import ASSETS
+import torch
+
+from .._meta import ASSETS, pair_name, write_json
+from ..runtime.finder import ProfileChoice, list_acceptance
+from ..runtime.runner import process_clock
+from .bench import BENCH_METHODS, BenchConfig, load_prompt_sets
+from .bench import run_bench as bench
+from .bench_figures import speed_figure, speedup_figure, time_split_figure, write_figures
+from .bench_report import markdown_table, summarize_runs, to_dict, write_markdown
+from .bench_trees import choose_trees, dynamic_proposers
+from .common import add_model_args, load_from_args, profile_for
 
 QUICK = dict(limit=1, max_new_tokens=16, temperatures="0", warmup=2)
-#: Profile grids measured at the start of a bench when no profile is given: trees up to 63 tokens
-#: (larger ones do not pay on a CPU, and 256-token forwards take minutes there); coarser for --quick.
-BENCH_GRIDS = dict(target_grid=(1, 2, 4, 8, 16, 24, 32, 48, 64), draft_grid=(1, 2, 4, 8, 16, 32))
-QUICK_GRIDS = dict(target_grid=(1, 4, 16, 32), draft_grid=(1, 4, 8), repeats=1)
 
 
 def add_bench_parser(sub) -> None:
-    from .bench import BENCH_METHODS
-    from .cli import _add_model_args
-
     p = sub.add_parser("bench", help="benchmark every method side by side (tokens/s, speedup, equality)")
     p.add_argument("--prompts", default="code,chat", help="comma-separated shipped sets (code, chat) or JSONL paths")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -39,11 +42,11 @@ def add_bench_parser(sub) -> None:
     g.add_argument("--chain-budget", type=int, default=5)
     g.add_argument("--specinfer-width", type=int, default=3)
     g.add_argument("--specinfer-depth", type=int, default=4)
-    g.add_argument("--acceptance-dir", default=str(ASSETS / "acceptance"),
-                   help="directory of acceptance-vector and calibration JSON files (missing: the shipped default vector, "
-                        "identity calibration)")
-    g.add_argument("--profile", default=None, help="hardware profile JSON (default: newest matching one in "
-                   "assets/profiles, else measured now, trees up to 63 tokens, and saved to OUT/profile.json)")
+    g.add_argument("--assets-dir", default=str(ASSETS),
+                   help="folder whose acceptance/ holds the acceptance vectors and calibrations, and profiles/ the "
+                        "shipped profiles (missing: the built-in default vector, identity calibration)")
+    g.add_argument("--profile", default=None, help="hardware profile JSON (default: this machine's cached or "
+                   "shipped one, else a quick one measured now and cached; OUT/profile.json keeps a copy)")
     g.add_argument("--max-budget", type=int, default=None, help="largest Sequoia tree the optimizer may pick")
     g.add_argument("--max-depth", type=int, default=16)
     g.add_argument("--sequoia-budget", type=int, default=None,
@@ -53,7 +56,7 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="cpu: time with this process's CPU time (needs --threads 1), for a busy shared machine")
     p.add_argument("--no-png", action="store_true", help="HTML charts only")
-    _add_model_args(p)
+    add_model_args(p)
 
 
 def _floats(text: str, what: str) -> tuple[float, ...]:
@@ -63,13 +66,7 @@ def _floats(text: str, what: str) -> tuple[float, ...]:
         raise ValueError(f"{what} must be comma-separated numbers, got {text!r}") from None
 
 
-def run_bench(args) -> int:
-    from contextlib import nullcontext
-
-    from .bench import BenchConfig, load_prompt_sets, process_clock
-    from .bench import run_bench as bench
-    from .bench_report import write_json
-
+def main_bench(args) -> int:
     if args.quick:
         args.limit = args.limit or QUICK["limit"]
         args.max_new_tokens, args.temperatures = QUICK["max_new_tokens"], QUICK["temperatures"]
@@ -82,58 +79,42 @@ def run_bench(args) -> int:
     )
     sets = load_prompt_sets(args.prompts, ASSETS / "prompts", args.limit)
     if args.threads is not None:
-        import torch
-
         if args.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from .cli import _load
-
     if args.clock == "cpu" and args.threads != 1:
         raise ValueError("--clock cpu needs --threads 1 (CPU time sums every thread)")
-    pair = _load(args)
-    with process_clock() if args.clock == "cpu" else nullcontext():
-        profile, trees, dynamic = None, [], None
-        if {"sequoia", "sequoia-dynamic"} & set(config.methods):
-            profile = _profile(args, pair, out)
-        if "sequoia" in config.methods:
-            trees = _trees(args, pair, sets, config, profile)
-        if "sequoia-dynamic" in config.methods:
-            dynamic = _dynamic(args, pair, sets, config, profile)
-        result = bench(pair, sets, config, trees, dynamic=dynamic,
-                       checkpoint=lambda partial: write_json(partial, out / "bench.partial.json"))
-    result.profile = profile.to_dict() if profile is not None else None
+    pair = load_from_args(args)
+    clock = process_clock() if args.clock == "cpu" else time.perf_counter
+    choice, trees, dynamic = None, [], None
+    if {"sequoia", "sequoia-dynamic"} & set(config.methods):
+        choice = _profile(args, pair, out)
+    if "sequoia" in config.methods:
+        trees = _trees(args, pair, sets, config, choice.profile)
+    if "sequoia-dynamic" in config.methods:
+        dynamic = _dynamic(args, pair, sets, config, choice.profile)
+    result = bench(pair, sets, config, trees, dynamic=dynamic, clock=clock,
+                   checkpoint=lambda partial: write_json(out / "bench.partial.json", to_dict(partial)))
+    if choice is not None:
+        result.profile = choice.profile.to_dict()
+        result.profile_reason = f"{choice.source}: {choice.reason}"
     result.clock = "process" if args.clock == "cpu" else "wall"
     _write(result, out, png=not args.no_png)
     return 0
 
 
-def _profile(args, pair, out: Path):
-    from .._meta import pair_name
-    from ..core.profile import HardwareProfile
-    from ..runtime.profiling import measure_profile
-    from .bench_trees import find_profile
-
-    if args.profile:
-        return HardwareProfile.load(args.profile, pair=pair_name(pair))
-    found = None if args.quick else find_profile(ASSETS / "profiles", pair_name(pair), str(pair.target.dtype))
-    if found is not None:
-        print(f"hardware profile: {found.date} from assets/profiles", file=sys.stderr)
-        return found
-    prof = measure_profile(pair, **(QUICK_GRIDS if args.quick else BENCH_GRIDS))
-    prof.save(out / "profile.json")
-    print(f"hardware profile measured -> {out / 'profile.json'}", file=sys.stderr)
-    return prof
+def _profile(args, pair, out: Path) -> ProfileChoice:
+    """The finder's choice (given, cached, shipped, or measured now); a copy goes to OUT/profile.json."""
+    choice = profile_for(pair, args.profile, args.cache_dir)
+    choice.profile.save(out / "profile.json")
+    return choice
 
 
 def _trees(args, pair, sets, config, profile):
-    from .._meta import pair_name
-    from .bench_trees import acceptance_files, choose_trees
-
-    files = acceptance_files(args.acceptance_dir, pair_name(pair))
-    trees = choose_trees(sets, config.temperatures, files, profile, max_budget=args.max_budget,
+    entries = list_acceptance(args.assets_dir, pair_name(pair))
+    trees = choose_trees(sets, config.temperatures, entries, profile, max_budget=args.max_budget,
                          max_depth=args.max_depth, fixed_budget=args.sequoia_budget)
     for t in trees:
         print(f"sequoia tree for {t.prompt_set} T={t.temperature:g}: {t.tree.size} tokens, depth {t.tree.depth}, "
@@ -142,12 +123,9 @@ def _trees(args, pair, sets, config, profile):
 
 
 def _dynamic(args, pair, sets, config, profile):
-    from .._meta import pair_name
-    from .bench_trees import acceptance_files, dynamic_proposers
-
     name = pair_name(pair)
-    found = dynamic_proposers(sets, config.temperatures, acceptance_files(args.acceptance_dir, name), profile,
-                              args.acceptance_dir, name, budget=args.max_budget, max_depth=args.max_depth)
+    found = dynamic_proposers(sets, config.temperatures, list_acceptance(args.assets_dir, name), profile,
+                              args.assets_dir, name, budget=args.max_budget, max_depth=args.max_depth)
     for (set_name, temp), method in found.items():
         print(f"sequoia-dynamic for {set_name} T={temp:g}: budget {method.budget}, depth {method.max_depth}, "
               f"calibration {method.calibration.prompt_set or 'identity'}"
@@ -156,10 +134,7 @@ def _dynamic(args, pair, sets, config, profile):
 
 
 def _write(result, out: Path, png: bool) -> None:
-    from .bench_figures import speed_figure, speedup_figure, time_split_figure, write_figures
-    from .bench_report import markdown_table, summarize_runs, write_json, write_markdown
-
-    write_json(result, out / "bench.json")
+    write_json(out / "bench.json", to_dict(result))
     write_markdown(result, out / "bench.md")
     summaries = summarize_runs(result.runs)
     figs = {"speed": speed_figure(summaries), "speedup": speedup_figure(summaries),

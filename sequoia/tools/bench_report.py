@@ -1,6 +1,6 @@
 """Summaries of a bench run (medians per prompt set) and their JSON / Markdown forms.
 
-Every number here is computed from :class:`sequoia.tools.bench.RunResult` alone.
+Every number here is computed from :class:`sequoia.runtime.runner.RunResult` alone.
 ``speedup`` is the median over prompts of each prompt's tokens/s ratio to
 ``hf-generate`` on the same prompt and temperature (the target alone), and
 ``vs_assisted`` the same ratio to ``hf-assisted``: per-prompt ratios cancel
@@ -9,13 +9,14 @@ how long or easy each prompt is, which medians of tokens/s alone do not.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .bench import BENCH_METHODS, BenchResult, RunResult
+from .._meta import read_json
+from ..runtime.runner import RunResult
+from .bench import BENCH_METHODS, BenchResult
 
 FORMAT = "sequoia-bench/1"
 
@@ -93,19 +94,14 @@ def to_dict(result: BenchResult) -> dict:
         "format": FORMAT, "pair": result.pair, "device": result.device, "started": result.started,
         "seconds": result.seconds, "clock": result.clock, "config": asdict(result.config),
         "trees": [t.to_dict() for t in result.trees], "profile": result.profile,
+        "profile_reason": result.profile_reason,
         "summary": [_finite(asdict(s)) for s in summarize_runs(result.runs)],
         "runs": [r.to_dict() for r in result.runs],
     }
 
 
-def write_json(result: BenchResult, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(to_dict(result), indent=1))
-
-
 def read_runs(path: str | Path) -> list[RunResult]:
     """The runs of a bench JSON file (e.g. to merge partial benches or redraw their charts)."""
-    from .._meta import read_json
-
     data = read_json(path, FORMAT, "Sequoia bench")
     fields = set(RunResult.__dataclass_fields__)
     return [RunResult(**{**{k: v for k, v in r.items() if k in fields}, "tokens": tuple(r["tokens"])})
@@ -152,9 +148,11 @@ def markdown_report(result: BenchResult) -> str:
         "(prefill included); the split is of the engine's step time; *greedy = target*: outputs equal to "
         "target-only greedy at T=0.", "",
     ]
+    if result.profile_reason:
+        head += [f"Hardware profile: {result.profile_reason}.", ""]
     if result.clock == "process":
-        head += ["Timed on the **process clock**: every duration (tokens/s, speedups, the step split, the hardware "
-                 "profile) is this process's CPU time with one torch thread, i.e. what the run takes on a core "
+        head += ["Timed on the **process clock**: every run's duration (tokens/s, speedups, the step split) is "
+                 "this process's CPU time with one torch thread, i.e. what the run takes on a core "
                  "of its own; *wall tokens/s* is what the busy shared machine actually delivered.", ""]
     head += [markdown_table(summarize_runs(result.runs), wall_column=result.clock == "process")]
     loads = sorted(r.load1 for r in result.runs if r.load1 is not None)

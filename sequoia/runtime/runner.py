@@ -1,0 +1,138 @@
+"""One way to decode and time a method, shared by the bench, the app and the scripts.
+
+The rule, the same for every caller and every method:
+
+* **The timed span is the whole call**: prefill of the prompt, every step,
+  and for Hugging Face methods ``generate``'s own setup, read on the engine's
+  clock (:class:`~sequoia.runtime.engine.SpeculativeEngine` ``clock``; wall time
+  by default) after draining the GPU queue.  The engine's draft / verify /
+  other split reads the same clock, so the split and the total agree.
+* **Warm-up is the caller's job**: call :func:`warmup` once before timing (a
+  short untimed greedy run of every method to be timed), so first-call costs
+  (allocator growth, kernel selection, lazy initialisation) land on no method.
+
+Target forwards are counted by a forward pre-hook on the target, the same way
+for every method, prefill included.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+
+import torch
+
+from ..core.config import GenerationConfig
+from .baselines import count_forwards, hf_generate
+from .drafter import Proposer
+from .engine import SpeculativeEngine, sync
+
+#: Hugging Face ``generate`` baselines the runner times like an engine method.
+HF_METHODS = ("hf-generate", "hf-assisted")
+
+
+@dataclass(frozen=True)
+class RunResult:
+    method: str
+    prompt_set: str                   # filled in by the bench ("" elsewhere)
+    prompt_index: int
+    temperature: float
+    prompt_tokens: int
+    tokens: tuple[int, ...]           # generated tokens (prompt excluded, EOS kept)
+    seconds: float                    # the whole call on the engine's clock, prefill included
+    target_calls: int                 # target forwards, prefill included
+    steps: int | None = None          # engine step records (None: a Hugging Face method)
+    tree_size: float | None = None    # mean draft tokens per step, from what each step drafted (engine methods)
+    draft_s: float | None = None      # summed over steps (engine methods)
+    verify_s: float | None = None
+    other_s: float | None = None
+    reference: str | None = None      # the target-only greedy run compared with (T=0)
+    matches_reference: bool | None = None
+    agree_prefix: int | None = None   # leading tokens equal to the reference's
+    load1: float | None = None        # the OS 1-minute load average after the run (a shared machine shows here)
+    wall_s: float | None = None       # wall time of the call (differs from ``seconds`` on the process clock)
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def ms_per_token(self) -> float:
+        return 1000.0 * self.seconds / max(self.new_tokens, 1)
+
+    @property
+    def tokens_per_call(self) -> float:
+        return self.new_tokens / self.target_calls if self.target_calls else 0.0
+
+    @property
+    def outside_steps_s(self) -> float | None:
+        """Time outside the step records: prefill and generator overhead (engine methods)."""
+        if self.steps is None:
+            return None
+        return max(0.0, self.seconds - (self.draft_s + self.verify_s + self.other_s))
+
+    def to_dict(self) -> dict:
+        keys = ("method", "prompt_set", "prompt_index", "temperature", "prompt_tokens", "seconds", "target_calls",
+                "steps", "tree_size", "draft_s", "verify_s", "other_s", "reference", "matches_reference",
+                "agree_prefix", "load1", "wall_s")
+        out = {k: getattr(self, k) for k in keys}
+        out.update(new_tokens=self.new_tokens, tokens_per_s=self.tokens_per_s,
+                   tokens_per_call=self.tokens_per_call, tokens=list(self.tokens))
+        return out
+
+
+def run_method(engine: SpeculativeEngine, pair, method: str, ids: list[int], gen: GenerationConfig,
+               proposer: Proposer | None = None,
+               should_stop: Callable[[], bool] | None = None) -> RunResult:
+    """One timed run of ``method`` on one prompt (see the module docstring for what is timed).
+
+    ``method`` is one of :data:`HF_METHODS` or any engine method, whose ``proposer`` is then required.
+    ``should_stop`` (engine methods) ends the run between two steps.
+    """
+    clock = engine.clock
+    if method not in HF_METHODS and proposer is None:
+        raise ValueError(f"method {method!r} needs a proposer")
+    with count_forwards(pair.target) as calls:
+        wall, start = time.perf_counter(), clock()
+        if method in HF_METHODS:
+            tokens, records = hf_generate(pair, ids, gen, assisted=method == "hf-assisted").tokens, None
+        else:
+            records = list(engine.generate(ids, proposer, gen, should_stop=should_stop, with_texts=False))
+            tokens = tuple(t for r in records for t in r.new_tokens)
+        sync(pair.device)
+        seconds, wall = clock() - start, time.perf_counter() - wall
+    base = RunResult(method=method, prompt_set="", prompt_index=0, temperature=gen.sampling.temperature,
+                     prompt_tokens=len(ids), tokens=tuple(tokens), seconds=seconds, target_calls=calls[0],
+                     wall_s=wall)
+    if records is None:
+        return base
+    return replace(base, steps=len(records), tree_size=sum(r.tree.size for r in records) / max(len(records), 1),
+                   draft_s=sum(r.draft_s for r in records), verify_s=sum(r.verify_s for r in records),
+                   other_s=sum(r.other_s for r in records))
+
+
+def warmup(engine: SpeculativeEngine, pair, ids: list[int], runs: Iterable[tuple[str, Proposer | None]],
+           tokens: int = 8, seed: int = 0) -> None:
+    """One short untimed greedy run of every (method, proposer) on ``ids``: first-call costs stay out of the numbers."""
+    if tokens < 1:
+        return
+    gen = GenerationConfig(max_new_tokens=tokens, seed=seed)
+    for method, proposer in runs:
+        run_method(engine, pair, method, ids, gen, proposer)
+
+
+def process_clock() -> Callable[[], float]:
+    """This process's CPU time, for a busy shared machine (pass it as the engine's ``clock``).
+
+    Other processes stealing the cores then do not show in the numbers.  With
+    ONE torch thread CPU time is what the run would take on a core of its own
+    (memory and cache contention aside); with several it sums them, so it is refused.
+    """
+    if torch.get_num_threads() != 1:
+        raise ValueError("the process clock needs exactly one torch thread (--threads 1)")
+    return time.process_time
