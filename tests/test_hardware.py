@@ -104,7 +104,8 @@ def test_measure_profile_tiny_model():
     pair = make_pair(draft, target, 64)
     seen = []
     prof = measure_profile(pair, context_len=12, target_grid=(1, 4, 9), draft_grid=(1, 3), repeats=2, warmup=1,
-                           generator=torch.Generator().manual_seed(3), progress=lambda *a: seen.append(a))
+                           generator=torch.Generator().manual_seed(3), progress=lambda *a: seen.append(a),
+                           overhead_steps=2)
     assert prof.target_n == (1, 4, 9) and prof.draft_width == (1, 3)
     assert all(t > 0 for t in prof.target_ms + prof.draft_ms)
     assert prof.context_len == 12 and prof.repeats == 2
@@ -113,8 +114,14 @@ def test_measure_profile_tiny_model():
     import sequoia
 
     assert prof.version == sequoia.__version__
-    assert [s[:2] for s in seen] == [(1, 5), (2, 5), (3, 5), (4, 5), (5, 5)]
-    assert seen[-1][2] == "draft width=3"
+    # 3 + 2 grid points, then 1 untimed + 2 timed engine steps for the overheads
+    assert [s[:2] for s in seen] == [(i, 8) for i in range(1, 9)]
+    assert seen[4][2] == "draft width=3" and seen[-1][2] == "overheads, step 3"
+    assert prof.step_overhead_ms >= 0.0 and prof.level_overhead_ms >= 0.0
+    fp = prof.fingerprint
+    assert fp is not None and fp.device_kind == "cpu" and fp.threads == torch.get_num_threads()
+    assert (fp.target_dtype, fp.draft_dtype, fp.draft_quant) == ("fp32", "fp32", "none")
+    assert fp.pair == prof.pair and "overheads from 2 engine steps" in prof.note
 
 
 def test_measure_profile_leaves_cache_length_stable(monkeypatch):
@@ -131,7 +138,7 @@ def test_measure_profile_leaves_cache_length_stable(monkeypatch):
     monkeypatch.setattr(hardware.KVCache, "crop", spy)
     pair = make_pair(tiny_model(1, vocab=64, hidden=16), tiny_model(0, vocab=64), 64)
     measure_profile(pair, context_len=7, target_grid=(2, 5), draft_grid=(1,), repeats=1, warmup=1,
-                    progress=lambda *a: None)
+                    progress=lambda *a: None, overhead_steps=0)
     assert lengths and set(lengths) == {7}
 
 
@@ -142,7 +149,7 @@ def test_slow_points_stop_repeating(monkeypatch):
     monkeypatch.setattr(hardware, "_forward_ms", lambda *a: calls.append(1) or 50.0)
     pair = make_pair(tiny_model(1, vocab=64, hidden=16), tiny_model(0, vocab=64), 64)
     prof = measure_profile(pair, context_len=4, target_grid=(1, 2), draft_grid=(1,), repeats=5, warmup=1,
-                           point_s=0.12, progress=lambda *a: None)
+                           point_s=0.12, progress=lambda *a: None, overhead_steps=0)
     # per point: 1 warm-up (50 ms) + timed runs while the point has spent < 120 ms -> 2 timed runs
     assert len(calls) == 3 * 3
     assert prof.target_ms == (50.0, 50.0)
@@ -156,9 +163,35 @@ def test_target_grid_stops_once_a_forward_costs_too_much(monkeypatch):
     pair = make_pair(tiny_model(1, vocab=64, hidden=16), tiny_model(0, vocab=64), 64)
     seen = []
     prof = measure_profile(pair, context_len=4, target_grid=(1, 2, 4, 8, 16, 32), draft_grid=(1, 2), repeats=1,
-                           warmup=0, stop_ratio=5.0, progress=lambda *a: seen.append(a))
+                           warmup=0, stop_ratio=5.0, progress=lambda *a: seen.append(a), overhead_steps=0)
     assert prof.target_n == (1, 2, 4, 8) and prof.target_ms == (100.0, 200.0, 400.0, 800.0)
     assert len(seen) == 6 + 2 and "skipped" in seen[4][2]
     full = measure_profile(pair, context_len=4, target_grid=(1, 2, 4, 8, 16, 32), draft_grid=(1,), repeats=1,
-                           warmup=0, stop_ratio=None, progress=lambda *a: None)
+                           warmup=0, stop_ratio=None, progress=lambda *a: None, overhead_steps=0)
     assert full.target_n == (1, 2, 4, 8, 16, 32)
+
+
+def test_quick_profile_uses_the_coarse_grid_and_measures_overheads(monkeypatch):
+    """The quick preset: coarse grids, 2 repeats; overheads = engine step time beyond the profiled forwards."""
+    from sequoia.runtime import profiling as hardware
+
+    monkeypatch.setattr(hardware, "_forward_ms", lambda model, cache, ids, *a: 1e-3)  # forwards "free"
+    pair = make_pair(tiny_model(1, vocab=64, hidden=16), tiny_model(0, vocab=64), 64)
+    seen = []
+    prof = measure_profile(pair, context_len=8, quick=True, progress=lambda *a: seen.append(a))
+    assert prof.target_n == hardware.QUICK_TARGET_GRID and prof.draft_width == hardware.QUICK_DRAFT_GRID
+    assert prof.repeats == 2 and "quick" in prof.note
+    assert seen[-1][:2] == (len(seen), len(seen)) and len(seen) == 7 + 5 + 5
+    # With forwards priced at ~0, the real engine steps' whole time shows up as overhead.
+    assert prof.step_overhead_ms > 0.0 and prof.level_overhead_ms > 0.0
+
+
+def test_format_1_files_are_still_read(tmp_path):
+    data = _profile().to_dict()
+    for key in ("fingerprint", "step_overhead_ms", "level_overhead_ms", "note"):
+        del data[key]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({**data, "format": "sequoia-hardware/1"}))
+    prof = HardwareProfile.load(path)
+    assert prof == _profile() and prof.fingerprint is None
+    assert prof.step_overhead_ms == prof.level_overhead_ms == 0.0

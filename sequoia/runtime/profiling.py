@@ -1,4 +1,18 @@
-"""Measuring a :class:`~sequoia.core.profile.HardwareProfile` on the models at hand."""
+"""Measuring a :class:`~sequoia.core.profile.HardwareProfile` on the models at hand.
+
+Three parts, all recorded in the profile:
+
+* the two cost curves: target forward by new-token count, draft level by
+  width (:func:`_time_grid`, each point the median of a few forwards on a
+  cached context);
+* the overheads the cost model (:mod:`sequoia.core.cost`) adds to those
+  forwards, from a few real steps of the engine with a fixed chain tree
+  (:func:`_measure_overheads`);
+* this machine's fingerprint (:func:`~sequoia.runtime.fingerprint.machine_fingerprint`).
+
+``quick=True`` measures a coarser grid (about a minute or less for the
+embedded pair on 2 CPU cores), for measuring in the background of the app.
+"""
 
 from __future__ import annotations
 
@@ -11,59 +25,131 @@ from dataclasses import dataclass
 import torch
 
 from .._meta import Progress, ProgressFn, library_version, now_iso, pair_name
+from ..core.config import GenerationConfig
 from ..core.masks import tree_attention_mask, verify_mask
 from ..core.profile import DRAFT_GRID, TARGET_GRID, HardwareProfile
 from ..core.tree import Tree
+from .drafter import StaticTreeProposer
+from .engine import SpeculativeEngine
+from .fingerprint import machine_fingerprint
 from .kv_cache import KVCache
+
+#: The quick profile's grids: enough points for the optimizer's range on a CPU.
+QUICK_TARGET_GRID = (1, 2, 4, 8, 16, 32, 64)
+QUICK_DRAFT_GRID = (1, 2, 4, 8, 16)
+#: Draft levels of the chain the overheads are measured with.
+OVERHEAD_CHAIN = 3
 
 
 def measure_profile(
     pair,
     context_len: int = 128,
-    target_grid: Sequence[int] = TARGET_GRID,
-    draft_grid: Sequence[int] = DRAFT_GRID,
-    repeats: int = 3,
+    target_grid: Sequence[int] | None = None,
+    draft_grid: Sequence[int] | None = None,
+    repeats: int | None = None,
     warmup: int = 1,
-    point_s: float = 5.0,
+    point_s: float | None = None,
     generator: torch.Generator | None = None,
     progress: ProgressFn | None = None,
     stop_ratio: float | None = 16.0,
+    overhead_steps: int | None = None,
+    quick: bool = False,
 ) -> HardwareProfile:
-    """Time ``pair.target`` by new-token count and ``pair.draft`` by level width.
+    """Time ``pair.target`` by new-token count and ``pair.draft`` by level width, then the step overheads.
 
     Each model prefills ``context_len`` random tokens once; every timed forward
     then appends n tokens and the cache is cropped back, so all points see the
     same realistic cached context.  Each point is the median of up to
     ``repeats`` forwards after ``warmup`` untimed ones; repeats stop early once
-    a point has taken ``point_s`` seconds (slow points vary little), which
-    keeps a CPU profile of the embedded pair to about a minute.  The target
+    a point has taken ``point_s`` seconds (slow points vary little).  The target
     grid stops once a forward costs more than ``stop_ratio`` times one token
     (None: never): no tree that large can pay for itself, and on a
     compute-bound CPU the points past it would take minutes.  ``generator``
     draws the token ids (costs do not depend on them); a fixed seed is used
-    without one.
+    without one.  ``overhead_steps`` engine steps measure the overheads
+    (0: skip, the overheads stay 0).
+
+    Parameters left at None take the full preset (grids TARGET_GRID and
+    DRAFT_GRID, 3 repeats, 5 s a point, 6 overhead steps: about a minute or
+    two for the embedded pair on 2 CPU cores) or, with ``quick``, the quick
+    one (QUICK_TARGET_GRID and QUICK_DRAFT_GRID, 2 repeats, 2 s a point,
+    4 overhead steps: under a minute there).
     """
-    if repeats < 1 or warmup < 0 or context_len < 1:
-        raise ValueError("need repeats >= 1, warmup >= 0 and context_len >= 1")
+    preset = _QUICK if quick else _FULL
+    target_grid = tuple(preset["target_grid"] if target_grid is None else target_grid)
+    draft_grid = tuple(preset["draft_grid"] if draft_grid is None else draft_grid)
+    repeats = preset["repeats"] if repeats is None else repeats
+    point_s = preset["point_s"] if point_s is None else point_s
+    overhead_steps = preset["overhead_steps"] if overhead_steps is None else overhead_steps
+    if repeats < 1 or warmup < 0 or context_len < 1 or overhead_steps < 0:
+        raise ValueError("need repeats >= 1, warmup >= 0, context_len >= 1 and overhead_steps >= 0")
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
-    tick = Progress(len(target_grid) + len(draft_grid), progress, "profiling")
+    n_overhead = overhead_steps + 1 if overhead_steps else 0  # one untimed step first
+    tick = Progress(len(target_grid) + len(draft_grid) + n_overhead, progress, "profiling")
     try:
         plan = _Plan(ctx=context_len, repeats=repeats, warmup=warmup, point_s=point_s)
         target_ms = _time_grid(pair.target, target_grid, _verify_inputs, plan, gen, lambda n: tick(f"target n={n}"),
                                stop_ratio)
         for n in target_grid[len(target_ms):]:
             tick(f"target n={n} skipped (over {stop_ratio:g}x one token)")
-        target_grid = tuple(target_grid)[: len(target_ms)]
+        target_grid = target_grid[: len(target_ms)]
         draft_ms = _time_grid(pair.draft, draft_grid, _level_inputs, plan, gen, lambda w: tick(f"draft width={w}"))
+        curves = HardwareProfile(device="", dtype="", context_len=context_len, target_n=target_grid,
+                                 target_ms=tuple(target_ms), draft_width=draft_grid, draft_ms=tuple(draft_ms))
+        step_ms, level_ms = (_measure_overheads(pair, curves, overhead_steps, gen, tick) if overhead_steps
+                             else (0.0, 0.0))
     finally:
         tick.close()
     device = torch.device(getattr(pair, "device", None) or next(pair.target.parameters()).device)
     return HardwareProfile(
         device=describe_device(device), dtype=str(pair.target.dtype), context_len=context_len,
-        target_n=tuple(target_grid), target_ms=tuple(target_ms),
-        draft_width=tuple(draft_grid), draft_ms=tuple(draft_ms),
+        target_n=target_grid, target_ms=tuple(target_ms),
+        draft_width=draft_grid, draft_ms=tuple(draft_ms),
         pair=pair_name(pair), date=now_iso(), version=library_version(), repeats=repeats,
+        fingerprint=machine_fingerprint(pair), step_overhead_ms=step_ms, level_overhead_ms=level_ms,
+        note=("quick profile (coarser grid)" if quick else "full profile")
+        + (f"; overheads from {overhead_steps} engine steps of a {OVERHEAD_CHAIN}-token chain" if overhead_steps
+           else "; overheads not measured (0)"),
     )
+
+
+_FULL = dict(target_grid=TARGET_GRID, draft_grid=DRAFT_GRID, repeats=3, point_s=5.0, overhead_steps=6)
+_QUICK = dict(target_grid=QUICK_TARGET_GRID, draft_grid=QUICK_DRAFT_GRID, repeats=2, point_s=2.0, overhead_steps=4)
+
+
+def _measure_overheads(pair, curves: HardwareProfile, steps: int, gen: torch.Generator,
+                       tick: Progress) -> tuple[float, float]:
+    """(step, level) overheads in ms: what real engine steps cost beyond the forwards ``curves`` predicts.
+
+    Runs the engine greedily for ``steps`` timed steps (after one untimed) with
+    a fixed chain of OVERHEAD_CHAIN draft tokens on a random prompt of the
+    profile's context length, so every step forwards the same widths (1 per
+    level) and verifies the same OVERHEAD_CHAIN + 1 tokens whatever is accepted.
+    Per step, the step overhead is ``other_s + verify_s - target(n)`` (the walk,
+    sampling, cache compaction, and what the verify forward costs beyond the
+    timed forward: its mask and position ids) and the level overhead is
+    ``(draft_s - sum draft(1)) / levels`` (sampling each level, its masks, the
+    draft cache's catch-up on tokens it has not seen, which the cost model
+    prices as one token).  Each is the median over steps, clipped at 0:
+    a negative overhead is timing noise.
+    """
+    vocab = min(pair.target.config.vocab_size, pair.draft.config.vocab_size)
+    prompt = torch.randint(vocab, (curves.context_len,), generator=gen).tolist()
+    tree = Tree.chain(OVERHEAD_CHAIN)
+    config = GenerationConfig(max_new_tokens=(steps + 1) * (OVERHEAD_CHAIN + 1), stop_at_eos=False)
+    records = []
+    for record in SpeculativeEngine(pair).generate(prompt, StaticTreeProposer(tree, name="overheads"), config,
+                                                  with_texts=False):
+        records.append(record)
+        tick(f"overheads, step {len(records)}")
+        if len(records) == steps + 1:
+            break
+    timed = records[1:] or records
+    target = float(curves.target(tree.n_nodes))
+    drafts = float(curves.draft(1)) * OVERHEAD_CHAIN
+    step = statistics.median(1000.0 * (r.other_s + r.verify_s) - target for r in timed)
+    level = statistics.median((1000.0 * r.draft_s - drafts) / OVERHEAD_CHAIN for r in timed)
+    return max(0.0, step), max(0.0, level)
 
 
 def describe_device(device: torch.device) -> str:
