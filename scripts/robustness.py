@@ -32,7 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain s
 from sequoia.core.config import SAMPLING_MODES, SamplingConfig  # noqa: E402
 from sequoia.core.sampling import sample_children, warp  # noqa: E402
 from sequoia.tools.bench import encode, load_prompt_sets  # noqa: E402
-from sequoia.tools.cli import ASSETS, _add_model_args, _load  # noqa: E402
+from sequoia._meta import ASSETS  # noqa: E402
+from sequoia.tools.common import add_model_args as _add_model_args  # noqa: E402
+from sequoia.tools.common import load_from_args as _load  # noqa: E402
 
 _TINY = 1e-12
 CHUNK = 8                  # positions truncated together

@@ -27,8 +27,11 @@ from sequoia.core.config import GenerationConfig, SamplingConfig  # noqa: E402
 from sequoia.core.dp import expected_tokens, optimal_tree  # noqa: E402
 from sequoia.core.tree import Tree  # noqa: E402
 from sequoia.runtime.drafter import StaticTreeProposer  # noqa: E402
+from sequoia.runtime.runner import run_method, warmup  # noqa: E402
 from sequoia.tools.bench import encode, load_prompt_sets  # noqa: E402
-from sequoia.tools.cli import ASSETS, _add_model_args, _load  # noqa: E402
+from sequoia._meta import ASSETS  # noqa: E402
+from sequoia.tools.common import add_model_args as _add_model_args  # noqa: E402
+from sequoia.tools.common import load_from_args as _load  # noqa: E402
 
 SHAPES = ("sequoia", "chain", "k_chains", "binary")
 
@@ -47,16 +50,18 @@ def shape_tree(shape: str, n: int, acceptance, k: int = 4, max_depth: int | None
 
 
 def measure(engine, tree: Tree, prompts: list[list[int]], gen: GenerationConfig) -> dict:
-    """Decode every prompt with ``tree``; tokens per target call over all steps (prefill not counted)."""
+    """Decode every prompt with ``tree`` through the bench's runner; tokens per target call over all steps
+    (the prefill forward not counted) and the mean step time."""
     # Every shape samples children without replacement, so the shape is the only difference.
     proposer = StaticTreeProposer(tree, mode="without_replacement", name="scalability")
+    warmup(engine, engine.pair, prompts[0], [("scalability", proposer)], tokens=2)
     steps = new = 0
     seconds = 0.0
     for ids in prompts:
-        for rec in engine.generate(ids, proposer, gen, with_texts=False):
-            steps += 1
-            new += rec.n_new
-            seconds += rec.total_s
+        run = run_method(engine, engine.pair, "scalability", ids, gen, proposer)
+        steps += run.steps
+        new += run.new_tokens
+        seconds += run.draft_s + run.verify_s + run.other_s
     return {"steps": steps, "new_tokens": new, "tokens_per_call": new / steps, "step_s": seconds / steps}
 
 
@@ -85,7 +90,7 @@ def main(argv=None) -> int:
     from sequoia.runtime.acceptance import AcceptanceVector
     from sequoia.runtime.engine import SpeculativeEngine
     from sequoia.tools.bench_figures import scalability_figure, write_figures
-    from sequoia.tools.bench_trees import acceptance_files, pick_acceptance
+    from sequoia.runtime.finder import find_acceptance
 
     sizes = [int(x) for x in args.sizes.split(",")]
     shapes = [s.strip() for s in args.shapes.split(",")]
@@ -96,8 +101,8 @@ def main(argv=None) -> int:
     if args.acceptance:
         acceptance, source = tuple(AcceptanceVector.load(args.acceptance).values), args.acceptance
     else:
-        files = acceptance_files(ASSETS / "acceptance", pair_name(pair))
-        acceptance, source = pick_acceptance(files, sets[0].name, args.temperature)
+        entry = find_acceptance(sets[0].name, args.temperature, ASSETS, pair_name(pair))
+        acceptance, source = entry.values, entry.label
     print(f"acceptance for the DP trees: {source}: {[round(a, 3) for a in acceptance]}", file=sys.stderr)
     prompts = [encode(pair, p) for s in sets for p in s.prompts]
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens, sampling=SamplingConfig(args.temperature),

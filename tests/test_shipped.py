@@ -10,7 +10,8 @@ import pytest
 from sequoia.core.optimizer import choose_tree
 from sequoia.core.profile import HardwareProfile
 from sequoia.runtime.acceptance import AcceptanceVector
-from sequoia.runtime.calibration import Calibration, find_calibration
+from sequoia.runtime.calibration import Calibration
+from sequoia.runtime.finder import find_calibration
 
 ROOT = Path(__file__).resolve().parents[1]
 ACCEPTANCE = ROOT / "assets" / "acceptance"
@@ -42,9 +43,9 @@ def test_every_setting_is_shipped():
 
 
 def test_shipped_calibrations_and_profile():
-    cal = find_calibration(ACCEPTANCE, 0.5)
+    cal = find_calibration(0.5)
     assert isinstance(cal, Calibration) and cal.temperature == 0.6 and cal.steps > 100
-    assert find_calibration(ACCEPTANCE, 0.0).temperature == 0.0
+    assert find_calibration(0.0).temperature == 0.0
 
 
 @pytest.mark.parametrize("path", sorted(PROFILES.glob("*.json")), ids=lambda p: p.stem)

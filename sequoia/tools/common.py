@@ -1,0 +1,62 @@
+"""Argument helpers shared by the front ends (``cli``, ``bench_cli``, scripts): model options and loading.
+
+Kept apart from :mod:`sequoia.tools.cli` so that the bench and the scripts import them without importing
+the CLI (which imports the bench: a cycle otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from types import SimpleNamespace
+
+import torch
+
+from ..core.profile import Fingerprint
+from ..runtime.finder import ProfileChoice, find_profile, measure_and_cache
+from ..runtime.fingerprint import machine_fingerprint
+from ..runtime.models import load_pair, resolve_device, resolve_dtype
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("models")
+    g.add_argument("--draft", default="embedded", help="draft model: 'embedded' (offline default), a hub id or a path")
+    g.add_argument("--target", default="embedded", help="target model: 'embedded', a hub id or a path")
+    g.add_argument("--device", default=None, help="cuda / cpu (default: cuda when available)")
+    g.add_argument("--dtype", default="auto", help="auto / bf16 / fp32 / fp16")
+    g.add_argument("--no-int8", action="store_true", help="keep the CPU draft in floating point")
+    g.add_argument("--cache-dir", default=None, help="where the embedded pair is converted to and this machine's "
+                   "measured profiles are cached (default ~/.cache/sequoia-studio)")
+
+
+def load_from_args(args):
+    """The model pair the ``add_model_args`` options name."""
+    return load_pair(args.draft, args.target, device=args.device, dtype=args.dtype,
+                     draft_int8=False if args.no_int8 else None, cache_dir=args.cache_dir)
+
+
+def expected_fingerprint(args) -> Fingerprint:
+    """This machine's fingerprint with the models as ``load_from_args`` would load them, without loading them.
+
+    The pair's name is left out (it is known only once loaded), so it does not decide a match here.
+    """
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    int8 = device.type == "cpu" and not args.no_int8
+    # As load_pair stores them: an int8 draft runs with bf16 activations.
+    stand_in = SimpleNamespace(device=device, dtype=dtype, draft_dtype=torch.bfloat16 if int8 else dtype,
+                               draft_quant="int8" if int8 else "none", target_quant="none", name="not loaded")
+    return replace(machine_fingerprint(stand_in), pair="")
+
+
+def profile_for(pair, explicit: str | None, cache_dir: str | None) -> ProfileChoice:
+    """The profile the auto methods and the bench use: ``explicit`` (``--profile``) if given, else a cached
+    or shipped one measured on this machine, else one measured now (a quick grid) and cached.  Prints the
+    choice and its reason on stderr."""
+    choice = find_profile(machine_fingerprint(pair), explicit, cache_dir)
+    if choice.profile is None:
+        print(f"hardware profile: {choice.reason}; measuring this machine now (about a minute)", file=sys.stderr)
+        choice = measure_and_cache(pair, choice, cache_dir)
+    print(f"hardware profile ({choice.source}): {choice.reason}", file=sys.stderr)
+    return choice
