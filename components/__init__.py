@@ -19,6 +19,7 @@ COLORS = {
     "bonus": "#1f77b4",      # token sampled from the target after the accepted path
     "root": "#555555",       # last committed token, input of this step
     "added": "#ff7f0e",      # overlay: node added vs the static tree
+    "dropped": "#2ca02c",    # accepted but cut by the length limit (drawn as an open marker)
 }
 
 #: Light backgrounds for the text view (same hues as ``COLORS``).
@@ -32,6 +33,7 @@ TEXT_BACKGROUNDS = {
 METHOD_COLORS = {
     "ar": "#7f7f7f",
     "target only": "#7f7f7f",
+    "target alone": "#7f7f7f",
     "chain": "#9467bd",
     "specinfer": "#8c564b",
     "kary": "#e377c2",
@@ -40,6 +42,24 @@ METHOD_COLORS = {
     "sequoia-auto": "#2ca02c",
     "hf assisted": "#17becf",
 }
+
+
+#: What a student reads for each sequoia.runtime.methods name (never "ar").
+METHOD_LABELS = {
+    "ar": "Target alone",
+    "chain": "Chain",
+    "specinfer": "SpecInfer",
+    "kary": "k-ary tree",
+    "sequoia": "Sequoia",
+    "sequoia-auto": "Sequoia (auto)",
+    "sequoia-dynamic": "Sequoia (dynamic)",
+    "file": "tree from a file",
+}
+
+
+def method_label(name: str) -> str:
+    """The page's name for a method (the name itself when unknown)."""
+    return METHOD_LABELS.get(name, name)
 
 
 def method_color(name: str) -> str:

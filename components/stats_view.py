@@ -106,3 +106,16 @@ def summary_markdown(records: Sequence[StepRecord]) -> str:
     return (f"**{s.new_tokens}** tokens in **{s.steps}** target calls · "
             f"**{s.tokens_per_step:.2f}** tokens/step · {s.mean_accepted:.2f} accepted drafts/step · "
             f"**{s.tokens_per_s:.1f}** tokens/s · time {split}{tail}")
+
+
+def speedup_markdown(records: Sequence[StepRecord], target_tps: float | None, measured: bool = False) -> str:
+    """This run's tokens/s against the target alone's: predicted by the hardware profile, or measured.
+
+    Empty without a rate to compare with, or before any step.
+    """
+    if not records or not target_tps:
+        return ""
+    s = summarize(records)
+    how = "measured" if measured else "predicted by this machine's hardware profile"
+    return (f"**{s.tokens_per_s / target_tps:.2f}×** the target alone "
+            f"({s.tokens_per_s:.1f} vs {target_tps:.1f} tokens/s, the latter {how})")

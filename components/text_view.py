@@ -11,9 +11,10 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
+from sequoia.core.stats import kept
 from sequoia.core.trace import StepRecord
 
-from . import COLORS, TEXT_BACKGROUNDS
+from . import COLORS, TEXT_BACKGROUNDS, method_label
 
 _BODY_STYLE = ("white-space:pre-wrap;word-break:break-word;font-family:ui-monospace,Menlo,Consolas,monospace;"
                "font-size:0.92em;line-height:1.7;padding:8px;border:1px solid #ddd;border-radius:6px;"
@@ -33,16 +34,23 @@ def step_segments(record: StepRecord) -> list[tuple[str, str]]:
     return segs[: record.n_new]
 
 
+_WHO = {"accepted": "draft token accepted by the target", "bonus": "bonus token sampled from the target",
+        "target": "token from the target alone (nothing drafted)"}
+
+
 def _token_span(kind: str, text: str) -> str:
-    bg = TEXT_BACKGROUNDS[kind]
-    who = "draft token accepted by the target" if kind == "accepted" else "bonus token sampled from the target"
+    who = _WHO[kind]
+    bg = TEXT_BACKGROUNDS["bonus" if kind == "target" else kind]
     return f'<span style="background:{bg};border-radius:2px" title="{who}">{html.escape(text)}</span>'
 
 
 def _step_span(record: StepRecord, selected: bool) -> str:
-    inner = "".join(_token_span(kind, text) for kind, text in step_segments(record))
+    plain = record.tree.size == 0  # a target-alone step: its token is the target's, not a "bonus"
+    inner = "".join(_token_span("target" if plain else kind, text) for kind, text in step_segments(record))
     style = _STEP_STYLE + (";" + _SELECTED_STYLE if selected else "")
-    title = f"step {record.step}: {record.n_accepted} accepted + bonus ({record.method})"
+    n_kept, bonus_kept = kept(record)
+    what = "1 token from the target" if plain else f"{n_kept} accepted" + (" + bonus" if bonus_kept else "")
+    title = f"step {record.step}: {what} ({method_label(record.method)})"
     return f'<span data-step="{record.step}" style="{style}" title="{html.escape(title)}">{inner}</span>'
 
 
@@ -53,21 +61,25 @@ def legend() -> str:
                 f'padding:0 6px;border-radius:3px;margin-right:10px">{label}</span>')
     return ('<div style="font-size:0.85em;margin-bottom:6px">'
             + chip("accepted", "draft token accepted")
-            + chip("bonus", "target bonus token")
+            + chip("bonus", "token from the target (bonus)")
             + chip("prompt", "prompt")
             + '<span style="border-left:1px solid #999;padding-left:4px">step boundary</span></div>')
 
 
 def html_view(records: Sequence[StepRecord], prompt: str | None = None,
-              selected_step: int | None = None, show_legend: bool = True) -> str:
-    """The whole generation as marked-up HTML (prompt shown greyed when given)."""
+              selected_step: int | None = None, show_legend: bool = True, waiting: str = "") -> str:
+    """The whole generation as marked-up HTML (prompt shown greyed when given).
+
+    ``waiting`` replaces the "nothing generated yet" note (e.g. "drafting the first step…").
+    """
     parts = []
     if prompt:
         parts.append(f'<span style="background:{TEXT_BACKGROUNDS["prompt"]};color:#555">'
                      f'{html.escape(prompt)}</span>')
     parts.extend(_step_span(r, r.step == selected_step) for r in records)
     if not records:
-        parts.append('<span style="color:#999">(nothing generated yet)</span>')
+        note = html.escape(waiting) if waiting else "(nothing generated yet)"
+        parts.append(f'<span class="sq-waiting" style="color:#999">{note}</span>')
     body = f'<div style="{_BODY_STYLE}">{"".join(parts)}</div>'
     return (legend() if show_legend else "") + body
 

@@ -6,9 +6,21 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
-from components import COLORS, compare_view, dp_view, hardware_view, stats_view, status_view, text_view, tree_view
+from components import (
+    COLORS,
+    compare_view,
+    dp_view,
+    hardware_view,
+    inspector_view,
+    method_label,
+    stats_view,
+    status_view,
+    text_view,
+    tree_view,
+)
 from components.context import LoadStatus
-from sequoia.core.trace import ACCEPTED, REJECTED, UNREACHED, DynamicInfo, StepRecord
+from sequoia.core.stats import summarize
+from sequoia.core.trace import ACCEPTED, REJECTED, UNREACHED, DynamicInfo, NodeCheck, StepRecord
 from sequoia.core.tree import Tree
 
 # root -> 1, 2, 3 ; 1 -> 4, 5 ; 2 -> 6 ; 4 -> 7
@@ -94,14 +106,14 @@ def test_tree_figure_labels_and_hover():
     assert _trace(fig, "bonus").text == ("\u2423if",)
     hover = _trace(fig, REJECTED).hovertext[0]
     assert "q (draft) = 0.5000" in hover and "p (target) = 0.4000" in hover
-    assert "depth 1" in hover and "rank 0" in hover
+    assert "depth 1" in hover and "child 1 of its parent (p_1)" in hover and "rank" not in hover
     assert "0 accepted + 1 bonus" in fig.layout.title.text
 
 
 def test_tree_figure_root_only_tree():
     rec = StepRecord.fake(Tree.root_only(), (0,))
     nodes = _nodes(tree_view.figure(rec))
-    assert nodes == {0: "root", 1: "bonus"}
+    assert nodes == {0: "root", 1: tree_view.TARGET_TOKEN}  # nothing drafted: the target's token, not a bonus
 
 
 def test_tree_figure_hides_labels_on_big_trees():
@@ -272,3 +284,101 @@ def test_status_banner_loading_failed_ready():
     status.error, status.ready = None, True
     ready = status_view.banner_html(status, "draft <b>a</b>")
     assert ready == '<div class="sq-status sq-status-ready">draft <b>a</b></div>'
+
+
+# ------------------------------------------------------------------ labels, names, cut steps
+def test_labels_escape_once_and_show_whitespace():
+    assert tree_view.escape_token('"""') == '"""'  # Plotly does not decode &quot;: escape once, quotes as they are
+    assert tree_view.escape_token("a<b&c") == "a&lt;b&amp;c"
+    assert tree_view.escape_token("\u0120x\u010a") == "\u2423x\u21b5"  # byte-level BPE space / newline
+    assert tree_view.escape_token("\ufffd") == "\u25af" and tree_view.escape_token("\x01") == "\\x01"
+    rec = replace(StepRecord.fake(TREE, (0, 1)), texts=('"""',) * TREE.n_nodes)
+    fig = tree_view.figure(rec)
+    assert all("&quot;" not in str(t.text) + str(t.hovertext) for t in fig.data)
+
+
+def test_wide_trees_get_short_labels():
+    assert tree_view.label_length(4) == 12 and tree_view.label_length(32) <= 2
+    wide = Tree((-1,) + (0,) * 32)
+    fig = tree_view.figure(replace(StepRecord.fake(wide, (0,)), texts=("root",) + ("abcdefgh",) * 32))
+    assert max(len(x) for x in _trace(fig, REJECTED).text) <= tree_view.label_length(33)
+
+
+def test_cut_last_step_counts_what_was_kept():
+    full = StepRecord.fake(Tree.chain(8), tuple(range(9)), step=0)
+    cut = replace(StepRecord.fake(Tree.chain(8), tuple(range(9)), step=1), new_tokens=(101, 102),
+                  finished=True, finish_reason="length")
+    s = summarize([full, cut])
+    assert s.new_tokens == 9 + 2 and s.series_accepted == (8, 2) and s.mean_accepted == 5.0
+    md = stats_view.summary_markdown([full, cut])
+    assert "**11** tokens in **2** target calls" in md and "5.00 accepted drafts/step" in md
+    title = tree_view.figure(cut).layout.title.text
+    assert "2 kept (2 accepted) of 8 accepted + 1 bonus" in title and "length" in title
+    nodes = _nodes(tree_view.figure(cut))
+    assert [i for i, g in nodes.items() if g == tree_view.DROPPED] == [3, 4, 5, 6, 7, 8, 9]
+    assert "8 accepted" not in text_view.html_view([cut]) and "2 accepted" in text_view.html_view([cut])
+
+
+def test_target_alone_is_named_and_has_no_bonus():
+    rec = replace(StepRecord.fake(Tree.root_only(), (0,)), method="ar")
+    assert method_label("ar") == "Target alone"
+    fig = tree_view.figure(rec)
+    assert "Target alone" in fig.layout.title.text and "bonus" not in fig.layout.title.text
+    assert set(_nodes(fig).values()) == {"root", tree_view.TARGET_TOKEN}
+    html = text_view.html_view([rec])
+    assert "token from the target alone" in html and "bonus token sampled" not in html
+    assert "ar)" not in html
+
+
+def test_first_frame_and_speedup():
+    assert "drafting" in text_view.html_view([], prompt="hi", waiting="drafting…")
+    assert stats_view.speedup_markdown(_run(), None) == ""
+    line = stats_view.speedup_markdown(_run(), 10.0)
+    assert "×** the target alone" in line and "predicted" in line
+
+
+# ------------------------------------------------------------------ inspector
+def _checked():
+    """root -> 1, 2, 3: child 1 rejected, child 2 accepted; node 2 has one child (6) rejected; bonus."""
+    rec = StepRecord.fake(TREE, (0, 2))
+    ids = (101, 102, 103, 9)
+    checks = (
+        NodeCheck(node=1, parent=0, u=0.9, p_token=0.1, q_token=0.5, accepted=False, top_ids=ids,
+                  top_texts=("a", "b", "c", '"'), top_p=(0.1, 0.6, 0.2, 0.1), top_q=(0.5, 0.3, 0.1, 0.1),
+                  residual=(0.0, 0.6, 0.2, 0.0)),
+        NodeCheck(node=2, parent=0, u=0.2, p_token=0.6, q_token=0.6, accepted=True, top_ids=ids,
+                  top_texts=("a", "b", "c", '"'), top_p=(0.0, 0.6, 0.2, 0.0), top_q=(0.0, 0.6, 0.2, 0.2)),
+        NodeCheck(node=6, parent=2, u=0.7, p_token=0.05, q_token=0.5, accepted=False, top_ids=(106, 7),
+                  top_texts=("x", "b7"), top_p=(0.05, 0.5), top_q=(0.5, 0.1), residual=(0.0, 0.9)),
+        NodeCheck(node=TREE.n_nodes, parent=2, u=None, p_token=0.9, q_token=0.0, accepted=True, top_ids=(7, 106),
+                  top_texts=("b7", "x"), top_p=(0.9, 0.0), top_q=()),
+    )
+    return replace(rec, checks=checks, status=("accepted", "rejected", "accepted", "unreached", "unreached",
+                                                "unreached", "rejected", "unreached"))
+
+
+def test_inspector_figure_rows_bars_and_draw():
+    rec = _checked()
+    fig = inspector_view.figure(rec, 2)
+    names = [t.name for t in fig.data if t.type == "bar"]
+    # two rows: the rejected first child (p, q, residual, chance) then node 2 itself (p, q, chance)
+    assert names.count("target p") == 2 and names.count("residual after rejection") == 1
+    draws = [t for t in fig.data if t.type == "scatter"]
+    assert [d.y[0] for d in draws] == [0.9, 0.2]
+    assert any("child 2 (p_2)" in a.text and "accepted" in a.text for a in fig.layout.annotations)
+    bonus = inspector_view.figure(rec, TREE.n_nodes)
+    assert [t.name for t in bonus.data] == ["target p"]
+    assert "residual" in bonus.layout.annotations[0].text
+    assert inspector_view.figure(rec, 4).layout.annotations[0].text.startswith("Node 4 was never tested")
+
+
+def test_inspector_explain_in_plain_words():
+    rec = _checked()
+    text = inspector_view.explain(rec, 2)
+    assert "child 1 (p_1)" in text and "rejected" in text and "child 2 (p_2)" in text and "**accepted**" in text
+    assert "u = 0.200" in text and "rank" not in text
+    assert "residual" in inspector_view.explain(rec, 6)
+    assert "residual left after every child was rejected" in inspector_view.explain(rec, TREE.n_nodes)
+    assert "without the inspector" in inspector_view.explain(StepRecord.fake(TREE, (0,)), 1)
+    choices = inspector_view.node_choices(rec)
+    assert [n for _, n in choices] == [1, 2, 6, TREE.n_nodes]

@@ -15,6 +15,12 @@ child is drawn before (and independently of) any later sibling.  Ranks no
 parent reached have no evidence and are reported as 0.0 by
 :func:`empirical_acceptance` (so a tree built from it never relies on them);
 :attr:`RunStats.rank_parents` says how much evidence each entry has.
+
+When a stop condition (length, EOS, stop string) cuts the last step, the
+statistics count what was *kept*: :func:`kept` says how many accepted drafts
+and whether the bonus survived.  The acceptance evidence (``rank_counts``)
+still uses every verification, since the cut happened after the target had
+judged the drafts.
 """
 
 from __future__ import annotations
@@ -59,6 +65,17 @@ class RunStats:
         return sum(self.series_accepted) / self.steps if self.steps else 0.0
 
 
+def kept(record: StepRecord) -> tuple[int, bool]:
+    """(accepted drafts kept, bonus kept) of a step whose committed tokens may have been cut."""
+    n_kept = min(record.n_accepted, record.n_new)
+    return n_kept, record.n_new > record.n_accepted
+
+
+def dropped_nodes(record: StepRecord) -> tuple[int, ...]:
+    """Accepted nodes whose tokens a stop condition dropped (the bonus excluded)."""
+    return tuple(record.accepted[1 + kept(record)[0]:])
+
+
 def rank_counts(records: Iterable[StepRecord], width: int | None = None) -> tuple[list[int], list[int]]:
     """(accepts[k], parents[k]) for 0-based ranks k, as defined in the module docstring.
 
@@ -100,7 +117,7 @@ def summarize(records: Iterable[StepRecord]) -> RunStats:
     recs = list(records)
     steps = len(recs)
     news = tuple(r.n_new for r in recs)
-    accs = tuple(r.n_accepted for r in recs)
+    accs = tuple(kept(r)[0] for r in recs)
     new_tokens = sum(news)
     hist = [0] * (max(news, default=0) + 1)
     for n in news:
