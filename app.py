@@ -23,7 +23,6 @@ from typing import Any
 
 import gradio as gr
 
-from components import compare_tab, dp_tab, hardware_tab, live_tab, status_view
 from components.context import ASSETS, AppContext, LoadStatus, budget_cap_for
 
 CSS_PATH = ASSETS / "studio.css"
@@ -38,16 +37,20 @@ the target verifies it in one forward, and the output is distributed exactly as 
 
 
 def build_demo(pair_or_loader: Any | Callable[[], Any], assets_dir: Path = ASSETS,
-               max_budget: int | None = None, status: LoadStatus | None = None) -> gr.Blocks:
+               max_budget: int | None = None, status: LoadStatus | None = None,
+               cache_dir: Path | None = None, auto_profile: bool = False, owner: bool = False) -> gr.Blocks:
     """The whole app for a model pair, or a zero-argument callable that loads one.
 
     A loader runs on first use, or in the background once ``demo.sequoia_context.start_loading()``
     is called; ``status`` is the progress object the loader reports to (shown in the page banner).
+    ``auto_profile``: when no cached or shipped profile matches this machine, measure one in the background
+    once the pair is loaded (cached under ``cache_dir``).  ``owner``: allow server-wide changes (Profile now).
     """
     ctx = AppContext.from_pair_or_loader(pair_or_loader, assets_dir=Path(assets_dir), max_budget=max_budget,
+                                         cache_dir=cache_dir, auto_profile=auto_profile, owner=owner,
                                          **({"status": status} if status is not None else {}))
     if ctx.loaded:
-        ctx.load_profile()
+        ctx.find_profile()
     with gr.Blocks(title="Sequoia Studio") as demo:
         gr.HTML(_HEADER)
         banner = gr.HTML(_banner(ctx))
@@ -63,22 +66,24 @@ def build_demo(pair_or_loader: Any | Callable[[], Any], assets_dir: Path = ASSET
                 hardware_tab.build(ctx, demo, refresh_on=(hardware.select, ready.change))
         _wire_status(ctx, demo, banner, ready)
     # Model work runs one request at a time (components.context.MODEL_WORK); the rest waits in one queue.
+    # Bad requests to the API endpoints and the Live tab are refused before they queue behind a decode.
     demo.queue(default_concurrency_limit=1, max_size=QUEUE_MAX_SIZE)
     demo.sequoia_context = ctx  # for tests and scripts; not used by the UI
     return demo
 
 
 def _banner(ctx: AppContext) -> str:
-    return status_view.banner_html(ctx.status, ctx.pair_label())
+    return status_view.banner_html(ctx.status, ctx.pair_label()) + ctx.profile_banner()
 
 
 def _wire_status(ctx: AppContext, demo: gr.Blocks, banner: gr.HTML, ready: gr.State) -> None:
-    """Re-render the banner every STATUS_POLL_S until loading ends, then stop polling and set ``ready``."""
-    timer = gr.Timer(STATUS_POLL_S, active=not ctx.status.ready)
+    """Re-render the banner every STATUS_POLL_S until loading (and the background profile measurement) ends,
+    then stop polling and set ``ready``."""
+    timer = gr.Timer(STATUS_POLL_S, active=not ctx.status.ready or ctx.measuring)
 
     def poll():
-        done = ctx.status.ready or ctx.status.error is not None
-        return _banner(ctx), gr.Timer(active=not done), ctx.status.ready
+        done = (ctx.status.ready or ctx.status.error is not None) and not ctx.measuring
+        return _banner(ctx), gr.Timer(active=not done), ctx.status.ready and not ctx.measuring
 
     # No concurrency limit: a status read must never wait behind a decode.  (queue=False would skip the
     # queue entirely, but then neither the timer update nor the state change reach the page.)
@@ -130,7 +135,9 @@ def main() -> None:
     print("Sequoia Studio: loading the model pair in the background (the first run converts the embedded "
           "GGUF files once); the page is up meanwhile and shows the progress.", flush=True)
     status = LoadStatus(listener=_ConsoleProgress())
-    demo = build_demo(lambda: load_from_env(progress=status), max_budget=_env_budget_cap(), status=status)
+    # SEQUOIA_OWNER=1: this server's owner may change server-wide state (Profile now); visitors may not.
+    demo = build_demo(lambda: load_from_env(progress=status), max_budget=_env_budget_cap(), status=status,
+                      auto_profile=True, owner=os.environ.get("SEQUOIA_OWNER") == "1")
     demo.sequoia_context.start_loading()
     # GRADIO_SERVER_NAME / GRADIO_SERVER_PORT are read by gradio itself.
     demo.launch(css_paths=[CSS_PATH] if CSS_PATH.exists() else None, show_error=True)

@@ -25,13 +25,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sequoia._meta import ASSETS  # noqa: E402  (re-exported for the tabs)
+from sequoia._meta import ASSETS, pair_name  # ASSETS re-exported for the tabs
+from sequoia.core.dp import check_acceptance
+from sequoia.core.profile import HardwareProfile
+from sequoia.runtime import finder
+from sequoia.runtime.engine import SpeculativeEngine
+from sequoia.runtime.finder import DEFAULT_ENTRY, ProfileChoice
+from sequoia.runtime.fingerprint import machine_fingerprint
 
-#: Fallbacks until measured vectors exist in assets/acceptance/ (Qwen2.5-Coder 0.5B -> 1.5B).
-BUILTIN_ACCEPTANCE: dict[str, tuple[float, ...]] = {
-    "built-in: code, greedy, int8 draft": (0.797, 0.104, 0.048, 0.020, 0.010, 0.005),
-    "built-in: chat": (0.582, 0.151, 0.083, 0.040, 0.020, 0.010),
-}
+#: The catalogue label of the built-in vector (used when no measured file fits).
+DEFAULT_ACCEPTANCE_LABEL = DEFAULT_ENTRY.label
+#: What Sequoia does while this machine's profile is being measured (conservative: never slower).
+UNTIL_MEASURED = ("until this machine's profile is measured, Sequoia (auto) runs the target alone and "
+                  "Sequoia (dynamic) drafts nothing")
 
 #: Largest tree budget the UI accepts (a server guard, far below sequoia.core.tree.MAX_TREE_SIZE on CPU).
 CPU_MAX_BUDGET = 128
@@ -85,42 +91,22 @@ class LoadStatus:
 
 
 def acceptance_catalogue(assets_dir: Path = ASSETS) -> dict[str, tuple[float, ...]]:
-    """Measured vectors from ``assets/acceptance/*.json`` (first) plus the built-ins.
+    """label -> values of every measured acceptance vector (by kind and temperature), then the built-in one.
 
-    Files are :class:`sequoia.runtime.acceptance.AcceptanceVector` JSON
-    (``format: sequoia-acceptance/1``), listed as "stem (T=…, prompt set)";
-    the plain ``{"acceptance": [...], "meta": {"name": ...}}`` form is read
-    too.  Unreadable files are skipped.
+    Only ``sequoia-acceptance/1`` files (:func:`sequoia.runtime.finder.list_acceptance`): calibrations
+    are not acceptance vectors and are never listed.
     """
-    out: dict[str, tuple[float, ...]] = {}
-    for path in sorted((Path(assets_dir) / "acceptance").glob("*.json")):
-        found = _read_vector(path)
-        if found is not None:
-            out[found[0]] = found[1]
-    return {**out, **BUILTIN_ACCEPTANCE}
+    entries = [*finder.list_acceptance(assets_dir), DEFAULT_ENTRY]
+    return {e.label: e.values for e in entries}
 
 
-def _read_vector(path: Path) -> tuple[str, tuple[float, ...]] | None:
-    from sequoia.runtime.acceptance import AcceptanceVector
-
-    try:
-        vec = AcceptanceVector.load(path)
-        where = f", {vec.prompt_set}" if vec.prompt_set else ""
-        return f"{path.stem} (T={vec.temperature:g}{where})", vec.values
-    except ValueError:
-        pass
-    try:
-        data = json.loads(path.read_text())
-        meta = data.get("meta") if isinstance(data.get("meta"), dict) else {}
-        return str(meta.get("name") or path.stem), parse_acceptance(data["acceptance"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
+def default_acceptance_label(kind: str, temperature: float, assets_dir: Path = ASSETS) -> str:
+    """The catalogue label to preselect for prompts of ``kind`` ("code" / "chat") at ``temperature``."""
+    return finder.find_acceptance(kind, float(temperature), assets_dir).label
 
 
 def parse_acceptance(value: Any) -> tuple[float, ...]:
     """A list, or text such as ``"0.8, 0.1"`` / ``"[0.8, 0.1]"``, as a validated vector."""
-    from sequoia.core.dp import check_acceptance
-
     if isinstance(value, str):
         text = value.strip()
         if not text:
@@ -139,13 +125,6 @@ def format_acceptance(vec: tuple[float, ...]) -> str:
     return ", ".join(f"{x:.4g}" for x in vec)
 
 
-def find_profiles(assets_dir: Path = ASSETS) -> list[Path]:
-    """Candidate hardware-profile files: ``assets/profiles/*.json`` (where the bench looks too), newest
-    first, then ``assets/*profile*.json``."""
-    root = Path(assets_dir)
-    return sorted((root / "profiles").glob("*.json"), reverse=True) + sorted(root.glob("*profile*.json"))
-
-
 @dataclass
 class AppContext:
     """Server-wide state; the model pair is loaded once, in the background or on first use."""
@@ -154,8 +133,12 @@ class AppContext:
     assets_dir: Path = ASSETS
     max_budget: int | None = None             # None: by device (CPU_MAX_BUDGET / GPU_MAX_BUDGET)
     status: LoadStatus = field(default_factory=LoadStatus)
-    profile: Any = None                       # sequoia.core.profile.HardwareProfile in use
-    profile_source: str = ""                  # where it came from (file path / "measured now")
+    cache_dir: Path | None = None             # where this machine's measured profiles are cached (None: default)
+    auto_profile: bool = False                # measure a profile in the background when none matches
+    owner: bool = False                       # server-wide changes (Profile now) allowed: SEQUOIA_OWNER=1
+    choice: ProfileChoice = field(default_factory=lambda: ProfileChoice(
+        None, "none", None, "the models are not loaded yet"))
+    profiling: LoadStatus | None = None       # progress of the background measurement; None: none started
     _pair: Any = field(default=None, repr=False)
     _engine: Any = field(default=None, repr=False)
     _load_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -193,9 +176,11 @@ class AppContext:
         except Exception as exc:
             self.status.error = f"{type(exc).__name__}: {exc}"
             raise
-        self.load_profile()
+        self.find_profile()
         self.status(1.0, "models ready")
         self.status.ready = True
+        if self.auto_profile and self.choice.profile is None:
+            self.start_profiling()
 
     def start_loading(self) -> threading.Thread:
         """Load the pair in a daemon thread so the page can come up (and show progress) meanwhile."""
@@ -216,8 +201,6 @@ class AppContext:
         return self._pair is not None
 
     def engine(self):
-        from sequoia.runtime.engine import SpeculativeEngine
-
         pair = self.pair()
         with self._engine_lock:
             if self._engine is None:
@@ -238,45 +221,71 @@ class AppContext:
         return f"draft <b>{esc[0]}</b> → target <b>{esc[1]}</b> on {esc[2]} ({esc[3]})"
 
     def calibration(self, temperature: float = 0.0):
-        """The shipped calibration for this pair nearest in temperature (``assets/acceptance/calibration-*``),
-        or None (the dynamic tree then uses the identity a(q) = q)."""
-        from sequoia._meta import pair_name
-        from sequoia.runtime.calibration import find_calibration
-
+        """The shipped calibration for this pair nearest in temperature, or None (identity a(q) = q)."""
         name = pair_name(self._pair) if self._pair is not None else None
-        return find_calibration(Path(self.assets_dir) / "acceptance", temperature, name)
+        return finder.find_calibration(temperature, self.assets_dir, name)
 
-    def load_profile(self) -> str:
-        """Use the newest readable profile in assets/ measured on this kind of device (CPU / CUDA), one
-        for this pair and dtype preferred; return a note.  A CPU profile never prices a GPU, nor the
-        reverse: with none for this device the server has no profile until *Profile now*."""
-        from sequoia._meta import pair_name
-        from sequoia.core.profile import HardwareProfile
+    # ------------------------------------------------------------------------------- hardware profile
+    @property
+    def profile(self) -> HardwareProfile | None:
+        """The hardware profile in use (None: none matches this machine yet)."""
+        return self.choice.profile
 
-        found = []
-        for path in find_profiles(self.assets_dir):
+    @profile.setter
+    def profile(self, prof: HardwareProfile | None) -> None:
+        """Set a profile by hand (tests, scripts); the reason says so."""
+        self.choice = (ProfileChoice(None, "none", None, "no profile set") if prof is None else
+                       ProfileChoice(prof, "given", None, f"set by hand ({prof.device})"))
+
+    def find_profile(self) -> ProfileChoice:
+        """Use the cached or shipped profile measured on a machine like this one (never one from another)."""
+        self.choice = finder.find_profile(machine_fingerprint(self.pair()), cache_dir=self.cache_dir,
+                                          assets_dir=self.assets_dir)
+        return self.choice
+
+    def start_profiling(self) -> threading.Thread:
+        """Measure a quick profile of this machine in a daemon thread, cache it and switch to it when done;
+        ``profiling`` reports the progress (the page banner shows it)."""
+        status = self.profiling = LoadStatus()
+        status(0.0, "measuring this machine's profile")
+        why = self.choice
+
+        def run() -> None:
             try:
-                found.append((path, HardwareProfile.load(path)))
-            except ValueError:
-                continue
-        if not found:
-            return "No hardware profile in assets/ yet: press *Profile now*."
-        pair = self._pair
-        name = pair_name(pair) if pair is not None else None
-        kind = str(getattr(pair, "device", "cpu")).split(":")[0] if pair is not None else None
-        dtype = str(getattr(pair, "dtype", "")) if pair is not None else ""
-        if kind is not None:
-            found = [(p, h) for p, h in found if h.device.split(":")[0] == kind]
-            if not found:
-                return f"No hardware profile in assets/ for this device ({kind}): press *Profile now*."
+                self.choice = finder.measure_and_cache(
+                    self.pair(), why, self.cache_dir,
+                    progress=lambda done, total, label: status(done / max(total, 1), f"measuring this machine's "
+                                                                                      f"profile: {label}"))
+                status(1.0, "profile measured")
+                status.ready = True
+            except Exception as exc:  # the banner and the Hardware tab say so; decoding goes on conservatively
+                status.error = f"{type(exc).__name__}: {exc}"
+                traceback.print_exc()
 
-        def fit(item):
-            _, h = item
-            return (bool(name and h.pair and h.pair != name), bool(dtype and h.dtype != dtype))
+        thread = threading.Thread(target=run, name="sequoia-profiler", daemon=True)
+        thread.start()
+        return thread
 
-        path, prof = min(found, key=fit)  # stable: newest first among equals (find_profiles' order)
-        self.profile, self.profile_source = prof, str(path)
-        other = f" (measured for {prof.pair}, not this pair)" if name and prof.pair and prof.pair != name else ""
-        if dtype and prof.dtype != dtype:
-            other += f" (measured with a {prof.dtype} target, this one is {dtype})"
-        return f"Profile loaded from `{path.name}`{other}."
+    @property
+    def measuring(self) -> bool:
+        """A background profile measurement is running."""
+        p = self.profiling
+        return p is not None and not p.ready and p.error is None
+
+    def profile_note(self) -> str:
+        """One sentence for the Hardware tab and the live view: the profile in use and why (file names only),
+        or what Sequoia does until one is measured."""
+        if self.measuring:
+            return f"Measuring this machine's profile ({self.profiling.fraction:.0%}); {UNTIL_MEASURED}."
+        if self.choice.profile is not None:
+            return f"Hardware profile ({self.choice.source}): {self.choice.reason}."
+        failed = f" Measuring one failed: {self.profiling.error}." if self.profiling and self.profiling.error else ""
+        return f"No hardware profile: {self.choice.reason}; {UNTIL_MEASURED}.{failed}"
+
+    def profile_banner(self) -> str:
+        """HTML for the banner while the background measurement runs ("" otherwise)."""
+        if not self.measuring:
+            return ""
+        return (f'<div class="sq-status sq-status-profiling"><small>Measuring this machine\'s profile: '
+                f"{self.profiling.fraction:.0%} ({html.escape(self.profiling.description)}); "
+                f"{UNTIL_MEASURED}.</small></div>")

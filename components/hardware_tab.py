@@ -1,8 +1,11 @@
 """Hardware tab: the measured cost model and the tree it makes Sequoia pick.
 
-The profile (target forward time by tokens, draft level time by width) is
-read from assets/ at start-up or measured on demand; it is server-wide, since
-it describes the machine, and "Sequoia (auto)" in the other tabs uses it.
+The profile (target forward time by tokens, draft level time by width) is the
+one :mod:`sequoia.runtime.finder` picks for this machine (cached or shipped,
+matched by fingerprint), else measured in the background at start-up; it is
+server-wide, since it describes the machine, and "Sequoia (auto)" in the other
+tabs uses it.  *Profile now* re-measures it, for the server's owner only
+(``SEQUOIA_OWNER=1``).
 "Measure" decodes a short prompt with the chosen tree and with the target
 alone to put measured ms/token beside the predictions.
 """
@@ -12,7 +15,10 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
+from sequoia.core.optimizer import choose_tree, predict
 from sequoia.core.tree import Tree
+from sequoia.runtime.finder import ProfileChoice, cache_profile
+from sequoia.runtime.profiling import measure_profile
 
 from . import dp_view, hardware_view
 from .context import LIGHT_WORK, MODEL_WORK, AppContext, ModelsNotReady, acceptance_catalogue
@@ -22,6 +28,8 @@ QUICK_TARGET_GRID = (1, 2, 4, 8, 16, 32, 64, 128)
 QUICK_DRAFT_GRID = (1, 2, 4, 8, 16, 32)
 MEASURE_PROMPT = "Write a Python function that returns the n-th Fibonacci number."
 MEASURE_TOKENS = 48
+PROFILE_NOW_DISABLED = ("Profile now changes the profile for every visitor, so it is disabled here; the server's "
+                        "owner enables it by starting the app with SEQUOIA_OWNER=1")
 
 
 @dataclass
@@ -31,8 +39,6 @@ class HardwareSession:
 
 def predictions(ctx: AppContext, acceptance, budget: int, depth: int, measured: dict[str, float]):
     """(choice, rows): the optimizer's pick and predicted ms/token of it and the fixed shapes."""
-    from sequoia.core.optimizer import choose_tree, predict
-
     prof = ctx.profile
     choice = choose_tree(acceptance, prof, max_budget=budget, max_depth=depth)
     shapes = {
@@ -49,21 +55,16 @@ def predictions(ctx: AppContext, acceptance, budget: int, depth: int, measured: 
 
 def views(ctx: AppContext, acceptance_name, budget, depth, session: HardwareSession):
     """(cost figure, choice markdown, predicted-grid heatmap, prediction bars)."""
-    if ctx.profile is None and ctx.loaded:
-        ctx.load_profile()
     if ctx.profile is None and not ctx.loaded:
         return None, "*The models are still loading; the hardware view fills in once they are ready.*", None, None
     if ctx.profile is None:
-        empty = ("*No hardware profile yet.* Press **Profile now** to time the target and the draft on this "
-                 "machine (or add a profile under assets/profiles/); then **Measure predicted vs real** "
-                 "puts real decoding times beside the predictions.")
-        return None, empty, None, None
+        return None, f"*{ctx.profile_note()}*", None, None
     acc = acceptance_catalogue(ctx.assets_dir).get(acceptance_name)
     if acc is None:
         raise gr.Error(f"unknown acceptance vector {acceptance_name!r}")
     budget, depth = int(budget), int(depth)
     choice, rows = predictions(ctx, acc, budget, depth, (session or HardwareSession()).measured)
-    md = hardware_view.choice_markdown(choice, acceptance_name) + f"\n\nProfile: {ctx.profile_source}"
+    md = hardware_view.choice_markdown(choice, acceptance_name) + f"\n\n{ctx.profile_note()}"
     grid = dp_view.heatmap(choice.grid, selected=(choice.budget, choice.depth) if choice.budget else None,
                            zlabel="ms/token (predicted)", colorscale="Viridis_r",
                            title="predicted ms per token of the DP tree of every cell")
@@ -72,15 +73,18 @@ def views(ctx: AppContext, acceptance_name, budget, depth, session: HardwareSess
 
 
 def profile_now(ctx: AppContext, quick: bool, progress=None) -> str:
-    """Measure this machine, make it the server's profile; returns the saved JSON path."""
-    from sequoia.runtime.profiling import measure_profile
-
+    """Measure this machine, cache it where the finder looks and make it the server's profile (owner only);
+    returns a downloadable copy of the JSON."""
+    if not ctx.owner:
+        raise ValueError(PROFILE_NOW_DISABLED)
     kwargs = dict(target_grid=QUICK_TARGET_GRID, draft_grid=QUICK_DRAFT_GRID, repeats=2) if quick else {}
     prof = measure_profile(ctx.pair(), progress=progress, **kwargs)
-    ctx.profile, ctx.profile_source = prof, f"measured now ({prof.device}, {prof.date})"
-    path = tempfile.NamedTemporaryFile(prefix="sequoia-profile-", suffix=".json", delete=False).name
-    prof.save(path)
-    return path
+    path = cache_profile(prof, ctx.cache_dir)
+    ctx.choice = ProfileChoice(prof, "measured", path, f"measured now with Profile now and cached as {path.name}")
+    # The download is a temporary copy: Gradio serves files from its temp folder, not the cache.
+    copy = tempfile.NamedTemporaryFile(prefix="sequoia-profile-", suffix=".json", delete=False).name
+    prof.save(copy)
+    return copy
 
 
 def measure(ctx: AppContext, budget: int, depth: int, acceptance) -> dict[str, float]:
@@ -107,7 +111,9 @@ def build(ctx: AppContext, demo: gr.Blocks, refresh_on=()) -> None:
             choice_md = gr.Markdown()
             with gr.Row():
                 quick = gr.Checkbox(value=True, label="quick profile (fewer points)")
-                prof_btn = gr.Button("Profile now")
+                prof_btn = gr.Button("Profile now", interactive=ctx.owner)
+            if not ctx.owner:
+                gr.Markdown(f"<small>{PROFILE_NOW_DISABLED}.</small>")
             prof_file = gr.File(label="measured profile (JSON)", interactive=False, visible=False)
             measure_btn = gr.Button("Measure predicted vs real", variant="primary")
         with gr.Column(scale=2):
@@ -122,6 +128,8 @@ def build(ctx: AppContext, demo: gr.Blocks, refresh_on=()) -> None:
         return views(ctx, name, b, d, s)
 
     def on_profile(q, name, b, d, s, progress=gr.Progress()):
+        if not ctx.owner:
+            raise gr.Error(PROFILE_NOW_DISABLED)
         try:
             path = profile_now(ctx, q, progress=lambda done, total, label: progress(done / total, desc=label))
         except ModelsNotReady as exc:
@@ -134,7 +142,7 @@ def build(ctx: AppContext, demo: gr.Blocks, refresh_on=()) -> None:
         try:
             ctx.pair()  # ModelsNotReady while loading: say so rather than "no profile"
             if ctx.profile is None:
-                raise ValueError("there is no hardware profile yet: press Profile now first")
+                raise ValueError(ctx.profile_note())
             measured = measure(ctx, int(b), int(d), acceptance_catalogue(ctx.assets_dir).get(name))
         except ValueError as exc:
             raise gr.Error(str(exc)) from None

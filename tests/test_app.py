@@ -8,9 +8,17 @@ import pytest
 
 import app
 from components import compare_tab, dp_tab, hardware_tab, live_tab
-from components.context import BUILTIN_ACCEPTANCE, AppContext, LoadStatus, acceptance_catalogue, parse_acceptance
+from components.context import (
+    DEFAULT_ACCEPTANCE_LABEL,
+    AppContext,
+    LoadStatus,
+    acceptance_catalogue,
+    default_acceptance_label,
+    parse_acceptance,
+)
+from sequoia.runtime.methods import DEFAULT_ACCEPTANCE
 
-CODE = next(iter(BUILTIN_ACCEPTANCE))
+CODE = DEFAULT_ACCEPTANCE_LABEL
 
 
 @pytest.fixture(scope="module")
@@ -221,12 +229,17 @@ def test_dp_tab_solve_and_cell():
 
 
 def test_acceptance_catalogue_reads_assets(tmp_path):
-    (tmp_path / "acceptance").mkdir()
-    (tmp_path / "acceptance" / "mine.json").write_text('{"acceptance": [0.6, 0.2], "meta": {"name": "my vec"}}')
+    from sequoia.runtime.acceptance import AcceptanceVector
+    from sequoia.runtime.calibration import Calibration
+
+    AcceptanceVector((0.6, 0.2), temperature=0.6, prompt_set="chat").save(tmp_path / "acceptance" / "mine.json")
+    Calibration(knots=(0.0, 1.0), values=((0.0, 1.0),), temperature=0.0).save(
+        tmp_path / "acceptance" / "calibration-x-t0.json")
     (tmp_path / "acceptance" / "broken.json").write_text("{")
     cat = acceptance_catalogue(tmp_path)
-    assert list(cat)[0] == "my vec" and cat["my vec"] == (0.6, 0.2)
-    assert set(BUILTIN_ACCEPTANCE) <= set(cat)
+    assert list(cat) == ["chat, T=0.6 (mine)", CODE] and cat["chat, T=0.6 (mine)"] == (0.6, 0.2)
+    assert default_acceptance_label("chat", 0.6, tmp_path) == "chat, T=0.6 (mine)"
+    assert default_acceptance_label("code", 0.0, tmp_path) == CODE  # no greedy vector: the built-in one
     assert parse_acceptance("0.5, 0.25") == (0.5, 0.25)
     with pytest.raises(ValueError):
         parse_acceptance("a, b")
@@ -237,11 +250,10 @@ def test_hardware_tab_with_hand_made_profile(ctx):
 
     assert hardware_tab.views(ctx, CODE, 16, 4, None)[0] is None  # no profile yet
     ctx.profile = HardwareProfile.hand_made(lambda n: 30 + 0.5 * n, lambda w: 3 + 0.1 * w)
-    ctx.profile_source = "hand-made"
     try:
         cost, md, grid, pred = hardware_tab.views(ctx, CODE, 16, 4, hardware_tab.HardwareSession())
         assert "Chosen tree" in md and len(pred.data) == 1
-        measured = hardware_tab.measure(ctx, 16, 4, BUILTIN_ACCEPTANCE[CODE])
+        measured = hardware_tab.measure(ctx, 16, 4, DEFAULT_ACCEPTANCE)
         assert set(measured) == {"target only", "sequoia (chosen)"}
         pred = hardware_tab.views(ctx, CODE, 16, 4, hardware_tab.HardwareSession(measured))[3]
         assert [t.name for t in pred.data] == ["predicted", "measured"]
@@ -271,11 +283,11 @@ def test_dynamic_method_uses_the_profile_and_says_when_it_drafts_nothing(ctx, tm
     from sequoia.core.profile import HardwareProfile
     from sequoia.runtime.calibration import Calibration
 
-    method, note = live_tab.make_proposer(ctx, "Sequoia (dynamic)", 8, 3, BUILTIN_ACCEPTANCE[CODE])
+    method, note = live_tab.make_proposer(ctx, "Sequoia (dynamic)", 8, 3, DEFAULT_ACCEPTANCE)
     assert method.name == "sequoia-dynamic" and "built-in CPU figures" in note
     ctx.profile = HardwareProfile.hand_made(lambda n: 100.0 * n, lambda w: 20.0)  # verification never cheap
     try:
-        method, note = live_tab.make_proposer(ctx, "Sequoia (dynamic)", 8, 3, BUILTIN_ACCEPTANCE[CODE])
+        method, note = live_tab.make_proposer(ctx, "Sequoia (dynamic)", 8, 3, DEFAULT_ACCEPTANCE)
         assert not method.can_pay and "drafts nothing" in note
         final = _stream(ctx, method="Sequoia (dynamic)", max_new=6)[-1][-1]
         assert all(r.tree.size == 0 for r in final.records)
@@ -295,23 +307,25 @@ def test_dynamic_method_uses_the_profile_and_says_when_it_drafts_nothing(ctx, tm
         ctx.assets_dir = old
 
 
-def test_profiles_are_matched_to_the_device_and_pair(pair, tmp_path):
+def test_profiles_are_matched_to_the_machine_fingerprint(pair, tmp_path):
+    from dataclasses import replace
+
     from sequoia.core.profile import HardwareProfile
+    from sequoia.runtime.fingerprint import machine_fingerprint
 
-    (tmp_path / "profiles").mkdir()
-
-    def save(name, device, pair_name):
-        prof = HardwareProfile.hand_made(lambda n: 10.0 + n, lambda w: 1.0 + w)
-        HardwareProfile.from_dict({**prof.to_dict(), "device": device, "pair": pair_name}).save(
-            tmp_path / "profiles" / name)
-
-    save("a-gpu.json", "cuda: H100", "")
-    ctx = AppContext.from_pair_or_loader(pair, assets_dir=tmp_path)
-    assert "for this device (cpu)" in ctx.load_profile() and ctx.profile is None
-    save("b-other.json", "cpu: x86_64, 2 threads", "some+other")
-    save("c-this.json", "cpu: x86_64, 2 threads", "")
-    note = ctx.load_profile()
-    assert ctx.profile_source.endswith("c-this.json") and "not this pair" not in note
+    here = machine_fingerprint(pair)
+    other = replace(here, threads=here.threads + 7)
+    hand = HardwareProfile.hand_made(lambda n: 10.0 + n, lambda w: 1.0 + w)
+    replace(hand, fingerprint=other).save(tmp_path / "profiles" / "a-other.json")
+    ctx = AppContext.from_pair_or_loader(pair, assets_dir=tmp_path, cache_dir=tmp_path / "cache")
+    choice = ctx.find_profile()
+    assert choice.source == "none" and ctx.profile is None and "a-other.json" in choice.reason
+    assert "until this machine's profile is measured" in ctx.profile_note()
+    replace(hand, fingerprint=here).save(tmp_path / "profiles" / "b-this.json")
+    assert ctx.find_profile().path.name == "b-this.json" and ctx.profile is not None
+    assert "b-this.json" in ctx.profile_note() and str(tmp_path) not in ctx.profile_note()
+    with pytest.raises(ValueError, match="SEQUOIA_OWNER"):
+        hardware_tab.profile_now(ctx, quick=True)  # visitors cannot change the server's profile
 
 
 def test_auto_says_when_the_optimizer_keeps_the_target_alone(ctx):
@@ -319,10 +333,10 @@ def test_auto_says_when_the_optimizer_keeps_the_target_alone(ctx):
 
     ctx.profile = HardwareProfile.hand_made(lambda n: 100.0 * n, lambda w: 20.0)
     try:
-        method, note = live_tab.make_proposer(ctx, "Sequoia (auto)", 8, 3, BUILTIN_ACCEPTANCE[CODE])
+        method, note = live_tab.make_proposer(ctx, "Sequoia (auto)", 8, 3, DEFAULT_ACCEPTANCE)
         assert method.tree.size == 0 and "root-only" in note
         ctx.profile = HardwareProfile.hand_made(lambda n: 100.0 + 0.1 * n, lambda w: 1.0)
-        method, note = live_tab.make_proposer(ctx, "Sequoia (auto)", 8, 3, BUILTIN_ACCEPTANCE[CODE])
+        method, note = live_tab.make_proposer(ctx, "Sequoia (auto)", 8, 3, DEFAULT_ACCEPTANCE)
         assert method.tree.size > 0 and note == ""
     finally:
         ctx.profile = None
