@@ -1,0 +1,110 @@
+"""Fingerprints: which fields decide a match, readable differences, stable keys, JSON, reading this machine."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from conftest import make_pair, tiny_model
+
+from sequoia.core.profile import Fingerprint, HardwareProfile
+from sequoia.runtime.fingerprint import cpu_facts, machine_fingerprint
+
+AVX2 = Fingerprint(device_kind="cpu", cpu_model="AMD EPYC 7B12", cpu_features=("avx2",), onednn_bf16=False, threads=2,
+                   torch_version="2.13.0+cpu", target_dtype="bf16", draft_dtype="bf16", draft_quant="int8",
+                   pair="d+t")
+AVX512 = dataclasses.replace(AVX2, cpu_features=("avx512_bf16", "avx2", "avx512f"), onednn_bf16=True)
+H100 = Fingerprint(device_kind="cuda", cpu_model="Intel Xeon", cpu_features=("avx2", "avx512f"), onednn_bf16=True,
+                   threads=16, gpu_name="NVIDIA H100 80GB HBM3", gpu_memory_gb=79.1, gpu_capability="9.0",
+                   target_dtype="bf16", draft_dtype="bf16", pair="d+t")
+
+
+def test_features_are_kept_in_one_order():
+    assert AVX512.cpu_features == ("avx2", "avx512f", "avx512_bf16")
+    with pytest.raises(ValueError, match="unknown cpu_features"):
+        dataclasses.replace(AVX2, cpu_features=("sse9",))
+    with pytest.raises(ValueError, match="device_kind"):
+        dataclasses.replace(AVX2, device_kind="tpu")
+    with pytest.raises(ValueError, match="threads"):
+        dataclasses.replace(AVX2, threads=0)
+
+
+def test_what_matters_for_cost_decides_a_match():
+    assert AVX2.matches(AVX2)
+    # Marketing names and torch patch versions do not change what a matmul costs here.
+    assert AVX2.matches(dataclasses.replace(AVX2, cpu_model="AMD EPYC 9B14", torch_version="2.13.1+cpu"))
+    diffs = AVX2.mismatches(AVX512)
+    assert diffs == ["CPU features: avx2, avx512f, avx512_bf16 here, avx2 in the profile",
+                     "oneDNN bf16: yes here, no in the profile"]
+    for field, value, label in [("threads", 4, "threads: 4 here, 2"), ("draft_quant", "int4", "draft quantization"),
+                                ("target_dtype", "fp32", "target dtype"), ("pair", "x+y", "model pair")]:
+        other = dataclasses.replace(AVX2, **{field: value})
+        assert not AVX2.matches(other) and label in AVX2.mismatches(other)[0]
+    # The pair counts only when both name one (a machine fingerprint taken before models load).
+    assert AVX2.matches(dataclasses.replace(AVX2, pair=""))
+    assert AVX2.mismatches(H100) == ["device: cuda here, cpu in the profile"]
+
+
+def test_gpus_match_on_name_and_capability_not_host_cpu():
+    other_host = dataclasses.replace(H100, cpu_model="AMD EPYC", cpu_features=("avx2",), onednn_bf16=False, threads=8)
+    assert H100.matches(other_host)
+    assert "GPU" in H100.mismatches(dataclasses.replace(H100, gpu_name="NVIDIA H200"))[0]
+    assert "compute capability" in H100.mismatches(dataclasses.replace(H100, gpu_capability="8.0"))[0]
+
+
+def test_key_is_stable_and_follows_the_match():
+    assert AVX2.key() == dataclasses.replace(AVX2, cpu_model="other name", torch_version="9").key()
+    assert len({AVX2.key(), AVX512.key(), H100.key(), dataclasses.replace(AVX2, threads=4).key()}) == 4
+    assert AVX2.key().isalnum() and len(AVX2.key()) == 12
+
+
+def test_describe_is_one_readable_line():
+    assert AVX512.describe() == "cpu AMD EPYC 7B12, avx512_bf16, oneDNN bf16, 2 threads; target bf16, draft int8"
+    assert AVX2.describe().startswith("cpu AMD EPYC 7B12, avx2, no oneDNN bf16, 2 threads")
+    assert H100.describe() == "cuda NVIDIA H100 80GB HBM3, 79 GB, sm 9.0; target bf16, draft bf16"
+    bare = Fingerprint(device_kind="cpu", cpu_model="", cpu_features=(), onednn_bf16=False, threads=1)
+    assert bare.describe() == "cpu unknown model, no avx2, no oneDNN bf16, 1 threads"
+
+
+def test_json_round_trip_and_errors(tmp_path):
+    for fp in (AVX2, AVX512, H100):
+        assert Fingerprint.from_dict(fp.to_dict()) == fp
+    with pytest.raises(ValueError, match="missing field 'threads'"):
+        Fingerprint.from_dict({k: v for k, v in AVX2.to_dict().items() if k != "threads"})
+    with pytest.raises(ValueError, match="unknown fingerprint fields"):
+        Fingerprint.from_dict({**AVX2.to_dict(), "colour": "red"})
+    with pytest.raises(ValueError, match="'onednn_bf16' must be bool"):
+        Fingerprint.from_dict({**AVX2.to_dict(), "onednn_bf16": "yes"})
+    prof = dataclasses.replace(HardwareProfile.hand_made(lambda n: 10.0 * n, lambda w: 2.0), fingerprint=AVX2)
+    prof.save(tmp_path / "p.json")
+    assert HardwareProfile.load(tmp_path / "p.json").fingerprint == AVX2
+
+
+def test_a_profile_without_fingerprint_matches_no_machine():
+    prof = HardwareProfile.hand_made(lambda n: 10.0 * n, lambda w: 2.0)
+    assert not prof.matches(AVX2) and "no fingerprint" in prof.mismatches(AVX2)[0]
+    assert dataclasses.replace(prof, fingerprint=AVX2).matches(AVX2)
+
+
+def test_cpu_facts_read_model_and_flags():
+    text = "processor\t: 0\nmodel name\t: AMD EPYC 9B14\nflags\t\t: fpu sse avx2 fma avx512f avx512_bf16 amx_tile\n" \
+           "processor\t: 1\nmodel name\t: AMD EPYC 9B14\nflags\t\t: fpu\n"
+    assert cpu_facts(text) == ("AMD EPYC 9B14", ("avx2", "avx512f", "avx512_bf16", "amx_tile"))
+    assert cpu_facts("") == ("", ())
+
+
+def test_machine_fingerprint_with_and_without_a_pair():
+    machine = machine_fingerprint()
+    assert machine.device_kind == "cpu" and machine.threads == torch.get_num_threads()
+    assert machine.target_dtype == "" and machine.pair == "" and machine.torch_version == torch.__version__
+    pair = make_pair(tiny_model(1, vocab=64, hidden=16), tiny_model(0, vocab=64), 64)
+    fp = machine_fingerprint(pair)
+    assert (fp.target_dtype, fp.target_quant, fp.draft_dtype, fp.draft_quant) == ("fp32", "none", "fp32", "none")
+    assert fp.pair == "tiny-draft+tiny-target" and fp.cpu_features == machine.cpu_features
+    # The loader's int8 flag, and the newer per-model quantization names when a pair has them.
+    pair.dtype, pair.draft_dtype, pair.draft_int8 = torch.bfloat16, torch.bfloat16, True
+    assert machine_fingerprint(pair).describe().endswith("target bf16, draft int8")
+    pair.draft_quant, pair.target_quant = "int4", "int8"
+    fp = machine_fingerprint(pair)
+    assert (fp.draft_quant, fp.target_quant) == ("int4", "int8")
