@@ -23,6 +23,7 @@ from typing import Any
 
 import gradio as gr
 
+from components import compare_tab, dp_tab, hardware_tab, live_tab, status_view, validation
 from components.context import ASSETS, AppContext, LoadStatus, budget_cap_for
 
 CSS_PATH = ASSETS / "studio.css"
@@ -67,6 +68,7 @@ def build_demo(pair_or_loader: Any | Callable[[], Any], assets_dir: Path = ASSET
         _wire_status(ctx, demo, banner, ready)
     # Model work runs one request at a time (components.context.MODEL_WORK); the rest waits in one queue.
     # Bad requests to the API endpoints and the Live tab are refused before they queue behind a decode.
+    validation.attach_validators(demo, ctx)
     demo.queue(default_concurrency_limit=1, max_size=QUEUE_MAX_SIZE)
     demo.sequoia_context = ctx  # for tests and scripts; not used by the UI
     return demo

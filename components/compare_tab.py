@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 import gradio as gr
 
-from . import compare_view
+from . import compare_view, serving
 from .context import MODEL_WORK, AppContext, acceptance_catalogue
 from .live_tab import FRAME_S, Throttle, make_request, run_decode
 
@@ -160,15 +160,22 @@ def on_compare(ctx, prompt, budget, depth, temperature, top_p, max_new, seed, ac
 
 
 def compare_api_fn(ctx: AppContext):
-    def compare(prompt: str, budget: int = 32, depth: int = 8, temperature: float = 0.0, top_p: float = 1.0,
-                max_new_tokens: int = 64, seed: int = 0, include_hf: bool = True) -> list:
+    def work(stop, prompt, budget, depth, temperature, top_p, max_new_tokens, seed, include_hf):
+        states = iter_comparison(ctx, prompt, budget, depth, temperature, top_p, max_new_tokens, seed,
+                                 include_hf=include_hf)
+        rows = serving.drain(states, stop)[-1].rows  # a cancelled request stops within a step
+        return [dict(zip(compare_view.HEADERS, row)) for row in compare_view.table(rows)]
+
+    gpu_work = serving.on_gpu(work, lambda stop, *a: serving.gpu_seconds(a[5], len(RUNS) + 2))
+
+    async def compare(prompt: str, budget: int = 32, depth: int = 8, temperature: float = 0.0, top_p: float = 1.0,
+                      max_new_tokens: int = 64, seed: int = 0, include_hf: bool = True) -> list:
         """Run every method on one prompt; one object per method (tokens, seconds, speedup, identical…)."""
+        args = (prompt, budget, depth, temperature, top_p, max_new_tokens, seed, include_hf)
         try:
-            rows, _ = run_comparison(ctx, prompt, budget, depth, temperature, top_p, max_new_tokens, seed,
-                                     include_hf=include_hf)
+            return await serving.run_cancellable(lambda stop: gpu_work(stop, *args))
         except ValueError as exc:
             raise gr.Error(str(exc)) from None
-        return [dict(zip(compare_view.HEADERS, row)) for row in compare_view.table(rows)]
     return compare
 
 

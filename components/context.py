@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import threading
 import time
 import traceback
@@ -45,9 +46,11 @@ GPU_MAX_BUDGET = 512
 
 #: Queue settings for events (``**MODEL_WORK``).  There is one model pair, so everything that runs it
 #: (Live, Compare, Hardware and their API endpoints) shares one queue slot; model-free work (the DP
-#: explorer) has its own slots and stays responsive while a long decode runs.
+#: explorer, plots) shares its own group and stays responsive while a long decode runs.  On a small
+#: CPU the light group runs one job at a time: eight DP clients at once starved a 2-core machine's
+#: decodes 6x (issue 12), so the model keeps the other cores.
 MODEL_WORK = {"concurrency_id": "model", "concurrency_limit": 1}
-LIGHT_WORK = {"concurrency_limit": 4}
+LIGHT_WORK = {"concurrency_id": "light", "concurrency_limit": 1 if (os.cpu_count() or 1) <= 4 else 4}
 
 
 def budget_cap_for(device: Any) -> int:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from sequoia.core.config import MAX_DEPTH, check_budget
+from sequoia.core.config import MAX_DEPTH, check_acceptance_length, check_budget, check_dp_work
 from sequoia.core.tree import MAX_TREE_SIZE
 
 from . import dp_view
@@ -32,8 +32,10 @@ def solve(acceptance_text: str, budget, depth):
     from sequoia.core.dp import optimal_tree
 
     acc = parse_acceptance(acceptance_text)
+    check_acceptance_length(acc)
     budget, depth = int(budget), int(depth)
     check_budget(budget, depth)
+    check_dp_work(budget, depth, len(acc))
     return optimal_tree(acc, budget, depth)
 
 
@@ -78,7 +80,11 @@ def on_pick(name, catalogue):
 
 
 def dp_api(acceptance: str, budget: int = 32, depth: int = 8) -> dict:
-    """Solve the DP; returns the table, the optimal tree and the baseline curves."""
+    """Solve the DP; returns a summary: the value and optimal tree at (budget, depth), the best value for
+    every size at that depth, the tree as a vLLM speculative_token_tree, and the baseline curves.
+
+    Not the whole table: at budget 1024 and depth 64 it alone is over 1 MB of JSON.
+    """
     from sequoia.core.dp import baseline_curves
 
     try:
@@ -86,7 +92,12 @@ def dp_api(acceptance: str, budget: int = 32, depth: int = 8) -> dict:
     except ValueError as exc:
         raise gr.Error(str(exc)) from None
     sizes = dp_view.curve_sizes(result.budget)
-    return {**result.to_dict(), "curve_sizes": sizes, "curves": baseline_curves(result.acceptance, sizes)}
+    tree = result.tree()
+    return {"format": "sequoia-dp-summary/1", "acceptance": list(result.acceptance), "budget": result.budget,
+            "depth": result.depth, "value": result.value(), "tree": tree.to_dict(),
+            "speculative_token_tree": str(tree.to_vllm()),
+            "value_by_size": [round(float(x), 6) for x in result.table[:, result.depth]],
+            "curve_sizes": sizes, "curves": baseline_curves(result.acceptance, sizes)}
 
 
 def build(ctx: AppContext, demo: gr.Blocks) -> None:

@@ -11,6 +11,9 @@ MAX_NEW_TOKENS = 4096
 MAX_DEPTH = 64
 MAX_PROMPT_TOKENS = 8192
 
+#: Longest acceptance vector a request may carry (measured vectors have 6 to 30 useful entries).
+MAX_ACCEPTANCE_LEN = 64
+
 #: How children are drawn from the draft at each node.
 SAMPLING_MODES = ("without_replacement", "with_replacement", "topk")
 
@@ -63,3 +66,45 @@ def check_budget(budget: int, depth: int | None = None) -> None:
         raise ValueError(f"budget must be an integer in 1..{MAX_TREE_SIZE}, got {budget!r}")
     if depth is not None and (not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH):
         raise ValueError(f"depth must be an integer in 1..{MAX_DEPTH}, got {depth!r}")
+
+
+@dataclass(frozen=True)
+class ServerCaps:
+    """What one decode request may ask of a shared server, by device kind; the app checks it at its edge."""
+
+    device: str                 # "cpu" or "cuda"
+    max_new_tokens: int         # per decode request (Live, /decode, each method of /compare)
+
+    def check_new_tokens(self, n: int) -> None:
+        if n > self.max_new_tokens:
+            raise ValueError(f"max new tokens {n} is above this server's cap of {self.max_new_tokens} per request "
+                             f"on {self.device} (so that one request cannot hold the model for minutes)")
+
+
+CPU_CAPS = ServerCaps(device="cpu", max_new_tokens=256)
+GPU_CAPS = ServerCaps(device="cuda", max_new_tokens=2048)
+
+#: DP work one request may ask for: the solve costs budget^2 x depth x (vector length) steps of numpy on
+#: the CPU whatever the model's device; 2^30 is about one second on one core of a small CPU.
+MAX_DP_WORK = 2 ** 30
+
+
+def caps_for(device) -> ServerCaps:
+    """The caps for a device (a torch.device or its name): GPU_CAPS on CUDA, CPU_CAPS elsewhere."""
+    return GPU_CAPS if str(device).startswith("cuda") else CPU_CAPS
+
+
+def check_acceptance_length(values) -> None:
+    """A request's acceptance vector must have at most MAX_ACCEPTANCE_LEN entries."""
+    if len(values) > MAX_ACCEPTANCE_LEN:
+        raise ValueError(f"the acceptance vector has {len(values)} entries; the maximum is {MAX_ACCEPTANCE_LEN} "
+                         "(entries past the first few change the tree very little)")
+
+
+def check_dp_work(budget: int, depth: int, width: int) -> None:
+    """Refuse a DP solve above MAX_DP_WORK, with the numbers and what to lower."""
+    work = budget * budget * depth * min(width, budget)
+    if work > MAX_DP_WORK:
+        raise ValueError(f"budget {budget} x depth {depth} with a {width}-entry acceptance vector is more DP work "
+                         f"than this server allows per request (budget² × depth × entries = {work:.3g}, cap "
+                         f"{MAX_DP_WORK:.3g}); lower the budget, the depth or the vector length")

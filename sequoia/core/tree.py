@@ -14,6 +14,7 @@ mask, root-to-node paths) is a small pure function of ``parents``.
 
 from __future__ import annotations
 
+import ast
 import json
 from dataclasses import dataclass
 from functools import cached_property
@@ -141,6 +142,58 @@ class Tree:
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: not valid JSON ({exc})") from exc
         return cls.from_dict(data)
+
+    # ------------------------------------------------------------- vLLM
+    def to_vllm(self) -> list[tuple[int, ...]]:
+        """Every draft node as its path of sibling ranks from the root, in breadth-first order.
+
+        This is vLLM's ``speculative_token_tree`` form: ``(0,)`` is the root's first child, ``(1,)`` its
+        second, ``(0, 0)`` the first child of ``(0,)``.  Breadth-first order with contiguous siblings
+        is exactly vLLM's order (by length, then lexicographic), so node i is entry i - 1.
+        """
+        paths: list[tuple[int, ...]] = [()]
+        for i in range(1, self.n_nodes):
+            paths.append(paths[self.parents[i]] + (self.ranks[i],))
+        return paths[1:]
+
+    @classmethod
+    def from_vllm(cls, paths) -> "Tree":
+        """The tree of a vLLM ``speculative_token_tree`` (a list of rank paths, or its ``str()``)."""
+        if isinstance(paths, str):
+            try:
+                paths = ast.literal_eval(paths)
+            except (ValueError, SyntaxError) as exc:
+                raise ValueError(f"speculative_token_tree: not a list of tuples ({exc})") from None
+        if not isinstance(paths, (list, tuple)) or not all(
+                isinstance(t, (list, tuple)) and t and all(isinstance(r, int) and r >= 0 for r in t) for t in paths):
+            raise ValueError("speculative_token_tree: expected a list of non-empty tuples of ranks >= 0")
+        paths = [tuple(t) for t in paths]
+        if paths != sorted(paths, key=lambda t: (len(t), t)):
+            raise ValueError("speculative_token_tree: paths must be sorted by length, then lexicographically")
+        index = {(): 0}
+        parents = [-1]
+        for i, path in enumerate(paths, start=1):
+            parent = index.get(path[:-1])
+            if parent is None or (path[-1] > 0 and path[:-1] + (path[-1] - 1,) not in index):
+                raise ValueError(f"speculative_token_tree: {path} has no parent or no older sibling before it")
+            if path in index:
+                raise ValueError(f"speculative_token_tree: {path} appears twice")
+            index[path] = i
+            parents.append(parent)
+        return cls(tuple(parents))
+
+    def vllm_speculative_config(self, method: str = "eagle3", model: str | None = None) -> dict:
+        """A vLLM ``speculative_config`` for this tree (``LLM(..., speculative_config=...)`` or
+        ``vllm serve --speculative-config '<json>'``).  vLLM takes the tree as the ``str()`` of the path
+        list; ``num_speculative_tokens`` must equal the number of paths.  Check the drafting methods
+        your vLLM version accepts trees for (EAGLE-family drafters with the tree attention backend)."""
+        if self.size == 0:
+            raise ValueError("the root-only tree drafts nothing: run the target without speculative_config")
+        out = {"method": method, "num_speculative_tokens": self.size,
+               "speculative_token_tree": str(self.to_vllm())}
+        if model is not None:
+            out["model"] = model
+        return out
 
     @classmethod
     def from_children_counts(cls, counts: list[int] | tuple[int, ...]) -> "Tree":

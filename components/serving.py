@@ -1,0 +1,105 @@
+"""Guards for a shared server: per-request caps, cancellable API calls, ZeroGPU.
+
+**Caps.**  :func:`server_caps` is what one decode request may ask on this
+server's device (``sequoia.core.config.ServerCaps``); the checks before the
+queue live in :mod:`components.validation`.
+
+**Cancellation.**  Gradio runs a plain (non-generator) handler in a worker
+thread.  Cancelling the request (``gradio_client``'s ``job.cancel()``) cancels
+the asyncio task awaiting it and frees the queue slot, but the thread computes
+on.  :func:`run_cancellable` runs the work in a thread with a stop flag the
+work checks after every step (:func:`drain`); on cancellation it sets the flag
+and keeps the slot until the work has stopped, so submitting and cancelling
+cannot run many decodes at once.
+
+**ZeroGPU.**  Where the ``spaces`` package reports ZeroGPU, :func:`on_gpu`
+wraps the model work in ``spaces.GPU(duration=...)`` sized from the request;
+elsewhere it returns the work unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import closing
+from typing import TypeVar
+
+from sequoia.core.config import CPU_CAPS, ServerCaps, caps_for
+
+from .context import CPU_MAX_BUDGET, AppContext
+
+try:  # only on Hugging Face Spaces; nothing else here needs it
+    import spaces  # type: ignore[import-not-found]
+except ImportError:
+    spaces = None
+
+T = TypeVar("T")
+
+#: Seconds of GPU a ZeroGPU call asks for: a fixed part (moving the weights, the prefill) plus a part per
+#: new token and method, capped at what ZeroGPU grants one call.
+ZEROGPU_BASE_S, ZEROGPU_PER_TOKEN_S, ZEROGPU_MAX_S = 20.0, 0.15, 300
+
+
+# ------------------------------------------------------------------ caps
+def server_caps(ctx: AppContext) -> ServerCaps:
+    """The per-request caps of this server's device (known from the budget cap before the pair loads)."""
+    if ctx.loaded:
+        return caps_for(ctx.pair().device)
+    return caps_for("cuda") if ctx.budget_cap() > CPU_MAX_BUDGET else CPU_CAPS
+
+
+# ------------------------------------------------------------------ cancellation
+def drain(steps: Iterator[T], stop: threading.Event) -> list[T]:
+    """Every item of ``steps`` until it ends or ``stop`` is set; the generator is closed either way
+    (an engine generator then frees its KV caches at once)."""
+    out: list[T] = []
+    with closing(steps):
+        for item in steps:
+            out.append(item)
+            if stop.is_set():
+                break
+    return out
+
+
+async def run_cancellable(work: Callable[[threading.Event], T]) -> T:
+    """``work(stop)`` in a worker thread; if this request is cancelled, set ``stop`` and wait for the work
+    to return before letting the cancellation through (the queue slot stays held until the model is free)."""
+    stop = threading.Event()
+    future = asyncio.get_running_loop().run_in_executor(None, work, stop)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        stop.set()
+        while not future.done():
+            try:
+                await asyncio.shield(future)
+            except asyncio.CancelledError:
+                continue  # cancelled again (e.g. at shutdown): still wait, the work stops within a step
+            except Exception:
+                break
+        raise
+
+
+# ------------------------------------------------------------------ ZeroGPU
+def zerogpu() -> bool:
+    """True on a ZeroGPU Space (the ``spaces`` package is installed and says so)."""
+    config = getattr(spaces, "config", None)
+    return bool(getattr(getattr(config, "Config", None), "zero_gpu", False))
+
+
+def gpu_seconds(max_new_tokens, n_methods: int = 1) -> int:
+    """GPU seconds to ask ZeroGPU for: a fixed part plus a part per new token and method, capped."""
+    try:
+        n = int(max_new_tokens)
+    except (TypeError, ValueError):
+        n = 0
+    return int(min(ZEROGPU_MAX_S, ZEROGPU_BASE_S + ZEROGPU_PER_TOKEN_S * max(n, 0) * n_methods))
+
+
+def on_gpu(work: Callable[..., T], duration: Callable[..., int]) -> Callable[..., T]:
+    """``work`` under ``spaces.GPU(duration=duration)`` on ZeroGPU (``duration`` gets the same arguments);
+    ``work`` itself everywhere else."""
+    if not zerogpu():
+        return work
+    return spaces.GPU(duration=duration)(work)

@@ -1,0 +1,259 @@
+"""The server side on tiny random-weight models: long prompts, caps before the queue, cancellation of plain
+API calls, the bounded light-work queue, the vLLM tree export and the ZeroGPU wrapper."""
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from types import SimpleNamespace
+
+import gradio as gr
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+import app
+from components import dp_tab, live_tab, serving, validation
+from components.context import DEFAULT_ACCEPTANCE_LABEL, LIGHT_WORK, MODEL_WORK
+from sequoia.core.config import CPU_CAPS, MAX_ACCEPTANCE_LEN, GenerationConfig, caps_for
+from sequoia.core.dp import optimal_tree
+from sequoia.core.tree import MAX_TREE_SIZE, Tree
+from sequoia.runtime.engine import SpeculativeEngine
+from sequoia.runtime.methods import make_method
+
+from conftest import app_pair, make_pair
+
+CODE = DEFAULT_ACCEPTANCE_LABEL
+
+
+# ------------------------------------------------------------------ long prompts
+def _long_context_model(seed: int = 0):
+    cfg = Qwen2Config(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                      tie_word_embeddings=False, initializer_range=0.3, attn_implementation="sdpa")
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(cfg).eval().float()
+
+
+@torch.inference_mode()
+def _plain_greedy(model, prompt: list[int], n: int) -> list[int]:
+    ids = list(prompt)
+    for _ in range(n):
+        ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+def test_a_prompt_longer_than_any_tree_decodes_and_matches_the_target():
+    target = _long_context_model()
+    pair = make_pair(target, target, 48)
+    prompt = [int(x) for x in torch.randint(1, 48, (2000,), generator=torch.Generator().manual_seed(3))]
+    assert len(prompt) > MAX_TREE_SIZE  # the prefill used to be a chain-shaped tree, refused past 1024 nodes
+    recs = list(SpeculativeEngine(pair).generate(prompt, make_method("chain", budget=4),
+                                                 GenerationConfig(max_new_tokens=6)))
+    out = [t for r in recs for t in r.new_tokens]
+    assert out == _plain_greedy(target, prompt, 6)
+
+
+# ------------------------------------------------------------------ caps and validation
+@pytest.fixture(scope="module")
+def demo(tiny_app_pair, tmp_path_factory):
+    return app.build_demo(tiny_app_pair, assets_dir=tmp_path_factory.mktemp("assets"), max_budget=24)
+
+
+@pytest.fixture()
+def ctx(demo):
+    return demo.sequoia_context
+
+
+def test_new_tokens_are_capped_by_device_with_a_message(ctx):
+    assert caps_for("cpu") == CPU_CAPS and caps_for("cuda:0").max_new_tokens > CPU_CAPS.max_new_tokens
+    with pytest.raises(ValueError, match=r"max new tokens 100000 .* cap of 256 per request on cpu"):
+        live_tab.make_request(ctx, "x", "chain", 4, 4, 0.0, 1.0, 100000, 0)
+    with pytest.raises(ValueError, match="cap of 256"):
+        live_tab.make_request(ctx, "x", "chain", 4, 4, 0.0, 1.0, 257, 0)
+    assert live_tab.make_request(ctx, "x", "chain", 4, 4, 0.0, 1.0, 256, 0).config.max_new_tokens == 256
+
+
+def test_acceptance_vectors_and_dp_work_are_capped():
+    long = ", ".join(["0.001"] * (MAX_ACCEPTANCE_LEN + 1))
+    with pytest.raises(gr.Error, match=f"has {MAX_ACCEPTANCE_LEN + 1} entries; the maximum is {MAX_ACCEPTANCE_LEN}"):
+        dp_tab.dp_api(long, 32, 8)
+    wide = ", ".join(["0.01"] * MAX_ACCEPTANCE_LEN)
+    with pytest.raises(gr.Error, match="more DP work than this server allows"):
+        dp_tab.dp_api(wide, 1024, 64)
+    with pytest.raises(ValueError, match="maximum is 64"):
+        validation.check_dp_request(long, 8, 4)
+
+
+def test_dp_reply_is_a_summary_not_the_table():
+    out = dp_tab.dp_api("0.8, 0.1, 0.05", 1024, 16)
+    assert len(json.dumps(out)) < 100_000  # the whole table was 1.1 MB at budget 1024, depth 64
+    assert "table" not in out and len(out["value_by_size"]) == 1025
+    assert out["value"] == pytest.approx(out["value_by_size"][-1], rel=1e-5)
+    tree = Tree.from_dict(out["tree"])
+    assert Tree.from_vllm(out["speculative_token_tree"]) == tree and tree.size <= 1024
+
+
+def test_validators_refuse_bad_requests_with_the_handlers_message(ctx, demo):
+    checks = validation.validators(ctx)
+    bad = checks["decode"]("hi", "chain", 4, 4, 0.0, 1.0, 100000, 0, True, "")
+    assert bad[0]["is_valid"] is False and "cap of 256" in bad[0]["message"]
+    assert all(v["is_valid"] for v in bad[1:])
+    assert all(v["is_valid"] for v in checks["decode"]("hi", "chain", 4, 4, 0.0, 1.0, 8, 0, True, "0.8"))
+    assert not checks["decode_stream"]("  ", "Chain", 4, 4, 0.0, 1.0, 8, 0, CODE, True)[0]["is_valid"]
+    assert not checks["compare"]("x", 500, 4, 0.0, 1.0, 8, 0, False)[0]["is_valid"]  # above the budget cap
+    assert not checks["dp"]("0.9, 0.9", 8, 3)[0]["is_valid"]
+    guarded = {fn.api_name for fn in demo.fns.values() if fn.validator is not None}
+    assert {"decode", "decode_stream", "compare", "dp"} <= guarded
+
+
+def test_light_work_is_one_bounded_group_apart_from_the_model():
+    assert LIGHT_WORK["concurrency_id"] == "light" != MODEL_WORK["concurrency_id"]
+    assert 1 <= LIGHT_WORK["concurrency_limit"] <= 4
+
+
+# ------------------------------------------------------------------ cancellation
+def test_run_cancellable_stops_the_work_and_waits_for_it():
+    steps, finished = [], threading.Event()
+
+    def work(stop):
+        while not stop.is_set():
+            steps.append(1)
+            time.sleep(0.01)
+        time.sleep(0.05)  # the last step finishing
+        finished.set()
+        return len(steps)
+
+    async def main():
+        task = asyncio.ensure_future(serving.run_cancellable(work))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return finished.is_set()
+
+    assert asyncio.run(main())  # the awaiting task ended only after the work had stopped
+    n = len(steps)
+    time.sleep(0.1)
+    assert len(steps) == n
+
+
+class _Meter:
+    """Counts the target's forwards and the most that ever ran at once; each forward sleeps a little so a
+    decode of a tiny model lasts seconds."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s, self.calls, self.active, self.most = delay_s, 0, 0, 0
+        self.lock = threading.Lock()
+
+    def pre(self, *_):
+        with self.lock:
+            self.calls += 1
+            self.active += 1
+            self.most = max(self.most, self.active)
+        time.sleep(self.delay_s)
+
+    def post(self, *_):
+        with self.lock:
+            self.active -= 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_cancelled_api_decodes_stop_and_never_overlap(tmp_path):
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    from conftest import tiny_model
+
+    target = tiny_model(11)
+    meter = _Meter(delay_s=0.02)
+    target.register_forward_pre_hook(meter.pre)
+    target.register_forward_hook(meter.post)
+    demo = app.build_demo(app_pair(target, target), assets_dir=tmp_path, max_budget=24)
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True,
+                            quiet=True)
+    try:
+        client = Client(url, verbose=False)
+        args = ("hello", "ar", 4, 4, 0.0, 1.0, 200, 0, True, "")
+        job = client.submit(*args, api_name="/decode")
+        deadline = time.monotonic() + 30
+        while meter.calls < 5 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        # A bad request is refused at once, while the model is busy.
+        t0 = time.monotonic()
+        with pytest.raises((AppError, ValueError, Exception), match="cap of 256"):
+            client.predict("hi", "ar", 4, 4, 0.0, 1.0, 100000, 0, True, "", api_name="/decode")
+        assert time.monotonic() - t0 < 2.0
+        job.cancel()
+        time.sleep(0.3)
+        n = meter.calls
+        time.sleep(0.5)
+        assert meter.calls == n < 150  # the engine stopped instead of computing on to 200 tokens
+        # Submitting and cancelling does not run decodes side by side.
+        for _ in range(3):
+            j = client.submit(*args, api_name="/decode")
+            time.sleep(0.2)
+            j.cancel()
+        text, steps = client.predict("hi", "ar", 4, 4, 0.0, 1.0, 5, 0, True, "", api_name="/decode")
+        assert sum(len(s["new_tokens"]) for s in steps) == 5
+        assert meter.most == 1
+    finally:
+        demo.close()
+
+
+# ------------------------------------------------------------------ vLLM export
+@pytest.mark.parametrize("tree", [
+    Tree.root_only(), Tree.chain(5), Tree.k_ary(2, 3), Tree.specinfer(3, 4),
+    optimal_tree([0.6, 0.2, 0.1, 0.05], 40, 6).tree(), optimal_tree([0.8, 0.1], 128, 16).tree(),
+], ids=["root", "chain", "binary", "specinfer", "dp40", "dp128"])
+def test_vllm_export_round_trips_to_the_same_parents(tree):
+    paths = tree.to_vllm()
+    assert len(paths) == tree.size and paths == sorted(paths, key=lambda t: (len(t), t))
+    assert Tree.from_vllm(paths).parents == tree.parents
+    assert Tree.from_vllm(str(paths)).parents == tree.parents
+
+
+def test_vllm_paths_and_config():
+    tree = Tree((-1, 0, 0, 1))
+    assert tree.to_vllm() == [(0,), (1,), (0, 0)]
+    cfg = tree.vllm_speculative_config(method="eagle3", model="some/drafter")
+    assert cfg == {"method": "eagle3", "model": "some/drafter", "num_speculative_tokens": 3,
+                   "speculative_token_tree": "[(0,), (1,), (0, 0)]"}
+    with pytest.raises(ValueError, match="no parent or no older sibling"):
+        Tree.from_vllm([(0,), (0, 1)])
+    with pytest.raises(ValueError, match="sorted"):
+        Tree.from_vllm([(0, 0), (0,)])
+    with pytest.raises(ValueError, match="drafts nothing"):
+        Tree.root_only().vllm_speculative_config()
+
+
+# ------------------------------------------------------------------ ZeroGPU
+def test_zerogpu_wraps_model_work_only_where_spaces_says_so(monkeypatch):
+    def work(stop, n):
+        return n * 2
+
+    monkeypatch.setattr(serving, "spaces", None)
+    assert not serving.zerogpu() and serving.on_gpu(work, lambda *a: 60) is work
+    asked = []
+
+    def gpu(duration):
+        def wrap(fn):
+            def run(*args):
+                asked.append(duration(*args))
+                return fn(*args)
+            return run
+        return wrap
+
+    fake = SimpleNamespace(config=SimpleNamespace(Config=SimpleNamespace(zero_gpu=True)), GPU=gpu)
+    monkeypatch.setattr(serving, "spaces", fake)
+    wrapped = serving.on_gpu(work, lambda stop, n: serving.gpu_seconds(n))
+    assert serving.zerogpu() and wrapped(None, 100) == 200
+    assert asked == [serving.gpu_seconds(100)] and serving.gpu_seconds(100) < serving.gpu_seconds(200)
+    assert serving.gpu_seconds(10 ** 6) == serving.ZEROGPU_MAX_S
