@@ -5,22 +5,27 @@ profile is loaded) and Hugging Face assisted generation run with the same
 settings; the bars and the table come from
 :mod:`components.compare_view`.  At temperature 0 every lossless method must
 reproduce the target-only output token for token, which the "identical"
-column checks.  The handler streams: bars and table grow as each method
-finishes, and Stop closes the running decode between two steps.
+column checks.  Every method runs through :func:`sequoia.runtime.runner.iter_run`
+after one short untimed warm-up run of each (the bench's rule: the whole call
+is timed, prefill included).  The handler streams: bars and table grow as each
+method finishes, and Stop closes the running decode between two steps.
 """
 
 # No ``from __future__ import annotations``: gr.api reads the return annotation.
 
+import functools
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import gradio as gr
 
+from sequoia.runtime.runner import RunResult, iter_run, run_method, warmup
+
 from . import compare_view, serving
 from .context import MODEL_WORK, AppContext, acceptance_catalogue
-from .live_tab import FRAME_S, Throttle, make_request, run_decode
+from .live_tab import FRAME_S, Throttle, make_request
 
 #: (row name, method label for make_request), in run order; the first is the reference.
 RUNS = (
@@ -30,18 +35,22 @@ RUNS = (
     ("sequoia", "Sequoia (budget & depth)"),
 )
 HF_ROW = "hf assisted"
+#: Tokens of the untimed warm-up run of every method (first-call costs then land on none of them).
+WARMUP_TOKENS = 2
+_HF_ERRORS = (ValueError, RuntimeError, NotImplementedError, TypeError)
+
+
+def _row(name: str, run: RunResult) -> compare_view.CompareRow:
+    return compare_view.CompareRow(name, tokens=run.new_tokens, seconds=run.seconds,
+                                   target_calls=run.target_calls, token_ids=run.tokens)
 
 
 def _hf_row(ctx: AppContext, req) -> compare_view.CompareRow | str:
     """HF assisted generation with the same pair, or a note why it was skipped."""
-    from sequoia.runtime.baselines import hf_generate
-
     try:
-        run = hf_generate(ctx.pair(), req.prompt_ids, req.config, assisted=True)
-    except (ValueError, RuntimeError, NotImplementedError, TypeError) as exc:
+        return _row(HF_ROW, run_method(ctx.engine(), ctx.pair(), "hf-assisted", req.prompt_ids, req.config))
+    except _HF_ERRORS as exc:
         return f"HF assisted generation failed: {exc}"
-    return compare_view.CompareRow(HF_ROW, tokens=len(run.tokens), seconds=run.seconds,
-                                   target_calls=run.target_calls, token_ids=run.tokens)
 
 
 @dataclass
@@ -59,24 +68,15 @@ class CompareState:
         return (len(self.rows) + len(self.notes)) / self.total if self.running else 1.0
 
 
-def _timed(steps: Iterator):
-    """(record, seconds inside the engine so far): wall time without the pauses of whoever consumes it."""
-    spent = 0.0
-    while True:
-        t0 = time.perf_counter()
-        rec = next(steps, None)
-        spent += time.perf_counter() - t0
-        if rec is None:
-            return
-        yield rec, spent
-
-
-def _warm_up(ctx: AppContext, req) -> None:
-    """Two target-only tokens first, so the reference run does not pay first-call costs for everyone."""
-    warm = replace(req, config=replace(req.config, max_new_tokens=min(2, req.config.max_new_tokens)))
-    with closing(run_decode(ctx, warm)) as steps:
-        for _ in steps:
-            pass
+def _warm_up(ctx: AppContext, reqs, include_hf: bool) -> None:
+    """A short untimed greedy run of every method on the prompt, as the bench does before timing."""
+    tokens = min(WARMUP_TOKENS, reqs[0].config.max_new_tokens)
+    warmup(ctx.engine(), ctx.pair(), reqs[0].prompt_ids, [(r.proposer.name, r.proposer) for r in reqs], tokens)
+    if include_hf:
+        try:
+            warmup(ctx.engine(), ctx.pair(), reqs[0].prompt_ids, [("hf-assisted", None)], tokens)
+        except _HF_ERRORS:
+            pass  # its row says why when it runs
 
 
 def iter_comparison(ctx: AppContext, prompt, budget, depth, temperature, top_p, max_new_tokens, seed,
@@ -89,17 +89,19 @@ def iter_comparison(ctx: AppContext, prompt, budget, depth, temperature, top_p, 
     reqs = [make_request(ctx, prompt, label, budget, depth, temperature, top_p, max_new_tokens, seed,
                          acceptance, chat) for _, label in runs]
     state = CompareState(total=len(runs) + int(include_hf))
-    _warm_up(ctx, reqs[0])
+    _warm_up(ctx, reqs, include_hf)
     for (name, _), req in zip(runs, reqs):
-        state.running, state.tokens, records, seconds = name, 0, [], 0.0
+        state.running, state.tokens = name, 0
         yield state
-        with closing(run_decode(ctx, req)) as steps:
-            for rec, seconds in _timed(steps):
-                records.append(rec)
-                state.tokens += rec.n_new
+        with closing(iter_run(ctx.engine(), ctx.pair(), name, req.prompt_ids, req.config, req.proposer)) as steps:
+            while True:
+                try:
+                    state.tokens += next(steps).n_new
+                except StopIteration as done:
+                    run = done.value
+                    break
                 yield state
-        row = compare_view.row_from_records(name, records, seconds=seconds)
-        state.rows = compare_view.mark_identical([*state.rows, row])
+        state.rows = compare_view.mark_identical([*state.rows, _row(name, run)])
     if include_hf:
         state.running, state.tokens = HF_ROW, 0
         yield state
@@ -193,7 +195,9 @@ def build(ctx: AppContext) -> None:
                 temperature = gr.Slider(0, 2, value=0, step=0.05, label="temperature")
                 top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p")
             with gr.Row():
-                max_new = gr.Slider(1, 512, value=64, step=1, label="max new tokens")
+                new_cap = serving.server_caps(ctx).max_new_tokens  # the API refuses more, with a message
+                max_new = gr.Slider(1, new_cap, value=min(64, new_cap), step=1,
+                                    label=f"max new tokens (at most {new_cap} on this server)")
                 seed = gr.Number(0, precision=0, minimum=0, label="seed")
             acceptance = gr.Dropdown(choices, value=choices[0], label="acceptance vector (Sequoia tree)")
             include_hf = gr.Checkbox(value=True, label="include HF assisted generation")
@@ -205,6 +209,7 @@ def build(ctx: AppContext) -> None:
             table = gr.Dataframe(headers=compare_view.HEADERS, label="results", interactive=False)
             notes = gr.Markdown()
 
+    @functools.partial(serving.on_gpu, duration=lambda *a: serving.gpu_seconds(a[5], len(RUNS) + 2))  # ZeroGPU only
     def handler(*args):
         yield from on_compare(ctx, *args)
 

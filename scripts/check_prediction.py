@@ -32,6 +32,7 @@ from sequoia.runtime.acceptance import AcceptanceVector, load_prompts  # noqa: E
 from sequoia.runtime.drafter import StaticTreeProposer  # noqa: E402
 from sequoia.runtime.engine import SpeculativeEngine  # noqa: E402
 from sequoia.runtime.models import load_pair  # noqa: E402
+from sequoia.runtime.runner import run_method, warmup  # noqa: E402
 
 
 def trees_to_check(acc, profile, budgets, chains):
@@ -43,13 +44,18 @@ def trees_to_check(acc, profile, budgets, chains):
 
 
 def measure(engine, prompts, tree, config) -> tuple[float, float, int]:
-    """(ms per token, tokens per step, tokens) over all prompts; the prefill is not counted."""
+    """(ms per token, tokens per step, tokens) over all prompts, through the bench's runner.
+
+    The prediction prices decoding steps, so the steps' time is compared (the run's prefill is left out).
+    """
     seconds, tokens, steps = 0.0, 0, 0
+    proposer = StaticTreeProposer(tree)
+    warmup(engine, engine.pair, prompts[0], [("tree", proposer)], tokens=2)
     for ids in prompts:
-        for rec in engine.generate(ids, StaticTreeProposer(tree), config, with_texts=False):
-            seconds += rec.total_s
-            tokens += rec.n_new
-            steps += 1
+        run = run_method(engine, engine.pair, "tree", ids, config, proposer)
+        seconds += run.draft_s + run.verify_s + run.other_s
+        tokens += run.new_tokens
+        steps += run.steps
     return 1000 * seconds / max(tokens, 1), tokens / max(steps, 1), tokens
 
 

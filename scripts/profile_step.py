@@ -110,12 +110,12 @@ def run(engine_mod, methods_mod, pair, ids, args, timers: Timers) -> float:
 
 def compare_methods(pair, args) -> None:
     """Whole methods side by side, interleaved prompt by prompt."""
-    from sequoia.runtime.baselines import hf_generate
     from sequoia.core.config import GenerationConfig, SamplingConfig
-    from sequoia.runtime.engine import SpeculativeEngine
     from sequoia.core.profile import HardwareProfile
-from sequoia.runtime.profiling import measure_profile
+    from sequoia.runtime.engine import SpeculativeEngine
     from sequoia.runtime.methods import make_method
+    from sequoia.runtime.profiling import measure_profile
+    from sequoia.runtime.runner import run_method, warmup
 
     if args.profile:
         profile = HardwareProfile.load(args.profile)
@@ -131,20 +131,17 @@ from sequoia.runtime.profiling import measure_profile
     rows = defaultdict(list)
     names = args.methods.split(",")
     runs = [(r, label, prompt) for r in range(args.rounds) for label, prompt in PROMPTS.items()]
+    engine = SpeculativeEngine(pair)
+    warmup(engine, pair, pair.encode_prompt(next(iter(PROMPTS.values()))),
+           [(m, proposers.get(m)) for m in names], tokens=2)
     for k, (_, label, prompt) in enumerate(runs):
         ids = pair.encode_prompt(prompt)
         for m in names[k % len(names):] + names[: k % len(names)]:  # rotate the order run by run
-            t0 = time.perf_counter()
-            if m.startswith("hf-"):
-                run_ = hf_generate(pair, ids, cfg, assisted=m == "hf-assisted")
-                n, calls, sizes = len(run_.tokens), run_.target_calls, [0]
-            else:
-                recs = list(SpeculativeEngine(pair).generate(ids, proposers[m], cfg, with_texts=False))
-                n, calls, sizes = sum(r.n_new for r in recs), len(recs), [r.tree.size for r in recs]
-            dt = time.perf_counter() - t0
-            rows[m].append((label, n / dt, n / max(calls, 1), statistics.fmean(sizes)))
-            print(f"{label:5s} {m:16s} {n / dt:6.2f} tok/s  {n / max(calls, 1):5.2f} tok/call  "
-                  f"tree {statistics.fmean(sizes):5.1f}", flush=True)
+            run = run_method(engine, pair, m, ids, cfg, proposers.get(m))
+            size = run.tree_size or 0.0
+            rows[m].append((label, run.tokens_per_s, run.tokens_per_call, size))
+            print(f"{label:5s} {m:16s} {run.tokens_per_s:6.2f} tok/s  {run.tokens_per_call:5.2f} tok/call  "
+                  f"tree {size:5.1f}", flush=True)
     ref = "hf-assisted" if "hf-assisted" in rows else names[0]
     for m, vals in rows.items():
         ratios = [v[1] / r[1] for v, r in zip(vals, rows[ref])]  # same run, same machine load

@@ -18,12 +18,13 @@ for every method, prefill included.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, replace
 
 import torch
 
 from ..core.config import GenerationConfig
+from ..core.trace import StepRecord
 from .baselines import count_forwards, hf_generate
 from .drafter import Proposer
 from .engine import SpeculativeEngine, sync
@@ -87,29 +88,56 @@ class RunResult:
 
 
 def run_method(engine: SpeculativeEngine, pair, method: str, ids: list[int], gen: GenerationConfig,
-               proposer: Proposer | None = None,
-               should_stop: Callable[[], bool] | None = None) -> RunResult:
+               proposer: Proposer | None = None) -> RunResult:
     """One timed run of ``method`` on one prompt (see the module docstring for what is timed).
 
     ``method`` is one of :data:`HF_METHODS` or any engine method, whose ``proposer`` is then required.
-    ``should_stop`` (engine methods) ends the run between two steps.
+    """
+    steps = iter_run(engine, pair, method, ids, gen, proposer)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def iter_run(engine: SpeculativeEngine, pair, method: str, ids: list[int], gen: GenerationConfig,
+             proposer: Proposer | None = None) -> Generator[StepRecord, None, RunResult]:
+    """:func:`run_method` that yields each step record as it comes (none for HF methods) and returns the result.
+
+    Only the time inside the engine counts: pauses of whoever consumes the records are left out.
+    Closing the generator ends the run between two steps and frees its caches.
     """
     clock = engine.clock
     if method not in HF_METHODS and proposer is None:
         raise ValueError(f"method {method!r} needs a proposer")
+    records: list[StepRecord] = []
+    seconds = wall = 0.0
     with count_forwards(pair.target) as calls:
-        wall, start = time.perf_counter(), clock()
         if method in HF_METHODS:
-            tokens, records = hf_generate(pair, ids, gen, assisted=method == "hf-assisted").tokens, None
+            w0, t0 = time.perf_counter(), clock()
+            tokens = hf_generate(pair, ids, gen, assisted=method == "hf-assisted").tokens
+            sync(pair.device)
+            seconds, wall = clock() - t0, time.perf_counter() - w0
         else:
-            records = list(engine.generate(ids, proposer, gen, should_stop=should_stop, with_texts=False))
+            steps = engine.generate(ids, proposer, gen, with_texts=False)
+            try:
+                while True:
+                    w0, t0 = time.perf_counter(), clock()
+                    rec = next(steps, None)  # the first call includes the prefill
+                    sync(pair.device)
+                    seconds, wall = seconds + clock() - t0, wall + time.perf_counter() - w0
+                    if rec is None:
+                        break
+                    records.append(rec)
+                    yield rec
+            finally:
+                steps.close()
             tokens = tuple(t for r in records for t in r.new_tokens)
-        sync(pair.device)
-        seconds, wall = clock() - start, time.perf_counter() - wall
     base = RunResult(method=method, prompt_set="", prompt_index=0, temperature=gen.sampling.temperature,
                      prompt_tokens=len(ids), tokens=tuple(tokens), seconds=seconds, target_calls=calls[0],
                      wall_s=wall)
-    if records is None:
+    if method in HF_METHODS:
         return base
     return replace(base, steps=len(records), tree_size=sum(r.tree.size for r in records) / max(len(records), 1),
                    draft_s=sum(r.draft_s for r in records), verify_s=sum(r.verify_s for r in records),
