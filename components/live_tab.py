@@ -10,6 +10,7 @@ shared with the API endpoint and the Compare tab.
 # No ``from __future__ import annotations`` here: gr.api reads the endpoint's
 # return annotation with inspect.signature, which would see a plain string.
 
+import functools
 import time
 from collections.abc import Iterator
 from contextlib import closing
@@ -335,7 +336,9 @@ def build(ctx: AppContext) -> None:
                 temperature = gr.Slider(0, 2, value=0, step=0.05, label="temperature (0 = greedy)")
                 top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p")
             with gr.Row():
-                max_new = gr.Slider(1, 1024, value=DEFAULT_NEW_TOKENS, step=1, label="max new tokens")
+                new_cap = serving.server_caps(ctx).max_new_tokens  # the API refuses more, with a message
+                max_new = gr.Slider(1, new_cap, value=min(DEFAULT_NEW_TOKENS, new_cap), step=1,
+                                    label=f"max new tokens (at most {new_cap} on this server)")
                 seed = gr.Number(0, precision=0, minimum=0, label="seed")
             acceptance = gr.Dropdown(choices, value=start_vector if start_vector in choices else choices[0],
                                      label="acceptance vector (for the DP tree)")
@@ -357,6 +360,7 @@ def build(ctx: AppContext) -> None:
     stats = gr.Plot(label="Statistics", elem_id="sq-stats")
     session = gr.State(LiveSession())
 
+    @functools.partial(serving.on_gpu, duration=lambda *a: serving.gpu_seconds(a[6]))  # ZeroGPU only
     def handler(*args):
         yield from decode_stream(ctx, *args)
 
