@@ -75,8 +75,26 @@ def on_cell(n, d, session: DPSession):
     return cell_views(session.result, n, d)
 
 
+#: The dropdown's entry once the vector has been edited by hand.
+CUSTOM = "custom"
+HOW_TO_READ = """\
+**Vector**: p_k is the chance that the k-th child the draft samples is the one the target accepts; the DP assumes it depends only on k.
+**Heatmap**: expected tokens per target call of the best tree with n draft tokens and depth ≤ d; pick a cell with the sliders to see its tree.
+**Curves**: how that best tree scales against a chain, the best set of k chains and a binary tree of the same size.
+"""
+
+
 def on_pick(name, catalogue):
     return format_acceptance(catalogue[name]) if name in catalogue else gr.skip()
+
+
+def on_edit(text, name, catalogue):
+    """A hand edit makes the vector "custom" unless it still equals the picked entry."""
+    try:
+        same = name in catalogue and parse_acceptance(text) == parse_acceptance(format_acceptance(catalogue[name]))
+    except ValueError:
+        same = False
+    return gr.skip() if same else gr.update(value=CUSTOM)
 
 
 def dp_api(acceptance: str, budget: int = 32, depth: int = 8) -> dict:
@@ -103,9 +121,11 @@ def dp_api(acceptance: str, budget: int = 32, depth: int = 8) -> dict:
 def build(ctx: AppContext, demo: gr.Blocks) -> None:
     catalogue = acceptance_catalogue(ctx.assets_dir)
     names = list(catalogue)
+    with gr.Accordion("How to read this", open=False):
+        gr.Markdown(HOW_TO_READ)
     with gr.Row():
         with gr.Column(scale=1, min_width=300):
-            pick = gr.Dropdown(names, value=names[0], label="acceptance vector")
+            pick = gr.Dropdown(names + [CUSTOM], value=names[0], label="acceptance vector")
             vector = gr.Textbox(format_acceptance(catalogue[names[0]]), label="p_1, p_2, … (editable)",
                                 info="p_k: chance the k-th sampled child is the accepted one; sum ≤ 1")
             budget = gr.Slider(1, MAX_TREE_SIZE, value=128, step=1, label="largest budget n")
@@ -122,6 +142,8 @@ def build(ctx: AppContext, demo: gr.Blocks) -> None:
     session = gr.State(DPSession())
 
     pick.change(lambda name: on_pick(name, catalogue), pick, vector, api_visibility="private", **LIGHT_WORK)
+    vector.input(lambda text, name: on_edit(text, name, catalogue), [vector, pick], pick,
+                 api_visibility="private", trigger_mode="always_last", **LIGHT_WORK)
     solve_inputs = [vector, budget, depth, n, d, session]
     solve_outputs = [heat, tree, cell_md, curves, n, d, session]
     solve_btn.click(on_solve, solve_inputs, solve_outputs, api_visibility="private", **LIGHT_WORK)

@@ -185,9 +185,10 @@ def explain(record: StepRecord, node: int) -> str:
         return _explain_bonus(record, check)
     lines = []
     for c in _siblings(record, check)[:-1]:
+        after = (" What the target still wants is the residual norm(max(p − q, 0)): its tokens lose what the "
+                 "draft already offered." if c.u is not None else "")
         lines.append(f"- {child_name(record, c.node)}, {_quoted(record, c.node)}, was tested first and "
-                     f"rejected{_numbers(c)}. What the target still wants is the residual norm(max(p − q, 0)): "
-                     "its tokens lose what the draft already offered.")
+                     f"rejected{_numbers(c)}.{after}")
     lines.append(_verdict(record, check))
     if node in dropped_nodes(record):
         lines.append(f"- The target accepted it, but the length limit cut the step after {kept(record)[0]} "

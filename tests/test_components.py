@@ -382,3 +382,20 @@ def test_inspector_explain_in_plain_words():
     assert "without the inspector" in inspector_view.explain(StepRecord.fake(TREE, (0,)), 1)
     choices = inspector_view.node_choices(rec)
     assert [n for _, n in choices] == [1, 2, 6, TREE.n_nodes]
+
+
+def test_live_tab_records_checks_and_feeds_the_inspector(tiny_app_pair, tmp_path):
+    from components import live_tab
+    from components.context import AppContext, acceptance_catalogue
+
+    ctx = AppContext.from_pair_or_loader(tiny_app_pair, assets_dir=tmp_path, max_budget=24)
+    vector = next(iter(acceptance_catalogue(tmp_path)))
+    outs = list(live_tab.decode_stream(ctx, "def f(x):", "Sequoia (budget & depth)", 8, 3, 0.6, 1.0, 8, 0,
+                                       vector, True))
+    session = outs[-1][-1]
+    assert all(r.checks for r in session.records)
+    picker = live_tab.inspect_choices(0, session)
+    fig, text = live_tab.inspect_node(picker.value, 0, session)
+    assert fig is not None and text
+    html, note = live_tab.first_frame("say <hi>")
+    assert "say &lt;hi&gt;" in html and "drafting" in html
