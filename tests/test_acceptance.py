@@ -9,53 +9,32 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import make_pair, perturbed, tiny_model
+from test_verification_exact import exact_verification
 
+from sequoia.core.acceptance import AcceptanceVector
 from sequoia.core.config import SamplingConfig
 from sequoia.runtime.acceptance import (
-    AcceptanceVector,
     greedy_rank_hits,
     load_prompts,
     measure_acceptance,
+    rejection_curves,
     sampled_rank_probs,
 )
+from sequoia.runtime.teacher import continuation_logits, logits_over, target_continuation, teacher_logits
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "prompts"
 QUIET = dict(progress=lambda *a: None)
 
 
 # ------------------------------------------------------------------ exact math
-def exact_rank_probs(p: list[float], q: list[float], width: int) -> list[float]:
-    """P(rank-k child is the first accepted) by enumerating every draw order (residual rule, no replacement)."""
-    out = [0.0] * width
-
-    def go(r, qq, k, weight):
-        if k == width or sum(qq) <= 1e-12:
-            return
-        for x, qx in enumerate(qq):
-            if qx <= 0:
-                continue
-            acc = min(1.0, r[x] / qx)
-            out[k] += weight * qx * acc
-            if acc < 1.0:
-                res = [max(a - b, 0.0) for a, b in zip(r, qq)]
-                tot = sum(res)
-                res = [a / tot for a in res] if tot > 1e-12 else r
-                rest = list(qq)
-                rest[x] = 0.0
-                s = sum(rest)
-                go(res, [a / s for a in rest] if s > 0 else rest, k + 1, weight * qx * (1 - acc))
-
-    go(list(p), list(q), 0, 1.0)
-    return out
-
-
 @pytest.mark.parametrize("p, q", [
     ([0.5, 0.3, 0.2, 0.0], [0.1, 0.2, 0.3, 0.4]),
     ([0.7, 0.1, 0.1, 0.1], [0.25, 0.25, 0.25, 0.25]),
     ([0.0, 0.0, 1.0, 0.0], [0.6, 0.3, 0.1, 0.0]),    # target is sure, the draft ranks it last
 ])
 def test_monte_carlo_matches_enumeration(p, q):
-    exact = exact_rank_probs(p, q, 3)
+    exact = exact_verification(torch.tensor(p, dtype=torch.float64), torch.tensor(q, dtype=torch.float64), 3,
+                               "without_replacement")[1][:3].tolist()    # P(first accepted = rank k)
     pt, qt = torch.tensor([p]), torch.tensor([q])
     est = sampled_rank_probs(pt, qt, 3, samples=40000, gen=torch.Generator().manual_seed(0), tail=0.0)[0]
     assert est[0].item() == pytest.approx(sum(min(a, b) for a, b in zip(p, q)), abs=1e-6)  # rank 1 is analytic
@@ -72,6 +51,17 @@ def test_truncation_keeps_results_close():
     full = sampled_rank_probs(p, q, 4, samples=4000, gen=torch.Generator().manual_seed(2), tail=0.0)
     cut = sampled_rank_probs(p, q, 4, samples=4000, gen=torch.Generator().manual_seed(2), tail=1e-3)
     assert torch.allclose(full, cut, atol=0.03)
+
+
+def test_rejection_curves_fall_with_more_children():
+    g = torch.Generator().manual_seed(3)
+    p_logits, q_logits = torch.randn(6, 40, generator=g) * 2, torch.randn(6, 40, generator=g) * 2
+    curves = rejection_curves(p_logits, q_logits, 1.0, [1, 2, 4], samples=200, gen=g)
+    assert set(curves) == {"without_replacement", "with_replacement", "topk"}
+    for values in curves.values():
+        assert all(0.0 <= b <= a <= 1.0 for a, b in zip(values, values[1:]))
+    same = rejection_curves(p_logits, p_logits, 1.0, [1, 2], samples=50, gen=g)["without_replacement"]
+    assert same == pytest.approx([0.0, 0.0], abs=1e-6)   # q == p: the first child is always accepted
 
 
 def test_greedy_rank_hits():
@@ -167,6 +157,22 @@ def test_identical_models_accept_the_first_child(tiny, temperature):
     assert vec.values[1:] == pytest.approx((0.0, 0.0), abs=1e-5)
     assert vec.positions == 20 and vec.pair == "tiny-draft+tiny-target" and vec.temperature == temperature
     assert vec.mc_samples == (16 if temperature else 0)
+
+
+def test_teacher_logits_without_a_second_target_forward(tiny):
+    """The logits the target decoded with are those one forward over prompt + continuation gives."""
+    pair, prompt = tiny["close"], _prompts(1)[0]
+    cont, p_logits = target_continuation(pair.target, prompt, SamplingConfig(temperature=1.0), 12,
+                                         torch.Generator().manual_seed(0), return_logits=True)
+    assert len(cont) == 12 and p_logits.shape == (12, 48)
+    torch.testing.assert_close(p_logits, logits_over(pair.target, prompt, cont, 48), atol=1e-4, rtol=1e-4)
+    again, p2, q2 = continuation_logits(pair, prompt, SamplingConfig(temperature=1.0), 12,
+                                        torch.Generator().manual_seed(0))
+    assert again == cont
+    p3, q3 = teacher_logits(pair, prompt, cont)
+    torch.testing.assert_close(p2, p3, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(q2, q3)
+    assert len(target_continuation(pair.target, prompt, SamplingConfig(), 5, None)) == 5  # greedy: no generator
 
 
 def test_measurement_is_seeded(tiny):

@@ -16,21 +16,16 @@ from test_engine import (  # noqa: F401  (small_vocab_pair is a fixture)
     small_vocab_pair,
 )
 
+from sequoia.core.calibration import Calibration, child_outcomes, fit_outcomes, fit_records
 from sequoia.core.config import GenerationConfig, SamplingConfig
 from sequoia.core.profile import HardwareProfile
 from sequoia.core.trace import StepRecord
 from sequoia.core.tree import Tree
-from sequoia.runtime.calibration import (
-    Calibration,
-    calibrate,
-    child_outcomes,
-    fit_outcomes,
-    fit_records,
-    target_continuation_of,
-)
+from sequoia.runtime.calibration import calibrate
 from sequoia.runtime.drafter import Draft
 from sequoia.runtime.dynamic import DynamicTreeProposer
 from sequoia.runtime.methods import METHODS, make_method
+from sequoia.runtime.teacher import target_continuation
 
 #: Verification nearly free, drafting cheap: the policy grows trees whenever a node adds anything.
 CHEAP = HardwareProfile.hand_made(target=lambda n: 100.0 + 0.5 * n, draft=lambda w: 2.0 + 0.1 * w)
@@ -148,7 +143,7 @@ def test_confident_pair_grows_bigger_trees_than_an_unrelated_one(tiny_pairs):
     sizes = {}
     for name in ("same", "random"):
         pair = tiny_pairs[name]
-        seqs = [(PROMPT, target_continuation_of(pair, PROMPT, SamplingConfig(), 16)), ([2, 4], [6, 8, 1, 3] * 4)]
+        seqs = [(PROMPT, target_continuation(pair.target, PROMPT, SamplingConfig(), 16, None)), ([2, 4], [6, 8, 1, 3] * 4)]
         cal, = calibrate(pair, seqs, [SamplingConfig()], width=3)
         _, records = _run(pair, _dynamic(calibration=cal), GenerationConfig(max_new_tokens=30))
         sizes[name] = np.mean([r.tree.size for r in records])

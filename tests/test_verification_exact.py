@@ -17,9 +17,9 @@ import pytest
 import torch
 from scipy import stats
 
-import sequoia.core.sampling as sampling
+from sequoia.core import sampling
 from sequoia.core.config import SAMPLING_MODES
-from sequoia.core.sampling import first_accepted, sample_children, verify_children
+from sequoia.core.sampling import first_accepted, sample_children, verify_children, verify_rows
 
 TOL = 1e-9
 
@@ -156,6 +156,23 @@ def test_first_accepted_follows_the_exact_rank_distribution(case, mode):
         if support.sum() > 1:
             expected = exact[support] * counts.sum()
             assert stats.chisquare(counts[support].numpy(), expected.numpy()).pvalue > 1e-6, (counts, exact)
+
+
+@pytest.mark.parametrize("mode", SAMPLING_MODES)
+def test_vectorised_and_scalar_verification_agree_draw_for_draw(mode):
+    """Given the same children and the same uniforms, both verifiers pick the same child."""
+    g = torch.Generator().manual_seed(4)
+    rows, k = 300, 4
+    p = torch.softmax(torch.randn(rows, 6, generator=g) * 2, -1)
+    q = torch.softmax(torch.randn(rows, 6, generator=g) * 2, -1)   # full support: no filler slots
+    drawn = sample_children(q, k, mode, g)
+    seeds = torch.randint(2**31 - 1, (rows,), generator=g).tolist()
+    u = torch.stack([torch.rand(k, generator=torch.Generator().manual_seed(s)) for s in seeds])
+    vector = verify_rows(p, q, drawn, u, mode)
+    for t in range(rows):  # verify_children draws its uniforms one child at a time from the same stream
+        idx, _ = verify_children(p[t], q[t], drawn[t].tolist(), mode, torch.Generator().manual_seed(seeds[t]))
+        assert vector[t].item() == (-1 if idx is None else idx), t
+    assert 0 < (vector >= 0).sum() < rows
 
 
 def test_first_accepted_equals_the_scalar_rule_when_it_is_deterministic():

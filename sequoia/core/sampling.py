@@ -198,6 +198,14 @@ def first_accepted(p: torch.Tensor, q: torch.Tensor, k: int, mode: str,
         raise ValueError(f"p and q must both be [R, V], got {tuple(p.shape)} and {tuple(q.shape)}")
     drawn = sample_children(q, k, mode, generator)                      # [R, k]
     u = torch.rand(drawn.shape, generator=generator, device=p.device)   # [R, k]
+    return verify_rows(p, q, drawn, u, mode)
+
+
+def verify_rows(p: torch.Tensor, q: torch.Tensor, drawn: torch.Tensor, u: torch.Tensor, mode: str) -> torch.Tensor:
+    """Verify drawn children given their uniforms: index of the first accepted per row, -1 if none.
+
+    p, q: [R, V]; drawn, u: [R, k] (children in sampling order, one uniform per slot) -> [R] int64.
+    """
     first = torch.full((p.shape[0],), -1, dtype=torch.long, device=p.device)
     live = torch.ones(p.shape[0], dtype=torch.bool, device=p.device)   # no child accepted yet
     r, qc = p, (None if mode == "topk" else q)

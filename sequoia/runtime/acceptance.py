@@ -4,8 +4,8 @@ p_k is the probability that the k-th child the draft proposes at a node is
 the one the target accepts (see :mod:`sequoia.core.dp`).  Two ways to measure it:
 
 ``teacher``  The target writes a continuation of each prompt (greedy or
-    sampled with the same warping); then ONE forward of each model over
-    prompt + continuation gives p (target) and q (draft) at every position.
+    sampled with the same warping), keeping its logits; one forward of the
+    draft over prompt + continuation gives q (:mod:`sequoia.runtime.teacher`).
     Greedy: p_k is the fraction of positions where the target's argmax is the
     draft's k-th ranked token.  Sampling: p_1 = sum_x min(p, q) exactly; for
     k >= 2 a seeded Monte Carlo draws W children without replacement from q
@@ -17,7 +17,10 @@ the one the target accepts (see :mod:`sequoia.core.dp`).  Two ways to measure it
 
 For speed the Monte Carlo keeps, per position, the fewest tokens that hold
 all but ``tail`` of both p's and q's mass and lumps the rest into one token;
-the error this adds to any p_k is at most about ``tail``.
+the error this adds to any p_k is at most about ``tail``.  The same Monte
+Carlo gives the robustness figure (:func:`rejection_curves`).  The record
+itself, :class:`~sequoia.core.acceptance.AcceptanceVector`, is pure and lives
+in :mod:`sequoia.core.acceptance`.
 """
 
 from __future__ import annotations
@@ -25,100 +28,21 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from .._meta import (
-    Progress,
-    ProgressFn,
-    library_version,
-    now_iso,
-    number_list,
-    pair_name,
-    read_json,
-    require,
-    write_json,
-)
-from ..core.config import GenerationConfig, SamplingConfig
-from ..core.dp import check_acceptance
-from ..core.sampling import sample_children, sample_token, warp
+from .._meta import Progress, ProgressFn, library_version, now_iso, pair_name
+from ..core.acceptance import AcceptanceVector
+from ..core.config import SAMPLING_MODES, GenerationConfig, SamplingConfig
+from ..core.sampling import first_accepted, warp
+from ..core.stats import rank_counts
 from ..core.tree import Tree
-from .kv_cache import KVCache
+from .drafter import StaticTreeProposer
+from .engine import SpeculativeEngine
+from .teacher import continuation_logits
 
-FORMAT = "sequoia-acceptance/1"
 METHODS = ("teacher", "decode")
-_TINY = 1e-12
-
-
-@dataclass(frozen=True)
-class AcceptanceVector:
-    values: tuple[float, ...]          # [W] p_1..p_W
-    stderr: tuple[float, ...] = ()     # [W] standard error of each entry (empty: unknown)
-    pair: str = ""
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    prompt_set: str = ""
-    positions: int = 0                 # positions (teacher) or verified parent nodes (decode) counted
-    method: str = "teacher"            # "teacher" | "decode" | "hand-made"
-    mc_samples: int = 0                # Monte Carlo draws per position (teacher, sampling only)
-    date: str = ""
-    version: str = ""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "values", tuple(float(x) for x in check_acceptance(self.values)))
-        object.__setattr__(self, "stderr", tuple(float(x) for x in self.stderr))
-        if self.stderr and len(self.stderr) != len(self.values):
-            raise ValueError(f"stderr has {len(self.stderr)} entries but values has {len(self.values)}")
-        if any(not math.isfinite(s) or s < 0 for s in self.stderr):
-            raise ValueError("stderr entries must be finite and >= 0")
-        SamplingConfig(self.temperature, self.top_p, self.top_k)  # same validation as everywhere else
-
-    @property
-    def width(self) -> int:
-        return len(self.values)
-
-    @property
-    def sampling(self) -> SamplingConfig:
-        return SamplingConfig(self.temperature, self.top_p, self.top_k)
-
-    def to_dict(self) -> dict:
-        return {"format": FORMAT, **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}}
-
-    def save(self, path: str | Path) -> None:
-        write_json(path, self.to_dict())
-
-    @classmethod
-    def from_dict(cls, data: dict, source: str = "acceptance vector") -> "AcceptanceVector":
-        try:
-            return cls(
-                values=number_list(data, "values", source),
-                stderr=number_list(data, "stderr", source) if "stderr" in data else (),
-                pair=str(data.get("pair", "")),
-                temperature=require(data, "temperature", (int, float), source),
-                top_p=data.get("top_p", 1.0), top_k=data.get("top_k", 0),
-                prompt_set=str(data.get("prompt_set", "")), positions=int(data.get("positions", 0)),
-                method=str(data.get("method", "")), mc_samples=int(data.get("mc_samples", 0)),
-                date=str(data.get("date", "")), version=str(data.get("version", "")),
-            )
-        except (ValueError, TypeError) as exc:
-            if str(exc).startswith(source):
-                raise
-            raise ValueError(f"{source}: {exc}") from exc
-
-    @classmethod
-    def load(cls, path: str | Path, pair: str | None = None,
-             sampling: SamplingConfig | None = None) -> "AcceptanceVector":
-        """Read a vector; with ``pair`` / ``sampling``, refuse one measured under other conditions."""
-        vec = cls.from_dict(read_json(path, FORMAT, "Sequoia acceptance vector"), source=str(path))
-        if pair is not None and vec.pair and vec.pair != pair:
-            raise ValueError(f"{path}: measured for pair {vec.pair!r}, not {pair!r}")
-        if sampling is not None and vec.sampling != sampling:
-            raise ValueError(f"{path}: measured at temperature={vec.temperature}, top_p={vec.top_p}, "
-                             f"top_k={vec.top_k}; requested {sampling}")
-        return vec
 
 
 def load_prompts(path: str | Path) -> list[str]:
@@ -190,13 +114,9 @@ def _encode(pair, prompt, chat: bool) -> list[int]:
 
 def _teacher(pair, prompts, sampling, width, max_new, gen, mc_samples, tail, tick):
     """Per-position success probabilities of every rank, averaged over all positions."""
-    vocab = min(int(m.config.vocab_size) for m in (pair.draft, pair.target))
     rows = []  # each [L, W]: P(rank-k child is the accepted one) at each position
     for prompt in prompts:
-        # The target's logits come from its own decoding steps: no second forward over the continuation.
-        cont, p_logits = target_continuation(pair.target, prompt, sampling, max_new, gen, _eos(pair), vocab,
-                                             return_logits=True)  # [L], [L, V]
-        q_logits = _logits_over(pair.draft, prompt, cont, vocab)   # [L, V]
+        cont, p_logits, q_logits = continuation_logits(pair, prompt, sampling, max_new, gen)  # [L], [L, V] x 2
         if sampling.greedy:
             rows.append(greedy_rank_hits(p_logits, q_logits, width))
         else:
@@ -208,45 +128,6 @@ def _teacher(pair, prompts, sampling, width, max_new, gen, mc_samples, tail, tic
     values = per_pos.mean(0)
     stderr = per_pos.std(0, unbiased=True) / math.sqrt(n) if n > 1 else torch.zeros_like(values)
     return tuple(values.tolist()), tuple(stderr.tolist()), n
-
-
-def _eos(pair) -> set[int]:
-    return set(getattr(pair, "eos_token_ids", ()) or ())
-
-
-@torch.inference_mode()
-def target_continuation(model, prompt: list[int], sampling: SamplingConfig, max_new: int,
-                        gen: torch.Generator, eos: set[int], vocab: int, return_logits: bool = False):
-    """Plain autoregressive continuation by ``model`` (stops after an EOS token).
-
-    Returns the tokens, and with ``return_logits`` also the float32 logits that
-    predicted each of them ([len(tokens), vocab], on the CPU).
-    """
-    device = next(model.parameters()).device
-    cache = KVCache(model.config)
-    ids = torch.tensor([prompt], device=device)  # [1, T]
-    out: list[int] = []
-    kept: list[torch.Tensor] = []
-    for _ in range(max_new):
-        logits = model(input_ids=ids, past_key_values=cache.cache, use_cache=True,
-                       logits_to_keep=1).logits[0, -1, :vocab]  # [V]
-        if return_logits:
-            kept.append(logits.float().cpu())
-        tok = int(logits.argmax()) if sampling.greedy else sample_token(warp(logits, sampling), gen)
-        out.append(tok)
-        if tok in eos:
-            break
-        ids = torch.tensor([[tok]], device=device)
-    return (out, torch.stack(kept)) if return_logits else out
-
-
-@torch.inference_mode()
-def _logits_over(model, prompt: list[int], cont: list[int], vocab: int) -> torch.Tensor:
-    """Logits predicting each continuation token, from one forward.  # [len(cont), V] float32"""
-    device = next(model.parameters()).device
-    ids = torch.tensor([prompt + cont[:-1]], device=device)  # the last token is never a context
-    logits = model(input_ids=ids, logits_to_keep=len(cont)).logits[0, :, :vocab]
-    return logits.float().cpu()
 
 
 def greedy_rank_hits(p_logits: torch.Tensor, q_logits: torch.Tensor, width: int) -> torch.Tensor:
@@ -274,8 +155,9 @@ def sampled_rank_probs(p: torch.Tensor, q: torch.Tensor, width: int, samples: in
     out[:, 0] = torch.minimum(p, q).sum(-1)
     if width > 1:
         for lo in range(0, p.shape[0], 16):  # chunks bound the [rows * samples, kept] working set
-            ps, qs = _truncate(p[lo:lo + 16], q[lo:lo + 16], tail)
-            first = _first_accepted(ps.repeat_interleave(samples, 0), qs.repeat_interleave(samples, 0), width, gen)
+            ps, qs = truncate_tail(p[lo:lo + 16], q[lo:lo + 16], tail)
+            first = first_accepted(ps.repeat_interleave(samples, 0), qs.repeat_interleave(samples, 0), width,
+                                   "without_replacement", gen)                # [rows * S]
             hits = torch.nn.functional.one_hot(first + 1, width + 1)[:, 2:].float()  # [rows*S, W-1] ranks >= 2
             hits = hits.view(ps.shape[0], samples, width - 1).sum(1)                 # [rows, W-1]
             rejected = (first != 0).view(ps.shape[0], samples).sum(1, keepdim=True)  # [rows, 1]
@@ -285,12 +167,14 @@ def sampled_rank_probs(p: torch.Tensor, q: torch.Tensor, width: int, samples: in
     return out
 
 
-def _truncate(p: torch.Tensor, q: torch.Tensor, tail: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keep the top tokens by p + q holding all but ``tail`` of each row's mass; lump the rest.  -> [L, m+1]"""
+def truncate_tail(p: torch.Tensor, q: torch.Tensor, tail: float,
+                  keep_at_least: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keep the fewest top tokens (by p + q, at least ``keep_at_least``) holding all but ``tail`` of both
+    rows' mass; lump the rest into one last token.  p, q: [L, V] -> [L, m+1]"""
     both = p + q                                                        # [L, V]
     order = both.argsort(-1, descending=True)
     mass = both.gather(-1, order).cumsum(-1)                            # [L, V]
-    m = int((mass < 2.0 * (1.0 - tail)).sum(-1).max()) + 1
+    m = max(int((mass < 2.0 * (1.0 - tail)).sum(-1).max()) + 1, keep_at_least)
     idx = order[:, : min(m, p.shape[-1])]                               # [L, m]
     ps, qs = p.gather(-1, idx), q.gather(-1, idx)
     ps = torch.cat([ps, (1.0 - ps.sum(-1, keepdim=True)).clamp(min=0.0)], -1)
@@ -298,35 +182,37 @@ def _truncate(p: torch.Tensor, q: torch.Tensor, tail: float) -> tuple[torch.Tens
     return ps / ps.sum(-1, keepdim=True), qs / qs.sum(-1, keepdim=True)
 
 
-def _first_accepted(p: torch.Tensor, q: torch.Tensor, width: int, gen: torch.Generator) -> torch.Tensor:
-    """Vectorised :func:`sequoia.core.sampling.verify_children` (without replacement).  p, q: [R, V] -> [R] rank or -1."""
-    drawn = sample_children(q, width, "without_replacement", gen)       # [R, W] Gumbel-top-k order
-    u = torch.rand(drawn.shape, generator=gen)                          # [R, W]
-    first = torch.full((p.shape[0],), -1, dtype=torch.long)
-    live = torch.ones(p.shape[0], dtype=torch.bool)                     # not yet decided
-    r, q = p.clone(), q.clone()
-    for k in range(drawn.shape[1]):
-        x = drawn[:, k:k + 1]                                           # [R, 1]
-        qx, px = q.gather(-1, x)[:, 0], r.gather(-1, x)[:, 0]
-        live &= qx > _TINY                                              # q's support is used up: no more children
-        accept = live & (u[:, k] * qx < px)
-        first[accept] = k
-        live &= ~accept
-        residual = (r - q).clamp(min=0.0)
-        total = residual.sum(-1, keepdim=True)
-        residual = torch.where(total > _TINY, residual / total.clamp(min=_TINY), r)
-        r = torch.where(live[:, None], residual, r)
-        q = q.scatter(-1, x, 0.0)
-        q = q / q.sum(-1, keepdim=True).clamp(min=_TINY)
-    return first
+def rejection_curves(p_logits: torch.Tensor, q_logits: torch.Tensor, temperature: float, children: Sequence[int],
+                     samples: int, gen: torch.Generator, tail: float = 1e-4, chunk: int = 8,
+                     max_elements: int = 1 << 22) -> dict[str, list[float]]:
+    """Mode -> average P(all k children rejected) for each k in ``children`` (the Sequoia paper's robustness
+    figure).  logits: [L, V].
+
+    The first k of K = max(children) children drawn are a valid draw of k children in every mode, so one
+    Monte Carlo run of :func:`sequoia.core.sampling.first_accepted` per mode gives the whole curve.
+    ``chunk`` positions are truncated together; ``max_elements`` (rows x kept tokens) bounds memory.
+    """
+    if p_logits.ndim != 2 or p_logits.shape != q_logits.shape:
+        raise ValueError(f"logits must both be [L, V], got {tuple(p_logits.shape)} and {tuple(q_logits.shape)}")
+    cfg = SamplingConfig(temperature=temperature)
+    k_max = max(children)
+    rejected = {mode: torch.zeros(len(children)) for mode in SAMPLING_MODES}
+    for lo in range(0, p_logits.shape[0], chunk):
+        p, q = truncate_tail(warp(p_logits[lo:lo + chunk], cfg), warp(q_logits[lo:lo + chunk], cfg), tail, k_max + 1)
+        rows = torch.arange(p.shape[0]).repeat_interleave(samples)     # [positions * samples] -> position
+        step = max(1, max_elements // p.shape[1])
+        for mode in SAMPLING_MODES:
+            for r0 in range(0, rows.numel(), step):
+                sel = rows[r0:r0 + step]
+                first = first_accepted(p[sel], q[sel], k_max, mode, gen)   # [len(sel)]
+                for j, k in enumerate(children):
+                    rejected[mode][j] += ((first < 0) | (first >= k)).float().sum()
+    total = p_logits.shape[0] * samples
+    return {mode: (v / total).tolist() for mode, v in rejected.items()}
 
 
 def _decode(pair, prompts, sampling, width, max_new, gen, mc_samples, tail, tick):
     """Real speculative decoding with a root of ``width`` children (one verified parent per step)."""
-    from ..core.stats import rank_counts
-    from .drafter import StaticTreeProposer
-    from .engine import SpeculativeEngine
-
     engine = SpeculativeEngine(pair)
     proposer = StaticTreeProposer(Tree.k_ary(width, 1), name="acceptance")
     records = []

@@ -5,7 +5,7 @@ vector.  Acceptance is bursty (long runs of easy tokens, then hard ones), so
 this proposer grows each step's tree from the draft's own probabilities:
 
 * the estimated acceptance of a node is f(v) = product along its path of
-  a(q, rank) (:mod:`sequoia.runtime.calibration`), the same quantity the DP maximises;
+  a(q, rank) (:mod:`sequoia.core.calibration`), the same quantity the DP maximises;
 * a step is priced by the one cost model (:func:`sequoia.core.cost.step_ms`:
   measured overheads + sum_levels draft(width) + target(n + 1) ms under a
   :class:`~sequoia.core.profile.HardwareProfile`, exactly as the static
@@ -47,10 +47,10 @@ import numpy as np
 import torch
 
 from ..core import cost
+from ..core.calibration import Calibration
 from ..core.profile import HardwareProfile
 from ..core.trace import DynamicInfo, StepRecord
 from ..core.tree import Tree
-from .calibration import Calibration
 from .drafter import Draft, Drafter, Proposer
 
 #: Levels of lookahead when pricing the next draft forward.

@@ -34,6 +34,7 @@ from ..core.trace import ACCEPTED, REJECTED, UNREACHED, NodeCheck, StepRecord
 from ..core.tree import Tree
 from .drafter import Draft, Drafter, Proposer
 from .kv_cache import KVCache
+from .models import shared_vocab
 
 _DISPLAY = SamplingConfig(temperature=1.0)  # at T=0, show the models' raw confidence
 
@@ -53,7 +54,7 @@ class SpeculativeEngine:
         self.pair = pair
         self.clock = clock                # seconds; read after draining the GPU queue (see _now)
         self.device = pair.device
-        self.vocab_size = _shared_vocab(pair)
+        self.vocab_size = shared_vocab(pair)
 
     def generate(
         self,
@@ -263,8 +264,3 @@ def sync(device) -> None:
     """Drain the GPU queue: honest times of a GPU run need it (a no-op on CPU)."""
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _shared_vocab(pair) -> int:
-    """Logit columns both models share (embedding matrices are often padded)."""
-    return min(int(m.config.vocab_size) for m in (pair.draft, pair.target))

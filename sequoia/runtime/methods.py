@@ -17,6 +17,7 @@ name               tree                                        children drawn
 
 from __future__ import annotations
 
+from ..core.calibration import Calibration
 from ..core.config import check_budget
 from ..core.cost import conservative_profile
 from ..core.tree import Tree
@@ -85,7 +86,6 @@ def _auto(name, acceptance, profile, budget, depth) -> StaticTreeProposer:
 
 def _dynamic(acceptance, profile, budget, depth, calibration):
     """``calibration``: a Calibration, a path to one, or None for the identity a(q) = q."""
-    from .calibration import Calibration
     from .dynamic import DynamicTreeProposer
 
     budget = 48 if budget is None else budget

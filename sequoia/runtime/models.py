@@ -59,6 +59,11 @@ class ModelPair:
         return encode_prompt(self.tokenizer, prompt, chat)
 
 
+def shared_vocab(pair) -> int:
+    """Logit columns both models share (embedding matrices are often padded beyond the tokenizer)."""
+    return min(int(m.config.vocab_size) for m in (pair.draft, pair.target))
+
+
 # ------------------------------------------------------------------ devices and dtypes
 def resolve_device(device: str | torch.device | None) -> torch.device:
     if device is None or device == "auto":

@@ -20,12 +20,12 @@ from ..core.dp import optimal_tree
 from ..core.optimizer import choose_tree
 from ..core.profile import HardwareProfile
 from ..core.stats import summarize
-from ..runtime import calibration
 from ..runtime.acceptance import AcceptanceVector, load_prompts, measure_acceptance
 from ..runtime.engine import SpeculativeEngine
 from ..runtime.finder import cache_profile, find_calibration, find_profile
 from ..runtime.methods import METHODS, make_method
 from ..runtime.profiling import measure_profile
+from . import calibrate_cli
 from .bench_cli import add_bench_parser, main_bench
 from .common import add_model_args, expected_fingerprint, load_from_args, profile_for
 
@@ -100,19 +100,15 @@ def build_parser() -> argparse.ArgumentParser:
     tree.add_argument("--vllm-model", default=None, help="speculative_config 'model' (the drafter) for --format vllm")
 
     add_bench_parser(sub)
-    sub.add_parser("calibrate", add_help=False,
-                   help="fit the dynamic tree's confidence-to-acceptance calibration ('calibrate --help')")
+    calibrate_cli.add_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    calibrate = argv[:1] == ["calibrate"]  # it has its own parser (sequoia.runtime.calibration.main)
-    args = None if calibrate else build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     torch.set_flush_denormal(True)  # denormals make CPU matmuls of small activations many times slower
     try:
-        if calibrate:
-            return calibration.main(argv[1:])
         return _COMMANDS[args.command](args)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -237,4 +233,5 @@ def _write_tree(tree, args, **extra) -> None:
         tree.to_json(args.out, **extra)
 
 
-_COMMANDS = {"generate": _generate, "accept": _accept, "profile": _profile, "tree": _tree, "bench": main_bench}
+_COMMANDS = {"generate": _generate, "accept": _accept, "profile": _profile, "tree": _tree, "bench": main_bench,
+             "calibrate": calibrate_cli.run}
