@@ -33,6 +33,7 @@ from .drafter import StaticTreeProposer
 from .engine import SpeculativeEngine
 from .fingerprint import machine_fingerprint
 from .kv_cache import KVCache
+from .models import shared_vocab
 
 #: The quick profile's grids: enough points for the optimizer's range on a CPU.
 QUICK_TARGET_GRID = (1, 2, 4, 8, 16, 32, 64)
@@ -133,7 +134,7 @@ def _measure_overheads(pair, curves: HardwareProfile, steps: int, gen: torch.Gen
     prices as one token).  Each is the median over steps, clipped at 0:
     a negative overhead is timing noise.
     """
-    vocab = min(pair.target.config.vocab_size, pair.draft.config.vocab_size)
+    vocab = shared_vocab(pair)
     prompt = torch.randint(vocab, (curves.context_len,), generator=gen).tolist()
     tree = Tree.chain(OVERHEAD_CHAIN)
     config = GenerationConfig(max_new_tokens=(steps + 1) * (OVERHEAD_CHAIN + 1), stop_at_eos=False)
