@@ -257,3 +257,22 @@ def test_zerogpu_wraps_model_work_only_where_spaces_says_so(monkeypatch):
     assert serving.zerogpu() and wrapped(None, 100) == 200
     assert asked == [serving.gpu_seconds(100)] and serving.gpu_seconds(100) < serving.gpu_seconds(200)
     assert serving.gpu_seconds(10 ** 6) == serving.ZEROGPU_MAX_S
+
+
+# ------------------------------------------------------------------ the load test script
+def test_load_test_refuses_other_hosts_and_draws_valid_dp_requests():
+    import importlib.util
+    from pathlib import Path
+
+    import numpy as np
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "load_test.py"
+    spec = importlib.util.spec_from_file_location("load_test", path)
+    load_test = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(load_test)
+    with pytest.raises(SystemExit, match="only runs against 127.0.0.1"):
+        load_test.run_load("http://example.com:7860", 1, 1, 1.0, 1.0, 4, None)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        vec, budget, depth = load_test.random_dp_args(rng)
+        validation.check_dp_request(vec, budget, depth)  # every drawn request is one the server accepts
