@@ -4,6 +4,7 @@ API calls, the bounded light-work queue, the vLLM tree export and the ZeroGPU wr
 import asyncio
 import json
 import socket
+import sys
 import threading
 import time
 from types import SimpleNamespace
@@ -260,7 +261,7 @@ def test_zerogpu_wraps_model_work_only_where_spaces_says_so(monkeypatch):
 
 
 # ------------------------------------------------------------------ the load test script
-def test_load_test_refuses_other_hosts_and_draws_valid_dp_requests():
+def test_load_test_refuses_other_hosts_and_draws_valid_dp_requests(monkeypatch):
     import importlib.util
     from pathlib import Path
 
@@ -269,6 +270,7 @@ def test_load_test_refuses_other_hosts_and_draws_valid_dp_requests():
     path = Path(__file__).resolve().parents[1] / "scripts" / "load_test.py"
     spec = importlib.util.spec_from_file_location("load_test", path)
     load_test = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "load_test", load_test)  # its dataclasses look their module up there
     spec.loader.exec_module(load_test)
     with pytest.raises(SystemExit, match="only runs against 127.0.0.1"):
         load_test.run_load("http://example.com:7860", 1, 1, 1.0, 1.0, 4, None)
@@ -276,3 +278,15 @@ def test_load_test_refuses_other_hosts_and_draws_valid_dp_requests():
     for _ in range(20):
         vec, budget, depth = load_test.random_dp_args(rng)
         validation.check_dp_request(vec, budget, depth)  # every drawn request is one the server accepts
+
+
+def test_cli_tree_writes_a_vllm_speculative_config(tmp_path):
+    from sequoia.tools.cli import main
+
+    out = tmp_path / "spec.json"
+    assert main(["tree", "--acceptance", "0.7, 0.15, 0.05", "--budget", "12", "--depth", "4", "--out", str(out),
+                 "--format", "vllm", "--vllm-model", "some/drafter"]) == 0
+    cfg = json.loads(out.read_text())
+    tree = Tree.from_vllm(cfg["speculative_token_tree"])
+    assert cfg["num_speculative_tokens"] == tree.size == 12 and cfg["model"] == "some/drafter"
+    assert tree.parents == optimal_tree([0.7, 0.15, 0.05], 12, 4).tree().parents
