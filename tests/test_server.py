@@ -7,6 +7,7 @@ import socket
 import sys
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import gradio as gr
@@ -263,8 +264,6 @@ def test_zerogpu_wraps_model_work_only_where_spaces_says_so(monkeypatch):
 # ------------------------------------------------------------------ the load test script
 def test_load_test_refuses_other_hosts_and_draws_valid_dp_requests(monkeypatch):
     import importlib.util
-    from pathlib import Path
-
     import numpy as np
 
     path = Path(__file__).resolve().parents[1] / "scripts" / "load_test.py"
@@ -281,12 +280,14 @@ def test_load_test_refuses_other_hosts_and_draws_valid_dp_requests(monkeypatch):
 
 
 def test_cli_tree_writes_a_vllm_speculative_config(tmp_path):
+    from sequoia.runtime.acceptance import AcceptanceVector
     from sequoia.tools.cli import main
 
+    vector = sorted((Path(__file__).resolve().parents[1] / "assets" / "acceptance").glob("embedded-*.json"))[0]
     out = tmp_path / "spec.json"
-    assert main(["tree", "--acceptance", "0.7, 0.15, 0.05", "--budget", "12", "--depth", "4", "--out", str(out),
+    assert main(["tree", "--acceptance", str(vector), "--budget", "12", "--depth", "4", "--out", str(out),
                  "--format", "vllm", "--vllm-model", "some/drafter"]) == 0
     cfg = json.loads(out.read_text())
     tree = Tree.from_vllm(cfg["speculative_token_tree"])
     assert cfg["num_speculative_tokens"] == tree.size == 12 and cfg["model"] == "some/drafter"
-    assert tree.parents == optimal_tree([0.7, 0.15, 0.05], 12, 4).tree().parents
+    assert tree.parents == optimal_tree(AcceptanceVector.load(vector).values, 12, 4).tree().parents
