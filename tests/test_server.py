@@ -110,6 +110,14 @@ def test_validators_refuse_bad_requests_with_the_handlers_message(ctx, demo):
     assert {"decode", "decode_stream", "compare", "dp"} <= guarded
 
 
+def test_server_wide_profile_is_refused_without_the_owner_switch(ctx):
+    from components import hardware_tab
+
+    assert not ctx.owner  # build_demo's default; main() sets it from SEQUOIA_OWNER=1
+    with pytest.raises(ValueError, match="SEQUOIA_OWNER=1"):
+        hardware_tab.profile_now(ctx, True)  # the handler itself refuses, whatever the page shows
+
+
 def test_light_work_is_one_bounded_group_apart_from_the_model():
     assert LIGHT_WORK["concurrency_id"] == "light" != MODEL_WORK["concurrency_id"]
     assert 1 <= LIGHT_WORK["concurrency_limit"] <= 4
