@@ -189,3 +189,145 @@ def test_first_accepted_equals_the_scalar_rule_when_it_is_deterministic():
 def test_first_accepted_checks_shapes():
     with pytest.raises(ValueError, match=r"\[R, V\]"):
         first_accepted(torch.ones(4) / 4, torch.ones(4) / 4, 2, "topk", None)
+
+
+# ------------------------------------------------- mixed sources: fixed (copied) children, then the draft's
+def _without(q: torch.Tensor, fixed: list[int]) -> torch.Tensor:
+    """The test's own removal of the fixed tokens from q (renormalised; zeros if nothing is left)."""
+    out = q.clone()
+    out[fixed] = 0.0
+    return out / out.sum() if out.sum() > 0 else out
+
+
+def exact_mixed(p: torch.Tensor, q: torch.Tensor | None, fixed: list[int], k: int, mode: str,
+                draw_without_fixed: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact (emitted distribution [V], first accepted index [m + k + 1]) of ``verify_children(..., n_fixed=m)``.
+
+    The fixed children are point masses tested first; then k draft children are drawn in ``mode`` from q
+    without the fixed tokens (``draw_without_fixed=False``: from q itself, the mutation that must fail).
+    Verification mirrors verify_children with the library's acceptance rule, ``reject`` and ``without_tokens``.
+    """
+    m = len(fixed)
+    k = 0 if q is None else min(k, len(q) - m)
+    emitted = torch.zeros_like(p)
+    rank = torch.zeros(m + k + 1, dtype=torch.float64)
+    r, weight = p, 1.0
+    for i, x in enumerate(fixed):                   # stage s = delta_x: accept with probability r(x)
+        a = float(sampling.acceptance_probability(float(r[x]), 1.0))
+        emitted[x] += weight * a
+        rank[i] += weight * a
+        weight *= 1.0 - a
+        r, _ = sampling.reject(r, None, torch.tensor([x]), "topk")
+    if k == 0:
+        emitted.add_(weight * r)
+        rank[m] += weight
+        return emitted, rank[: m + 1]
+    q_draw = _without(q, fixed) if draw_without_fixed else q
+    q_test = sampling.without_tokens(q, torch.tensor(fixed, dtype=torch.long))
+    if mode == "topk":
+        q_test = None
+
+    def walk(r, q_now, drawn, w_now):
+        if len(drawn) == k:
+            emitted.add_(w_now * r)
+            rank[m + k] += w_now
+            return
+        for x, w in _draws(q_draw, drawn, k, mode):
+            qx = 1.0 if q_now is None else float(q_now[x])
+            if qx <= 0.0:
+                walk(r, q_now, drawn + [x], w_now * w)
+                continue
+            a = float(sampling.acceptance_probability(float(r[x]), qx))
+            emitted[x] += w_now * w * a
+            rank[m + len(drawn)] += w_now * w * a
+            if a < 1.0:
+                r_next, q_next = sampling.reject(r, q_now, torch.tensor([x]), mode)
+                walk(r_next, q_next, drawn + [x], w_now * w * (1.0 - a))
+
+    walk(r, q_test, [], weight)
+    return emitted, rank
+
+
+def _check_mixed(p, q, fixed, k, mode, **kw) -> None:
+    emitted, rank = exact_mixed(p, q, fixed, k, mode, **kw)
+    assert rank.sum().item() == pytest.approx(1.0, abs=TOL)
+    err = (emitted - p).abs().max().item()
+    if err > TOL:
+        raise AssertionError(f"{mode}, fixed={fixed}, k={k}: emitted {emitted.tolist()} != p (max error {err:.3g})")
+
+
+# fixed tokens: one outside q's support (4 in "q_zero_where_p_not"), one the draft would also propose (0), both
+MIXED_FIXED = [[0], [4], [4, 0], [2, 1]]
+
+
+@pytest.mark.parametrize("case", ["skewed", "q_zero_where_p_not", "disjoint", "p_one_hot", "equal"])
+@pytest.mark.parametrize("mode", SAMPLING_MODES)
+@pytest.mark.parametrize("fixed", MIXED_FIXED, ids=str)
+@pytest.mark.parametrize("k", [0, 1, 2])
+def test_mixed_sources_emit_exactly_p(case, mode, fixed, k):
+    p, q = CASES[case]
+    _check_mixed(p, q, fixed, k, mode)
+
+
+@pytest.mark.parametrize("fixed", MIXED_FIXED, ids=str)
+def test_fixed_children_alone_need_no_q(fixed):
+    """A node the draft never forwarded has only copied children and no q."""
+    for case in ("skewed", "p_one_hot", "equal"):
+        _check_mixed(CASES[case][0], None, fixed, 0, "without_replacement")
+
+
+def test_drawing_from_q_with_copied_tokens_in_is_lossless_but_wastes_slots():
+    """Not removing the copied tokens before drawing is NOT a loss of exactness: a drawn copy of a fixed token
+    has probability 0 under the q the verifier tests against, so it is skipped like a filler, and where it
+    falls in a draw without replacement is independent of the other children's order.  It only wastes a slot:
+    the draft children are accepted less often.  (The mutations that do break exactness are below.)"""
+    for case in ("skewed", "q_zero_where_p_not", "equal", "four_tokens_close"):
+        for fixed in ([0], [1], [0, 1]):
+            _check_mixed(*CASES[case], fixed, 2, "without_replacement", draw_without_fixed=False)
+    p, q = CASES["equal"]
+    _, removed = exact_mixed(p, q, [0], 1, "without_replacement")
+    _, wasted = exact_mixed(p, q, [0], 1, "without_replacement", draw_without_fixed=False)
+    assert wasted[1] < removed[1] - 0.05   # one draft child: a wasted slot is a lost chance
+
+
+def test_testing_a_copied_token_as_a_draw_from_q_is_caught(monkeypatch):
+    """A copied token is a point mass: testing it with min(1, r(x) / q(x)) as if q had drawn it over-accepts."""
+    p, q = CASES["skewed"]
+    plain = sampling.acceptance_probability
+    monkeypatch.setattr(sampling, "acceptance_probability",
+                        lambda r_x, q_x: plain(r_x, float(q[0])) if q_x == 1.0 else plain(r_x, q_x))
+    with pytest.raises(AssertionError, match="max error"):
+        _check_mixed(p, q, [0], 1, "without_replacement")
+
+
+def test_a_rejected_copied_token_left_in_the_residual_is_caught(monkeypatch):
+    plain_reject = sampling.reject
+    monkeypatch.setattr(sampling, "reject",
+                        lambda r, q, x, mode: (r, None) if q is None else plain_reject(r, q, x, mode))
+    with pytest.raises(AssertionError, match="max error"):
+        _check_mixed(*CASES["skewed"], [4], 1, "without_replacement")
+
+
+def test_a_verifier_that_keeps_copied_tokens_in_q_is_caught(monkeypatch):
+    """Drawing from q without the copied tokens but testing against q itself is wrong as well."""
+    monkeypatch.setattr(sampling, "without_tokens", lambda q, tokens: q)
+    with pytest.raises(AssertionError, match="max error"):
+        _check_mixed(*CASES["skewed"], [0], 2, "without_replacement")
+
+
+@pytest.mark.parametrize("mode", SAMPLING_MODES)
+def test_verify_children_with_fixed_children_follows_the_exact_ranks(mode):
+    """The library's verify_children(n_fixed=m) against the exact distribution of the accepted index."""
+    p, q = CASES["skewed"]
+    fixed, k, n = [0, 4], 2, 6000
+    _, exact = exact_mixed(p, q, fixed, k, mode)
+    g = torch.Generator().manual_seed(3)
+    q_draw = sampling.without_tokens(q.float(), torch.tensor(fixed))
+    counts = torch.zeros(len(exact), dtype=torch.float64)
+    for _ in range(n):
+        kids = fixed + sample_children(q_draw[None], k, mode, g)[0].tolist()
+        idx, _ = verify_children(p.float(), q.float(), kids, mode, g, n_fixed=len(fixed))
+        counts[len(exact) - 1 if idx is None else idx] += 1
+    support = exact > 1e-12
+    assert counts[~support].sum() == 0
+    assert stats.chisquare(counts[support].numpy(), (exact[support] * n).numpy()).pvalue > 1e-6, (counts, exact)

@@ -35,6 +35,27 @@ that rule once; :func:`verify_children` applies it to one node and
 At temperature 0 both p and q are point masses on their argmax; verification
 then accepts a child exactly when it equals the target's argmax, so the
 output equals the target's greedy output token for token.
+
+Mixed sources (``verify_children(..., n_fixed=m)``): a node's first m
+children may be *fixed* proposals that no distribution drew, such as tokens
+copied from the context by :mod:`sequoia.core.ngram`; the others are the
+draft's, drawn without replacement from q *with the fixed tokens removed*
+(:func:`without_tokens`, so a draft child never repeats a fixed one).  Why
+the emitted token is still distributed exactly as p: every stage proposes a
+token x from a distribution s known to the verifier, independent of the
+target's randomness, accepts it with probability min(1, r(x) / s(x)) and
+otherwise moves the target to norm(max(r - s, 0)).  Then P(emit y) =
+min(r(y), s(y)) + P(reject) * residual(y) = min(r, s)(y) + (r - s)+(y) = r(y),
+since P(reject) = 1 - sum min(r, s) = sum (r - s)+.  By induction over the
+stages the emitted token is distributed as the first r, which is p.  A fixed
+token x is a stage with s = delta_x: accept with probability r(x), residual r
+with x removed (``topk``'s rule).  The draft's children then form one
+without-replacement draw from q' = q without the fixed tokens, which is the
+usual Sequoia stage sequence started at the residual r; r is 0 on the fixed
+tokens, so removing them from q' only avoids proposals that must fail.  What
+would break it is drawing from q but testing against q' (or the reverse): the
+verifier must know the distribution each child came from.  A node with only
+fixed children needs no q (the draft never forwarded it).
 """
 
 from __future__ import annotations
@@ -118,8 +139,13 @@ def verify_children(
     mode: str,
     generator: torch.Generator | None,
     events: list[ChildTest] | None = None,
+    n_fixed: int = 0,
 ) -> tuple[int | None, torch.Tensor]:
     """Verify one node's children in order against the target.
+
+    The first ``n_fixed`` children are fixed proposals (point masses, e.g.
+    copied n-grams); the rest were drawn in ``mode`` from
+    ``without_tokens(q, children[:n_fixed])`` (see the module docstring).
 
     p: [V] target distribution at the node; q: [V] draft distribution (ignored
     for ``topk``).  Returns (index into ``children`` of the accepted child or
@@ -130,8 +156,12 @@ def verify_children(
     """
     if p.ndim != 1 or (q is not None and q.shape != p.shape):
         raise ValueError("p and q must be 1-D distributions over the same vocabulary")
-    q = None if mode == "topk" else q
+    if n_fixed and q is not None and mode != "topk":
+        q = without_tokens(q, torch.tensor(children[:n_fixed], dtype=torch.long, device=q.device))
+    q_draft = None if mode == "topk" else q
     for i, x in enumerate(children):
+        fixed = i < n_fixed
+        q, mode_now = (None, "topk") if fixed else (q_draft, mode)
         qx = 1.0 if q is None else float(q[x])
         if qx <= 0.0:
             continue  # a zero-probability filler slot: it can never be proposed, so skip it
@@ -141,10 +171,24 @@ def verify_children(
                 events.append(ChildTest(i, x, u, p, q, True, None))
             return i, p
         before, before_q = p, q
-        p, q = reject(p, q, torch.tensor([x], device=p.device), mode)
+        p, q = reject(p, q, torch.tensor([x], device=p.device), mode_now)
+        if not fixed:
+            q_draft = q
         if events is not None:  # reject never writes in place, so the tensors recorded stay as they were
             events.append(ChildTest(i, x, u, before, before_q, False, p))
     return None, p
+
+
+def without_tokens(q: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """q with ``tokens`` removed and renormalised (all zeros if nothing is left).  q: [..., V]; tokens: [..., m]
+
+    What the draft's children of a node are drawn from when the node also has fixed (copied) children.
+    """
+    if tokens.shape[-1] == 0:
+        return q
+    q = q.scatter(-1, tokens, 0.0)
+    total = q.sum(-1, keepdim=True)
+    return torch.where(total > _TINY, q / total.clamp(min=_TINY), torch.zeros_like(q))
 
 
 def acceptance_probability(r_x, q_x):

@@ -1,0 +1,110 @@
+"""The n-gram source (sequoia.core.ngram) and the methods built on it (ngram, sequoia-ngram)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from sequoia.core.ngram import NgramIndex, NgramTrie, ngram_prior
+
+
+def _index(seq, max_n=3, min_n=1):
+    return NgramIndex(max_n=max_n, min_n=min_n, tokens=list(seq))
+
+
+def test_longest_match_first_and_its_continuation():
+    #        0  1  2  3  4  5  6  7  8  9
+    seq = [1, 2, 3, 4, 5, 9, 2, 3, 7, 2, 3]   # tail (2, 3): after it came 4 (pos 3) and 7 (pos 8)
+    trie = _index(seq).lookup(length=3)
+    assert trie.tokens[0] == 3 and trie.parents[0] == -1
+    # most recent occurrence first: 7 2 3, then 4 5 9
+    assert trie.branches()[:2] == [(7, 2, 3), (4, 5, 9)]
+    first = trie.children(0)
+    assert [trie.tokens[v] for v in first][:2] == [7, 4]
+    assert all(trie.match_len[v] == 2 for v in first[:2])
+    assert [trie.depths[v] for v in trie.children(first[0])] == [2]
+
+
+def test_shorter_matches_only_add_new_branches():
+    seq = [5, 3, 8, 6, 3, 8, 1, 4, 8]   # tail 8: (3, 8) never ends the tail, 1-gram 8 -> 6 (pos 3), 1 (pos 6)
+    trie = _index(seq).lookup(length=2)
+    assert sorted(trie.branches()) == [(1, 4), (6, 3)]
+    assert all(m == 1 for m in trie.match_len[1:])
+    seq = [1, 2, 3, 9, 2, 3, 9, 5, 3]   # 2-gram (2, 3)? tail is (5, 3): no; 1-gram 3 -> 9 (twice, merged)
+    trie = _index(seq).lookup(length=2, max_branches=1)
+    assert trie.branches() == [(9, 5)]   # the most recent occurrence (pos 6) first
+    trie = _index(seq).lookup(length=2)
+    assert trie.branches() == [(9, 5), (9, 2)]   # the older one shares the node 9
+    assert len(trie.children(0)) == 1
+
+
+def test_identical_continuations_merge_into_one_trie():
+    seq = [7, 1, 2, 3, 7, 1, 2, 3, 7, 1]
+    trie = _index(seq, max_n=2).lookup(length=4)
+    assert trie.branches() == [(2, 3, 7, 1)]
+    assert trie.size == 4 and trie.match_len[1:] == (2, 2, 2, 2) and trie.depths == (0, 1, 2, 3, 4)
+
+
+def test_no_match_gives_the_root_only():
+    trie = _index([1, 2, 3, 4]).lookup(length=5)
+    assert trie.size == 0 and trie.branches() == []
+    assert NgramIndex().lookup(3).size == 0
+
+
+def test_trie_is_breadth_first_with_contiguous_siblings():
+    rng = random.Random(0)
+    for _ in range(50):
+        seq = [rng.randrange(4) for _ in range(60)]
+        trie = _index(seq, max_n=4).lookup(length=5, max_branches=5)
+        for v in range(1, len(trie.parents)):
+            assert trie.parents[v] < v and trie.parents[v] >= trie.parents[v - 1]
+            assert trie.depths[v] == trie.depths[trie.parents[v]] + 1
+        kids = [(trie.parents[v], trie.tokens[v]) for v in range(1, len(trie.parents))]
+        assert len(set(kids)) == len(kids)   # identical tokens at one node are merged
+        assert len(trie.branches()) <= 5
+
+
+def test_every_branch_really_follows_a_match():
+    rng = random.Random(1)
+    for _ in range(30):
+        seq = [rng.randrange(5) for _ in range(80)]
+        trie = _index(seq, max_n=3).lookup(length=4, max_branches=6)
+        text = ",".join(map(str, seq)) + ","
+        for branch in trie.branches():
+            # the tail's last token followed by the branch occurs earlier in the sequence
+            assert ",".join(map(str, (seq[-1],) + branch)) + "," in text
+
+
+def test_incremental_index_equals_a_fresh_one():
+    rng = random.Random(2)
+    seq = [rng.randrange(6) for _ in range(300)]
+    inc = NgramIndex(max_n=4)
+    for i in range(0, 300, 7):
+        inc.sync(seq[:i + 1])
+        fresh = NgramIndex(max_n=4, tokens=seq[:i + 1])
+        assert inc.lookup(6, max_branches=4) == fresh.lookup(6, max_branches=4)
+    inc.sync([3, 3, 3])   # a different context (a new generation): re-indexed
+    assert inc.tokens == [3, 3, 3] and inc.lookup(2).branches() == [(3, 3)]
+
+
+def test_lookup_is_fast_on_an_8k_context():
+    import time
+
+    rng = random.Random(3)
+    seq = [rng.randrange(50) for _ in range(8000)]
+    t0 = time.perf_counter()
+    idx = NgramIndex(max_n=4, tokens=seq)
+    for _ in range(200):
+        idx.extend([rng.randrange(50)])
+        idx.lookup(8, max_branches=4)
+    assert time.perf_counter() - t0 < 5.0
+
+
+def test_prior_grows_with_match_length_and_falls_with_depth():
+    assert ngram_prior(4, 1) > ngram_prior(2, 1) > ngram_prior(1, 1)
+    assert ngram_prior(3, 1) > ngram_prior(3, 4) == ngram_prior(3, 9)
+    assert ngram_prior(9, 1) == ngram_prior(4, 1)
+    with pytest.raises(ValueError):
+        NgramIndex(max_n=1, min_n=2)
+    assert isinstance(NgramIndex(tokens=[1, 1]).lookup(2), NgramTrie)
