@@ -120,7 +120,7 @@ def _wait_for(condition, timeout_s: float = 30.0) -> None:
 
 
 def test_live_decode_streams_text_and_draws_the_tree(page, tmp_path):
-    _decode(page, "def add(a, b):", 12)
+    _decode(page, "def add(a, b):", 12, method="Sequoia (budget & depth)")  # the default may draft nothing
     summary = page.locator("#sq-summary")
     sync_api.expect(summary).to_contain_text("12 tokens")
     sync_api.expect(summary).to_contain_text("finished: length")
@@ -130,7 +130,7 @@ def test_live_decode_streams_text_and_draws_the_tree(page, tmp_path):
     assert text.locator('span[title="bonus token sampled from the target"]').count() >= 1
     tree_svg = page.locator("#sq-tree .js-plotly-plot svg.main-svg").first
     sync_api.expect(tree_svg).to_be_visible()
-    sync_api.expect(page.locator("#sq-tree .gtitle")).to_contain_text("sequoia")
+    sync_api.expect(page.locator("#sq-tree .gtitle")).to_contain_text("Sequoia")
     assert page.locator("#sq-tree .scatterlayer .point").count() >= 2  # root + drafted nodes
     sync_api.expect(page.locator("#sq-stats .js-plotly-plot")).to_be_visible()
     assert _screenshot(page, tmp_path, "live-decode").stat().st_size > 10_000
@@ -139,7 +139,7 @@ def test_live_decode_streams_text_and_draws_the_tree(page, tmp_path):
 def test_errors_show_in_the_page_then_a_good_request_works(page, tmp_path):
     _decode(page, "   ", 8)
     sync_api.expect(page.get_by_text("the prompt is empty")).to_be_visible()
-    _decode(page, "x", 600)  # prompt + 600 new tokens + tree do not fit the tiny target's 512 positions
+    _decode(page, "x" * 400, 200)  # prompt + 200 new tokens + tree do not fit the tiny target's 512 positions
     sync_api.expect(page.get_by_text("exceeds the target's context of 512")).to_be_visible()
     _screenshot(page, tmp_path, "live-error")
     _decode(page, "def ok():", 6)
@@ -148,13 +148,13 @@ def test_errors_show_in_the_page_then_a_good_request_works(page, tmp_path):
 
 def test_stop_cancels_a_running_decode(page, tmp_path, monkeypatch):
     runs = _slow_steps(monkeypatch, 0.1)
-    _decode(page, "while True:", 300, method="Target only")  # ~30 s unless stopped
+    _decode(page, "while True:", 250, method="Target alone")  # ~25 s unless stopped
     summary = page.locator("#sq-summary")
     sync_api.expect(summary).to_contain_text("tokens in")
     page.get_by_role("button", name="Stop").click()
     _wait_for(lambda: runs.closed)
     assert runs.closed == [True]  # Gradio closed the handler, which closed the engine's generator
-    assert runs.steps < 300
+    assert runs.steps < 250
     sync_api.expect(summary).not_to_contain_text("finished")
     _screenshot(page, tmp_path, "live-stopped")
 
@@ -164,7 +164,7 @@ def test_the_dp_explorer_answers_while_another_client_decodes(page, server, monk
 
     release = threading.Event()
     runs = _slow_steps(monkeypatch, 0.1, release)
-    job = Client(server, verbose=False).submit("while True:", "ar", 8, 3, 0.0, 1.0, 300, 0, api_name="/decode")
+    job = Client(server, verbose=False).submit("while True:", "ar", 8, 3, 0.0, 1.0, 250, 0, api_name="/decode")
     try:
         _wait_for(lambda: runs.steps > 0)
         page.get_by_role("tab", name="DP explorer").click()
@@ -176,4 +176,49 @@ def test_the_dp_explorer_answers_while_another_client_decodes(page, server, monk
     finally:
         release.set()
     _, steps = job.result(timeout=60)
-    assert 0 < sum(len(s["new_tokens"]) for s in steps) < 300
+    assert 0 < sum(len(s["new_tokens"]) for s in steps) < 250
+
+
+def test_the_first_frame_arrives_before_the_first_step(page, monkeypatch):
+    runs = _slow_steps(monkeypatch, 3.0)  # the first step takes 3 s
+    _decode(page, "def first():", 2)
+    sync_api.expect(page.locator("#sq-text")).to_contain_text("def first():", timeout=2_500)
+    assert runs.steps == 0  # the prompt was on the page before any step was done
+    sync_api.expect(page.locator("#sq-summary")).to_contain_text("2 tokens", timeout=30_000)
+
+
+def test_too_many_new_tokens_are_refused_with_the_cap(server):
+    from gradio_client import Client
+
+    t0 = time.monotonic()
+    with pytest.raises(Exception, match="cap of 256"):
+        Client(server, verbose=False).predict("x", "ar", 8, 3, 0.0, 1.0, 100000, 0, api_name="/decode")
+    assert time.monotonic() - t0 < 5
+
+
+@pytest.fixture(scope="module")
+def long_server(tmp_path_factory):
+    """The app on a tiny pair with 4,096 positions: room for a prompt longer than any tree."""
+    from test_server import _long_context_model
+
+    from conftest import app_pair
+
+    target = _long_context_model()
+    demo = app.build_demo(app_pair(target, target), assets_dir=tmp_path_factory.mktemp("assets-long"),
+                          max_budget=24)
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True,
+                            quiet=True, css_paths=[app.CSS_PATH])
+    yield url
+    demo.close()
+
+
+def test_a_long_prompt_decodes(long_server, browser_context):
+    page = browser_context.new_page()
+    try:
+        page.goto(long_server, wait_until="domcontentloaded")
+        page.locator("#sq-prompt textarea").wait_for()
+        _decode(page, "a long prompt; " * 140, 4)  # ~2,100 tokens: more than the largest tree (1,024 nodes)
+        sync_api.expect(page.locator("#sq-summary")).to_contain_text("4 tokens")
+        assert page.get_by_text("draft nodes; the maximum is").count() == 0
+    finally:
+        page.close()
