@@ -214,6 +214,7 @@ def build(ctx: AppContext) -> None:
         yield from on_compare(ctx, *args)
 
     event = run_btn.click(handler, [prompt, budget, depth, temperature, top_p, max_new, seed, acceptance, chat,
-                                    include_hf], [bars, table, notes], api_visibility="private", **MODEL_WORK)
+                                    include_hf], [bars, table, notes], api_name="compare_stream",
+                          api_visibility="private", **MODEL_WORK)  # the name: components.validation finds it
     stop_btn.click(None, None, None, cancels=[event], api_visibility="private")
     gr.api(compare_api_fn(ctx), api_name="compare", **MODEL_WORK)

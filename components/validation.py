@@ -62,10 +62,19 @@ def validators(ctx: AppContext) -> dict[str, Callable[..., list[dict]]]:
         return _answer(8, lambda: live_tab.make_request(ctx, prompt, "Sequoia (budget & depth)", budget, depth,
                                                         temperature, top_p, max_new_tokens, seed))
 
+    def compare_stream(prompt, budget, depth, temperature, top_p, max_new_tokens, seed, acceptance_name, chat,
+                       include_hf):
+        def check():
+            vec = acceptance_catalogue(ctx.assets_dir).get(acceptance_name)
+            live_tab.make_request(ctx, prompt, "Sequoia (budget & depth)", budget, depth, temperature, top_p,
+                                  max_new_tokens, seed, vec, chat)
+        return _answer(10, check)
+
     def dp(acceptance, budget=32, depth=8):
         return _answer(3, lambda: check_dp_request(acceptance, budget, depth))
 
-    return {"decode": decode, "decode_stream": decode_stream, "compare": compare, "dp": dp}
+    return {"decode": decode, "decode_stream": decode_stream, "compare": compare, "compare_stream": compare_stream,
+            "dp": dp}
 
 
 def attach_validators(demo: gr.Blocks, ctx: AppContext) -> list[str]:

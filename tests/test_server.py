@@ -107,7 +107,8 @@ def test_validators_refuse_bad_requests_with_the_handlers_message(ctx, demo):
     assert not checks["compare"]("x", 500, 4, 0.0, 1.0, 8, 0, False)[0]["is_valid"]  # above the budget cap
     assert not checks["dp"]("0.9, 0.9", 8, 3)[0]["is_valid"]
     guarded = {fn.api_name for fn in demo.fns.values() if fn.validator is not None}
-    assert {"decode", "decode_stream", "compare", "dp"} <= guarded
+    assert not checks["compare_stream"]("x", 8, 3, 0.0, 1.0, 100000, 0, CODE, True, False)[0]["is_valid"]
+    assert {"decode", "decode_stream", "compare", "compare_stream", "dp"} <= guarded
 
 
 def test_server_wide_profile_is_refused_without_the_owner_switch(ctx):
