@@ -108,3 +108,92 @@ def test_prior_grows_with_match_length_and_falls_with_depth():
     with pytest.raises(ValueError):
         NgramIndex(max_n=1, min_n=2)
     assert isinstance(NgramIndex(tokens=[1, 1]).lookup(2), NgramTrie)
+
+
+# ------------------------------------------------------------------ the methods on tiny models
+import torch  # noqa: E402
+from conftest import make_pair, tiny_model  # noqa: E402
+from test_engine import _exact_two_token_joint, _hf_greedy, _joint_pvalue  # noqa: E402
+
+from sequoia.core.config import GenerationConfig, SamplingConfig  # noqa: E402
+from sequoia.core.profile import HardwareProfile  # noqa: E402
+from sequoia.core.stats import accepted_by_source, summarize  # noqa: E402
+from sequoia.core.trace import DRAFT, NGRAM, ROOT  # noqa: E402
+from sequoia.runtime.engine import SpeculativeEngine  # noqa: E402
+from sequoia.runtime.methods import make_method  # noqa: E402
+
+REPEATING = [1, 5, 9, 3, 7, 2, 1, 5, 9, 3, 7, 2, 1, 5, 9]
+#: Verification nearly free next to a step: copies (and drafts) pay.
+CHEAP = HardwareProfile.hand_made(lambda n: 30 + 0.5 * n, lambda w: 3 + 0.1 * w)
+
+
+@pytest.mark.parametrize("pair_name", ["same", "noisy", "random"])
+@pytest.mark.parametrize("name", ["ngram", "sequoia-ngram"])
+def test_greedy_output_equals_target_greedy(tiny_pairs, tiny_target, pair_name, name):
+    reference = _hf_greedy(tiny_target, REPEATING, 40)
+    method = make_method(name, profile=CHEAP, budget=12)
+    records = list(SpeculativeEngine(tiny_pairs[pair_name]).generate(REPEATING, method,
+                                                                     GenerationConfig(max_new_tokens=40)))
+    assert [t for r in records for t in r.new_tokens] == reference
+    for r in records:
+        assert len(r.sources) in (0, r.tree.n_nodes)
+        if r.sources:
+            assert r.sources[0] == ROOT and set(r.sources[1:]) <= {DRAFT, NGRAM}
+            for v in range(1, r.tree.n_nodes):   # copies have only copied children
+                if r.sources[v] == NGRAM:
+                    assert all(r.sources[c] == NGRAM for c in r.tree.children[v])
+    by_source = accepted_by_source(records)
+    assert sum(1 for r in records for s in r.sources if s == NGRAM) > 0
+    if name == "ngram":
+        assert set(by_source) <= {NGRAM} and by_source.get(NGRAM, 0) > 0
+        assert all(r.dynamic is None for r in records)
+    assert dict(summarize(records).accepted_by_source) == by_source
+
+
+def test_ngram_never_runs_the_draft_model(tiny_pairs):
+    pair = tiny_pairs["noisy"]
+    calls = []
+    handle = pair.draft.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        list(SpeculativeEngine(pair).generate(REPEATING, make_method("ngram", profile=CHEAP),
+                                              GenerationConfig(max_new_tokens=12)))
+    finally:
+        handle.remove()
+    assert calls == []
+
+
+def test_without_a_profile_nothing_is_copied(tiny_pairs):
+    records = list(SpeculativeEngine(tiny_pairs["noisy"]).generate(REPEATING, make_method("ngram"),
+                                                                   GenerationConfig(max_new_tokens=6)))
+    assert all(r.tree.size == 0 for r in records)
+
+
+@pytest.fixture(scope="module")
+def small_vocab_pair():
+    target = tiny_model(0, vocab=8, init=0.2)
+    return make_pair(tiny_model(3, vocab=8, init=0.2), target, 8)
+
+
+SMALL_REPEATING = [1, 5, 3, 1, 5, 3, 1, 5]
+
+
+@pytest.mark.parametrize("name,sampling", [
+    ("ngram", SamplingConfig(temperature=1.0)),
+    ("sequoia-ngram", SamplingConfig(temperature=1.0)),
+    ("sequoia-ngram", SamplingConfig(temperature=0.7, top_p=0.9)),
+])
+def test_sampled_output_matches_target_distribution(small_vocab_pair, name, sampling):
+    exact = _exact_two_token_joint(small_vocab_pair.target, SMALL_REPEATING, sampling)
+    method = make_method(name, profile=CHEAP, budget=6)
+    counts = torch.zeros(8, 8)
+    engine = SpeculativeEngine(small_vocab_pair)
+    mixed = 0
+    for seed in range(1000):
+        cfg = GenerationConfig(max_new_tokens=2, sampling=sampling, seed=seed, stop_at_eos=False)
+        records = list(engine.generate(SMALL_REPEATING, method, cfg, with_texts=False))
+        toks = [t for r in records for t in r.new_tokens]
+        counts[toks[0], toks[1]] += 1
+        r0 = records[0]
+        mixed += bool(r0.sources) and NGRAM in r0.sources and (DRAFT in r0.sources or name == "ngram")
+    assert mixed > 500   # the first step really had copied children (and draft ones for sequoia-ngram)
+    assert _joint_pvalue(counts, exact) > 1e-6

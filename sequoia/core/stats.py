@@ -52,6 +52,7 @@ class RunStats:
     series_tree_size: tuple[int, ...]
     series_step_s: tuple[float, ...]
     series_cum_tokens: tuple[int, ...]
+    accepted_by_source: tuple[tuple[str, int], ...] = ()  # (source, accepted drafts kept), see accepted_by_source
 
     @property
     def time_split(self) -> dict[str, float]:
@@ -112,6 +113,16 @@ def empirical_acceptance(records: Iterable[StepRecord], width: int) -> tuple[flo
     return tuple(a / n if n else 0.0 for a, n in zip(accepts, parents))
 
 
+def accepted_by_source(records: Iterable[StepRecord]) -> dict[str, int]:
+    """Accepted draft tokens kept, by who proposed them (DRAFT, NGRAM; see StepRecord.sources)."""
+    out: dict[str, int] = {}
+    for rec in records:
+        for v in rec.accepted[1:1 + kept(rec)[0]]:
+            src = rec.source(v)
+            out[src] = out.get(src, 0) + 1
+    return out
+
+
 def summarize(records: Iterable[StepRecord]) -> RunStats:
     """All run statistics from a stream of step records (consumed once)."""
     recs = list(records)
@@ -152,4 +163,5 @@ def summarize(records: Iterable[StepRecord]) -> RunStats:
         series_tree_size=tuple(r.tree.size for r in recs),
         series_step_s=tuple(r.total_s for r in recs),
         series_cum_tokens=tuple(cum),
+        accepted_by_source=tuple(sorted(accepted_by_source(recs).items())),
     )

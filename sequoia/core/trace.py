@@ -19,6 +19,10 @@ from .tree import Tree
 
 ACCEPTED, REJECTED, UNREACHED = "accepted", "rejected", "unreached"
 
+#: Who proposed a node (StepRecord.sources): the root, the draft model, or a copy from the context
+#: (:mod:`sequoia.core.ngram`; verified as a fixed proposal, see :mod:`sequoia.core.sampling`).
+ROOT, DRAFT, NGRAM = "root", "draft", "ngram"
+
 
 @dataclass(frozen=True)
 class DynamicInfo:
@@ -82,6 +86,13 @@ class StepRecord:
     finish_reason: str | None = None  # "eos" | "stop" | "length" | None
     dynamic: DynamicInfo | None = None  # a dynamic tree's decisions (None: static trees, skipped drafts)
     checks: tuple[NodeCheck, ...] = ()  # what verification saw (only with generate(..., inspect=True))
+    sources: tuple[str, ...] = ()     # [n_nodes] ROOT / DRAFT / NGRAM per node; () when every node is the draft's
+
+    def source(self, node: int) -> str:
+        """Who proposed ``node`` (ROOT for node 0, DRAFT when the record names no sources)."""
+        if node == 0:
+            return ROOT
+        return self.sources[node] if self.sources else DRAFT
 
     @property
     def n_accepted(self) -> int:
@@ -106,6 +117,7 @@ class StepRecord:
             "verify_s": self.verify_s, "other_s": self.other_s, "finished": self.finished,
             "finish_reason": self.finish_reason,
             "dynamic": self.dynamic.to_dict() if self.dynamic is not None else None,
+            "sources": list(self.sources),
         }
 
     @classmethod

@@ -29,7 +29,7 @@ import torch
 from ..core.config import SamplingConfig
 from ..core.masks import tree_attention_mask
 from ..core.sampling import sample_children, warp
-from ..core.trace import DynamicInfo, StepRecord
+from ..core.trace import NGRAM, DynamicInfo, StepRecord
 from ..core.tree import Tree
 from .kv_cache import KVCache
 
@@ -41,6 +41,16 @@ class Draft:
     q: dict[int, torch.Tensor]        # node -> [V] draft distribution over that node's children
     q_token: list[float]              # [n_nodes] q of each node's token under its parent (root: 1.0)
     dynamic: DynamicInfo | None = None  # a dynamic tree's decisions, copied into the step record
+    # [n_nodes] who proposed each node (root: "root"): DRAFT, or NGRAM (copied from the context, a fixed
+    # proposal verified as a point mass before the draft's children of the same parent, never forwarded).
+    # None: every node is the draft's.
+    sources: tuple[str, ...] | None = None
+
+    def n_fixed(self, node: int) -> int:
+        """How many of ``node``'s first children are fixed (copied) proposals; see sampling.verify_children."""
+        if self.sources is None:
+            return 0
+        return sum(1 for c in self.tree.children[node] if self.sources[c] == NGRAM)
 
 
 class Proposer:
@@ -65,6 +75,11 @@ class Proposer:
         """False: make the next step a plain target step (no draft forward)."""
         return True
 
+    def wants_draft_model(self) -> bool:
+        """Asked after ``wants_draft`` said True.  False: ``propose`` gets a drafter that has not run the draft
+        model this step (``Drafter.skip``: ``root_q`` is None), for proposals that need only the context."""
+        return True
+
     @property
     def max_nodes(self) -> int:
         """Most tree nodes (root included) one step may ask the target to verify."""
@@ -85,7 +100,8 @@ class Drafter:
         # [nodes, local slots] bool: node v attends to the tree slots of its forwarded ancestors.
         self._anc = torch.zeros(0, 0, dtype=torch.bool)
         self.root_token = 0
-        self.root_q: torch.Tensor | None = None  # [V] set by begin()
+        self.root_q: torch.Tensor | None = None  # [V] set by begin(); None after skip()
+        self.context: list[int] = []             # the committed tokens (prompt + generated), root last
 
     # ---------------------------------------------------------------- step API
     def begin(self, committed: list[int]) -> torch.Tensor:
@@ -104,7 +120,21 @@ class Drafter:
         self._anc = torch.zeros(0, 0, dtype=torch.bool)
         self.root_token = committed[-1]
         self.root_q = self.probs(logits[None])[0]
+        self.context = committed
         return self.root_q
+
+    def skip(self, committed: list[int]) -> None:
+        """A step without the draft model: the root and context are known, nothing is forwarded.
+
+        The draft cache keeps lagging; the next ``begin`` feeds it every committed token it lacks.
+        """
+        self._base = len(self.cache)
+        self._slots = {}
+        self._anc = torch.zeros(0, 0, dtype=torch.bool)
+        self._root_pos = len(committed) - 1
+        self.root_token = committed[-1]
+        self.root_q = None
+        self.context = committed
 
     def expand(self, nodes: Sequence[int], parents: Sequence[int], depths: Sequence[int],
                tokens: Sequence[int]) -> torch.Tensor:

@@ -109,7 +109,10 @@ class SpeculativeEngine:
         if not proposer.wants_draft():
             # No draft forward at all; the draft cache catches up at the next begin().
             return Draft(tree=Tree.root_only(), tokens=[state.committed[-1]], q={}, q_token=[1.0])
-        state.drafter.begin(state.committed)
+        if proposer.wants_draft_model():
+            state.drafter.begin(state.committed)
+        else:  # proposals from the context alone (copied n-grams): no draft forward this step
+            state.drafter.skip(state.committed)
         return proposer.propose(state.drafter, gen)
 
     @torch.inference_mode()
@@ -172,7 +175,7 @@ class SpeculativeEngine:
             bonus_text=tok.decode([walk.bonus]) if with_texts else "",
             new_tokens=new, draft_s=0.0, verify_s=0.0, other_s=0.0,
             method=proposer.name, finished=reason is not None,
-            finish_reason=reason, dynamic=draft.dynamic,
+            finish_reason=reason, dynamic=draft.dynamic, sources=draft.sources or (),
         )
 
     def _check_request(self, prompt_ids, proposer, config) -> None:
@@ -216,7 +219,8 @@ def walk_tree(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, mode
         else:
             p = warp(logits[node], sampling)
             events = [] if checks is not None else None
-            idx, bonus_dist = (verify_children(p, draft.q.get(node), kid_tokens, mode, gen, events)
+            idx, bonus_dist = (verify_children(p, draft.q.get(node), kid_tokens, mode, gen, events,
+                                               n_fixed=draft.n_fixed(node))
                                if kids else (None, p))
             verified.update(kids if idx is None else kids[: idx + 1])
             if checks is not None:

@@ -12,6 +12,10 @@ name               tree                                        children drawn
 ``sequoia-dynamic`` grown each step from the draft's confidence   without replacement
                    under the hardware profile (sequoia.runtime.dynamic)
 ``file``           any tree from a JSON file                    without replacement
+``ngram``          copied continuations of the context only      fixed (no draft model)
+                   (sequoia.runtime.ngram_proposer)
+``sequoia-ngram``  copied branches + the dynamic tree, one        fixed, then without
+                   cost model                                   replacement
 =================  ==========================================  ==================
 """
 
@@ -22,8 +26,10 @@ from ..core.config import check_budget
 from ..core.cost import conservative_profile
 from ..core.tree import Tree
 from .drafter import StaticTreeProposer
+from .ngram_proposer import NgramDynamicProposer, NgramProposer, NgramSettings
 
-METHODS = ("ar", "chain", "specinfer", "kary", "sequoia", "sequoia-auto", "sequoia-dynamic", "file")
+METHODS = ("ar", "chain", "specinfer", "kary", "sequoia", "sequoia-auto", "sequoia-dynamic", "file", "ngram",
+           "sequoia-ngram")
 
 #: Measured on the embedded pair (int8 draft, greedy, teacher-forced); used when
 #: no acceptance vector is given.  See assets/acceptance/ for measured files.
@@ -65,6 +71,14 @@ def make_method(
         return _sequoia(acceptance, 32 if budget is None else budget, depth)
     if name == "sequoia-dynamic":
         return _dynamic(acceptance, profile, budget, depth, calibration)
+    if name == "ngram":
+        check_budget(16 if budget is None else budget, depth)
+        return NgramProposer(profile=profile or conservative_profile(),
+                             settings=NgramSettings(budget=16 if budget is None else budget), max_depth=depth or 16)
+    if name == "sequoia-ngram":
+        dyn = _dynamic(acceptance, profile, budget, depth, calibration)
+        return NgramDynamicProposer(profile=dyn.profile, calibration=dyn.calibration, acceptance=dyn.acceptance,
+                                    budget=dyn.budget, max_depth=dyn.max_depth)
     return _auto(name, acceptance, profile, budget, depth)
 
 
