@@ -197,3 +197,15 @@ def test_sampled_output_matches_target_distribution(small_vocab_pair, name, samp
         mixed += bool(r0.sources) and NGRAM in r0.sources and (DRAFT in r0.sources or name == "ngram")
     assert mixed > 500   # the first step really had copied children (and draft ones for sequoia-ngram)
     assert _joint_pvalue(counts, exact) > 1e-6
+
+
+# ------------------------------------------------------------------ the Hugging Face prompt lookup baseline
+def test_hf_prompt_lookup_runs_and_equals_target_greedy(tiny_pairs, tiny_target):
+    from sequoia.runtime.runner import HF_METHODS, run_method
+
+    assert "hf-prompt-lookup" in HF_METHODS
+    pair = tiny_pairs["noisy"]
+    result = run_method(SpeculativeEngine(pair), pair, "hf-prompt-lookup", REPEATING,
+                        GenerationConfig(max_new_tokens=30, stop_at_eos=False))
+    assert list(result.tokens) == _hf_greedy(tiny_target, REPEATING, 30)
+    assert result.target_calls < 30   # copied drafts were accepted: fewer target calls than tokens

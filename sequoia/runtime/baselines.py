@@ -1,4 +1,4 @@
-"""The peers: Hugging Face ``generate`` with the target alone, and its assisted generation.
+"""The peers: Hugging Face ``generate`` with the target alone, its assisted generation and its prompt lookup.
 
 They run outside the engine loop (that is the point of a peer), so they yield
 no step records; what a comparison needs from them is the output tokens, the
@@ -18,7 +18,7 @@ from ..core.config import GenerationConfig
 
 @dataclass(frozen=True)
 class BaselineRun:
-    name: str                  # "hf-generate" | "hf-assisted"
+    name: str                  # "hf-generate" | "hf-assisted" | "hf-prompt-lookup"
     tokens: tuple[int, ...]    # generated tokens (prompt excluded)
     seconds: float
     target_calls: int          # forwards of the target model
@@ -28,8 +28,14 @@ class BaselineRun:
         return len(self.tokens) / self.seconds if self.seconds > 0 else 0.0
 
 
-def hf_generate(pair, prompt_ids: list[int], config: GenerationConfig, assisted: bool = False) -> BaselineRun:
-    """Run ``pair.target.generate`` (with ``assistant_model=pair.draft`` when ``assisted``).
+#: Draft tokens Hugging Face prompt lookup copies from an n-gram match of the prompt (its documented example value).
+PROMPT_LOOKUP_TOKENS = 10
+
+
+def hf_generate(pair, prompt_ids: list[int], config: GenerationConfig, assisted: bool = False,
+                prompt_lookup: bool = False) -> BaselineRun:
+    """Run ``pair.target.generate`` (with ``assistant_model=pair.draft`` when ``assisted``; with
+    ``prompt_lookup_num_tokens`` when ``prompt_lookup``: drafts copied from the prompt, no draft model).
 
     Hugging Face sampling draws from torch's global generator, so it is seeded
     here with ``config.seed``; the engine itself never touches global state.
@@ -37,8 +43,12 @@ def hf_generate(pair, prompt_ids: list[int], config: GenerationConfig, assisted:
     if not prompt_ids:
         raise ValueError("the prompt is empty")
     kwargs = _generate_kwargs(pair, config)
+    if assisted and prompt_lookup:
+        raise ValueError("choose assisted generation or prompt lookup, not both")
     if assisted:
         kwargs["assistant_model"] = pair.draft
+    if prompt_lookup:
+        kwargs["prompt_lookup_num_tokens"] = PROMPT_LOOKUP_TOKENS
     ids = torch.tensor([prompt_ids], device=pair.device)
     torch.manual_seed(config.seed)
     with count_forwards(pair.target) as calls, torch.inference_mode():
@@ -48,7 +58,8 @@ def hf_generate(pair, prompt_ids: list[int], config: GenerationConfig, assisted:
             torch.cuda.synchronize(pair.device)
         seconds = time.perf_counter() - start
     tokens = _trim(out[0, len(prompt_ids):].tolist(), pair.eos_token_ids if config.stop_at_eos else ())
-    return BaselineRun("hf-assisted" if assisted else "hf-generate", tuple(tokens), seconds, calls[0])
+    name = "hf-assisted" if assisted else "hf-prompt-lookup" if prompt_lookup else "hf-generate"
+    return BaselineRun(name, tuple(tokens), seconds, calls[0])
 
 
 def _generate_kwargs(pair, config: GenerationConfig) -> dict:

@@ -30,7 +30,7 @@ from .drafter import Proposer
 from .engine import SpeculativeEngine, sync
 
 #: Hugging Face ``generate`` baselines the runner times like an engine method.
-HF_METHODS = ("hf-generate", "hf-assisted")
+HF_METHODS = ("hf-generate", "hf-assisted", "hf-prompt-lookup")
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,8 @@ def iter_run(engine: SpeculativeEngine, pair, method: str, ids: list[int], gen: 
     with count_forwards(pair.target) as calls:
         if method in HF_METHODS:
             w0, t0 = time.perf_counter(), clock()
-            tokens = hf_generate(pair, ids, gen, assisted=method == "hf-assisted").tokens
+            tokens = hf_generate(pair, ids, gen, assisted=method == "hf-assisted",
+                                 prompt_lookup=method == "hf-prompt-lookup").tokens
             sync(pair.device)
             seconds, wall = clock() - t0, time.perf_counter() - w0
         else:
