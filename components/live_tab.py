@@ -156,6 +156,7 @@ def make_request(ctx: AppContext, prompt: str, method: str, budget, depth, tempe
         check_acceptance_length(acceptance)
     proposer, note = make_proposer(ctx, method, budget, depth, acceptance, config.sampling.temperature)
     prompt_ids = ctx.pair().encode_prompt(prompt, chat=bool(chat))
+    serving.server_caps(ctx).check_prompt_tokens(len(prompt_ids))
     return Request(list(prompt_ids), proposer, config, note)
 
 

@@ -75,6 +75,8 @@ def test_new_tokens_are_capped_by_device_with_a_message(ctx):
     with pytest.raises(ValueError, match="cap of 256"):
         live_tab.make_request(ctx, "x", "chain", 4, 4, 0.0, 1.0, 257, 0)
     assert live_tab.make_request(ctx, "x", "chain", 4, 4, 0.0, 1.0, 256, 0).config.max_new_tokens == 256
+    with pytest.raises(ValueError, match="the prompt has 5000 tokens; this server takes at most 4096"):
+        live_tab.make_request(ctx, "x" * 5000, "chain", 4, 4, 0.0, 1.0, 8, 0, chat=False)
 
 
 def test_acceptance_vectors_and_dp_work_are_capped():

@@ -74,15 +74,21 @@ class ServerCaps:
 
     device: str                 # "cpu" or "cuda"
     max_new_tokens: int         # per decode request (Live, /decode, each method of /compare)
+    max_prompt_tokens: int      # the prefill is one forward over the prompt: quadratic attention memory
 
     def check_new_tokens(self, n: int) -> None:
         if n > self.max_new_tokens:
             raise ValueError(f"max new tokens {n} is above this server's cap of {self.max_new_tokens} per request "
                              f"on {self.device} (so that one request cannot hold the model for minutes)")
 
+    def check_prompt_tokens(self, n: int) -> None:
+        if n > self.max_prompt_tokens:
+            raise ValueError(f"the prompt has {n} tokens; this server takes at most {self.max_prompt_tokens} "
+                             f"per request on {self.device}")
 
-CPU_CAPS = ServerCaps(device="cpu", max_new_tokens=256)
-GPU_CAPS = ServerCaps(device="cuda", max_new_tokens=2048)
+
+CPU_CAPS = ServerCaps(device="cpu", max_new_tokens=256, max_prompt_tokens=4096)
+GPU_CAPS = ServerCaps(device="cuda", max_new_tokens=2048, max_prompt_tokens=MAX_PROMPT_TOKENS)
 
 #: DP work one request may ask for: the solve costs budget^2 x depth x (vector length) steps of numpy on
 #: the CPU whatever the model's device; 2^30 is about one second on one core of a small CPU.
