@@ -337,9 +337,11 @@ def build(ctx: AppContext) -> None:
                 temperature = gr.Slider(0, 2, value=0, step=0.05, label="temperature (0 = greedy)")
                 top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p")
             with gr.Row():
-                new_cap = serving.server_caps(ctx).max_new_tokens  # the API refuses more, with a message
-                max_new = gr.Slider(1, new_cap, value=min(DEFAULT_NEW_TOKENS, new_cap), step=1,
-                                    label=f"max new tokens (at most {new_cap} on this server)")
+                # A number box, not a slider: a slider clamps 100000 to its maximum silently, while the
+                # request check answers with the server's cap (before the request queues).
+                new_cap = serving.server_caps(ctx).max_new_tokens
+                max_new = gr.Number(min(DEFAULT_NEW_TOKENS, new_cap), precision=0, minimum=1,
+                                    label=f"max new tokens (at most {new_cap} here)", elem_classes="sq-max-new")
                 seed = gr.Number(0, precision=0, minimum=0, label="seed")
             acceptance = gr.Dropdown(choices, value=start_vector if start_vector in choices else choices[0],
                                      label="acceptance vector (for the DP tree)")

@@ -7,6 +7,7 @@ a fresh profile.  Screenshots go to pytest's tmp dir, and also to
 """
 
 import os
+import re
 import shutil
 import socket
 import threading
@@ -79,7 +80,7 @@ def _screenshot(page, tmp_path: Path, name: str) -> Path:
 
 def _decode(page, prompt: str, max_new: int, method: str | None = None) -> None:
     page.locator("#sq-prompt textarea").fill(prompt)
-    box = page.get_by_label("number input for max new tokens")
+    box = page.get_by_label(re.compile(r"^max new tokens"))
     box.fill(str(max_new))
     box.press("Enter")
     if method:
@@ -185,6 +186,11 @@ def test_the_first_frame_arrives_before_the_first_step(page, monkeypatch):
     sync_api.expect(page.locator("#sq-text")).to_contain_text("def first():", timeout=2_500)
     assert runs.steps == 0  # the prompt was on the page before any step was done
     sync_api.expect(page.locator("#sq-summary")).to_contain_text("2 tokens", timeout=30_000)
+
+
+def test_typing_too_many_new_tokens_shows_the_cap(page):
+    _decode(page, "def f():", 100000)
+    sync_api.expect(page.get_by_text("cap of 256").first).to_be_visible()
 
 
 def test_too_many_new_tokens_are_refused_with_the_cap(server):
