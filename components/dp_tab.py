@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from sequoia.core.config import MAX_DEPTH, check_acceptance_length, check_budget, check_dp_work
+from sequoia.core.dp import baseline_curves, optimal_tree
 from sequoia.core.tree import MAX_TREE_SIZE
 
 from . import dp_view
@@ -29,8 +30,6 @@ class DPSession:
 
 def solve(acceptance_text: str, budget, depth):
     """Validated DP solve; raises ValueError with a readable message."""
-    from sequoia.core.dp import optimal_tree
-
     acc = parse_acceptance(acceptance_text)
     check_acceptance_length(acc)
     budget, depth = int(budget), int(depth)
@@ -57,8 +56,6 @@ def on_solve(acceptance_text, budget, depth, n, d, session: DPSession):
         result = solve(acceptance_text, budget, depth)
     except ValueError as exc:
         raise gr.Error(str(exc), title="Cannot solve the DP") from None
-    from sequoia.core.dp import baseline_curves
-
     sizes = dp_view.curve_sizes(result.budget)
     curves = dp_view.curves(sizes, baseline_curves(result.acceptance, sizes))
     n = min(int(n), result.budget)
@@ -103,8 +100,6 @@ def dp_api(acceptance: str, budget: int = 32, depth: int = 8) -> dict:
 
     Not the whole table: at budget 1024 and depth 64 it alone is over 1 MB of JSON.
     """
-    from sequoia.core.dp import baseline_curves
-
     try:
         result = solve(acceptance, budget, depth)
     except ValueError as exc:

@@ -20,6 +20,7 @@ import gradio as gr
 
 from sequoia.core.config import MAX_NEW_TOKENS, GenerationConfig, SamplingConfig, check_acceptance_length, check_budget
 from sequoia.core.trace import StepRecord
+from sequoia.runtime.methods import make_method
 
 from . import inspector_view, serving, stats_view, text_view, tree_view
 from .context import (
@@ -98,8 +99,6 @@ def make_config(temperature, top_p, max_new_tokens, seed) -> GenerationConfig:
 def make_proposer(ctx: AppContext, method: str, budget, depth, acceptance,
                   temperature: float = 0.0) -> tuple[object, str]:
     """A proposer for a UI label or method name, checked against the server's budget cap."""
-    from sequoia.runtime.methods import make_method
-
     name = METHODS.get(method, _ALIASES.get(method, method))
     if name not in METHODS.values():
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
@@ -109,11 +108,11 @@ def make_proposer(ctx: AppContext, method: str, budget, depth, acceptance,
     if budget > cap:
         raise ValueError(f"budget {budget} is above this server's cap of {cap} draft tokens per step")
     check_budget(budget, depth)
-    if name == "sequoia-auto" and ctx.profile is None:
-        return (make_method("sequoia", budget=budget, depth=depth, acceptance=acceptance),
-                "No hardware profile loaded: ran Sequoia with the given budget and depth instead of auto.")
     if name == "sequoia-auto":
+        # No profile: make_method prices with the conservative stand-in, so the target runs alone.
         method = make_method(name, budget=budget, depth=depth, acceptance=acceptance, profile=ctx.profile)
+        if ctx.profile is None:
+            return method, ctx.profile_note()
         note = ("Under this machine's hardware profile no tree beats the target alone, so the optimizer chose "
                 "the root-only tree: plain target steps. Pick Sequoia (budget & depth) to see trees."
                 if method.tree.size == 0 else "")
@@ -131,14 +130,12 @@ def make_proposer(ctx: AppContext, method: str, budget, depth, acceptance,
 
 def _dynamic(ctx: AppContext, budget: int, depth: int, acceptance, temperature: float) -> tuple[object, str]:
     """The dynamic tree under the server's profile and the shipped calibration (identity without one)."""
-    from sequoia.runtime.methods import make_method
-
     method = make_method("sequoia-dynamic", budget=budget, depth=depth, acceptance=acceptance,
                          profile=ctx.profile, calibration=ctx.calibration(temperature))
     notes = []
     if ctx.profile is None:
-        notes.append("No hardware profile loaded: the dynamic tree is priced with built-in CPU figures.")
-    if not method.can_pay:
+        notes.append(ctx.profile_note())
+    elif not method.can_pay:
         notes.append("Under this machine's profile no tree beats the target alone (verifying k tokens costs "
                      "about k times one), so the dynamic policy drafts nothing: every step is a plain target "
                      "step. Pick Sequoia (budget & depth) to see trees.")

@@ -8,6 +8,8 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+import sequoia
+
 #: The repository's shipped measurements and prompt sets (profiles, acceptance vectors, calibrations).
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
@@ -17,8 +19,6 @@ ProgressFn = Callable[[int, int, str], None]
 
 def library_version() -> str:
     """``sequoia.__version__`` if the package defines one, else "unknown"."""
-    import sequoia
-
     return str(getattr(sequoia, "__version__", "unknown"))
 
 
@@ -101,7 +101,7 @@ class Progress:
     def __init__(self, total: int, fn: ProgressFn | None, desc: str) -> None:
         self.total, self.done, self.fn, self.bar = total, 0, fn, None
         if fn is None:
-            from tqdm.auto import tqdm
+            from tqdm.auto import tqdm  # optional: only without a caller's progress; keeps core free of it
 
             self.bar = tqdm(total=total, desc=desc)
 

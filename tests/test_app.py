@@ -286,7 +286,7 @@ def test_dynamic_method_uses_the_profile_and_says_when_it_drafts_nothing(ctx, tm
     from sequoia.runtime.calibration import Calibration
 
     method, note = live_tab.make_proposer(ctx, "Sequoia (dynamic)", 8, 3, DEFAULT_ACCEPTANCE)
-    assert method.name == "sequoia-dynamic" and "built-in CPU figures" in note
+    assert method.name == "sequoia-dynamic" and "until this machine's profile is measured" in note
     ctx.profile = HardwareProfile.hand_made(lambda n: 100.0 * n, lambda w: 20.0)  # verification never cheap
     try:
         method, note = live_tab.make_proposer(ctx, "Sequoia (dynamic)", 8, 3, DEFAULT_ACCEPTANCE)
@@ -333,6 +333,9 @@ def test_profiles_are_matched_to_the_machine_fingerprint(pair, tmp_path):
 def test_auto_says_when_the_optimizer_keeps_the_target_alone(ctx):
     from sequoia.core.profile import HardwareProfile
 
+    method, note = live_tab.make_proposer(ctx, "Sequoia (auto)", 8, 3, DEFAULT_ACCEPTANCE)  # no profile yet
+    assert method.name == "sequoia-auto" and method.tree.size == 0
+    assert "until this machine's profile is measured" in note
     ctx.profile = HardwareProfile.hand_made(lambda n: 100.0 * n, lambda w: 20.0)
     try:
         method, note = live_tab.make_proposer(ctx, "Sequoia (auto)", 8, 3, DEFAULT_ACCEPTANCE)

@@ -48,6 +48,7 @@ import torch
 
 from ..core import cost
 from ..core.calibration import Calibration
+from ..core.dp import DPResult, optimal_tree
 from ..core.profile import HardwareProfile
 from ..core.trace import DynamicInfo, StepRecord
 from ..core.tree import Tree
@@ -283,9 +284,7 @@ class DynamicTreeProposer(Proposer):
         return self._static_cache[n]
 
     @cached_property
-    def _dp(self):
-        from ..core.dp import optimal_tree
-
+    def _dp(self) -> DPResult:
         return optimal_tree(self.acceptance, self.budget, min(self.max_depth, 64))
 
     def _annotate(self, tree: Tree, g: _Growth) -> DynamicInfo:

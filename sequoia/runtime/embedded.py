@@ -30,6 +30,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+from filelock import FileLock
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
 #: progress(fraction in [0, 1], description) -- e.g. a ``gr.Progress`` adapter.
 ProgressFn = Callable[[float, str], None]
 
@@ -197,8 +202,6 @@ def _file_sha256(path: Path) -> str:
 
 
 def _bar(total: int, desc: str, unit: str = "it"):
-    from tqdm.auto import tqdm
-
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", leave=False)
 
 
@@ -210,8 +213,6 @@ def ensure_converted(spec: EmbeddedSpec, cache_dir: str | Path, progress: Progre
     Fast (a file read) when already converted.  A lock file keeps two processes
     (say CI and the app) from converting the same model at once.
     """
-    from filelock import FileLock
-
     out = converted_dir(spec, cache_dir)
     if is_converted(spec, cache_dir):
         return out
@@ -249,9 +250,6 @@ def _check_free_space(spec: EmbeddedSpec, where: Path) -> None:
 
 def _convert(spec: EmbeddedSpec, gguf: Path, out: Path, progress: ProgressFn) -> None:
     """GGUF -> bf16 safetensors + tokenizer, written to a temp dir renamed into ``out``."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     what = f"{spec.role} {spec.name}"

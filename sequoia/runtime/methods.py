@@ -24,8 +24,11 @@ from __future__ import annotations
 from ..core.calibration import Calibration
 from ..core.config import check_budget
 from ..core.cost import conservative_profile
+from ..core.dp import optimal_tree
+from ..core.optimizer import choose_tree
 from ..core.tree import Tree
 from .drafter import StaticTreeProposer
+from .dynamic import DynamicTreeProposer
 from .ngram_proposer import NgramDynamicProposer, NgramProposer, NgramSettings
 
 METHODS = ("ar", "chain", "specinfer", "kary", "sequoia", "sequoia-auto", "sequoia-dynamic", "file", "ngram",
@@ -83,16 +86,12 @@ def make_method(
 
 
 def _sequoia(acceptance, budget: int, depth: int | None) -> StaticTreeProposer:
-    from ..core.dp import optimal_tree
-
     check_budget(budget, depth)
     return StaticTreeProposer(optimal_tree(acceptance, budget, depth).tree(), name="sequoia")
 
 
 def _auto(name, acceptance, profile, budget, depth) -> StaticTreeProposer:
     """Let the hardware-aware optimizer choose budget and depth."""
-    from ..core.optimizer import choose_tree
-
     # Without a measured profile: a stand-in under which no tree pays (the root-only tree), as for sequoia-dynamic.
     choice = choose_tree(acceptance, profile or conservative_profile(), max_budget=budget, max_depth=depth or 16)
     return StaticTreeProposer(choice.tree, name="sequoia-auto")
@@ -100,8 +99,6 @@ def _auto(name, acceptance, profile, budget, depth) -> StaticTreeProposer:
 
 def _dynamic(acceptance, profile, budget, depth, calibration):
     """``calibration``: a Calibration, a path to one, or None for the identity a(q) = q."""
-    from .dynamic import DynamicTreeProposer
-
     budget = 48 if budget is None else budget
     check_budget(budget, depth)
     if isinstance(calibration, (str, bytes)) or hasattr(calibration, "__fspath__"):

@@ -19,7 +19,7 @@ _COLORS = {"hf-generate": "#9e9e9e", "ar": "#616161", "hf-assisted": "#ff9800", 
 
 
 def _go():
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # optional heavy: only when figures are drawn, not for `sequoia --help`
 
     return go
 
@@ -95,7 +95,7 @@ def robustness_figure(rows: Sequence[Mapping]):
     ``rows``: {temperature, mode, children, rejection}.
     """
     go = _go()
-    from plotly.subplots import make_subplots
+    from plotly.subplots import make_subplots  # optional heavy: as _go
 
     temps = sorted({r["temperature"] for r in rows})
     fig = make_subplots(rows=1, cols=len(temps), shared_yaxes=True,
