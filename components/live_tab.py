@@ -32,8 +32,8 @@ from .context import (
     parse_acceptance,
 )
 
-#: UI label -> sequoia.runtime.methods name.
-METHODS = {
+#: UI label -> sequoia.runtime.methods name (the Method dropdown).
+METHOD_LABELS = {
     "Sequoia (auto)": "sequoia-auto",
     "Sequoia (budget & depth)": "sequoia",
     "Sequoia (dynamic)": "sequoia-dynamic",
@@ -99,9 +99,9 @@ def make_config(temperature, top_p, max_new_tokens, seed) -> GenerationConfig:
 def make_proposer(ctx: AppContext, method: str, budget, depth, acceptance,
                   temperature: float = 0.0) -> tuple[object, str]:
     """A proposer for a UI label or method name, checked against the server's budget cap."""
-    name = METHODS.get(method, _ALIASES.get(method, method))
-    if name not in METHODS.values():
-        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    name = METHOD_LABELS.get(method, _ALIASES.get(method, method))
+    if name not in METHOD_LABELS.values():
+        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHOD_LABELS)}")
     cap = ctx.budget_cap()
     budget = _as_int("budget", budget, 1)
     depth = _as_int("depth", depth, 1)
@@ -324,7 +324,7 @@ def build(ctx: AppContext) -> None:
             prompt = gr.Textbox(label="Prompt", lines=5, elem_id="sq-prompt",
                                 value="Write a Python function that checks whether a number is prime.")
             chat = gr.Checkbox(value=True, label="apply the chat template")
-            method = gr.Dropdown(list(METHODS), value=DEFAULT_METHOD, label="Method")
+            method = gr.Dropdown(list(METHOD_LABELS), value=DEFAULT_METHOD, label="Method")
             with gr.Row():
                 budget = gr.Slider(1, cap, value=min(32, cap), step=1, label="budget (draft tokens / step)")
                 depth = gr.Slider(1, 32, value=8, step=1, label="depth")

@@ -23,12 +23,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from sequoia.core.acceptance import AcceptanceVector  # noqa: E402
 from sequoia.core.config import GenerationConfig, SamplingConfig  # noqa: E402
 from sequoia.core.dp import optimal_tree  # noqa: E402
 from sequoia.core.optimizer import choose_tree, predict  # noqa: E402
 from sequoia.core.profile import HardwareProfile  # noqa: E402
 from sequoia.core.tree import Tree  # noqa: E402
-from sequoia.runtime.acceptance import AcceptanceVector, load_prompts  # noqa: E402
+from sequoia.runtime.acceptance import load_prompts  # noqa: E402
 from sequoia.runtime.drafter import StaticTreeProposer  # noqa: E402
 from sequoia.runtime.engine import SpeculativeEngine  # noqa: E402
 from sequoia.runtime.models import load_pair  # noqa: E402

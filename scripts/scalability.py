@@ -23,13 +23,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain script from anywhere
 
+from sequoia._meta import ASSETS  # noqa: E402
 from sequoia.core.config import GenerationConfig, SamplingConfig  # noqa: E402
 from sequoia.core.dp import expected_tokens, optimal_tree  # noqa: E402
 from sequoia.core.tree import Tree  # noqa: E402
 from sequoia.runtime.drafter import StaticTreeProposer  # noqa: E402
 from sequoia.runtime.runner import run_method, warmup  # noqa: E402
 from sequoia.tools.bench import encode, load_prompt_sets  # noqa: E402
-from sequoia._meta import ASSETS  # noqa: E402
 from sequoia.tools.common import add_model_args as _add_model_args  # noqa: E402
 from sequoia.tools.common import load_from_args as _load  # noqa: E402
 
@@ -87,10 +87,10 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
 
     from sequoia._meta import pair_name
-    from sequoia.runtime.acceptance import AcceptanceVector
+    from sequoia.core.acceptance import AcceptanceVector
     from sequoia.runtime.engine import SpeculativeEngine
-    from sequoia.tools.bench_figures import scalability_figure, write_figures
     from sequoia.runtime.finder import find_acceptance
+    from sequoia.tools.bench_figures import scalability_figure, write_figures
 
     sizes = [int(x) for x in args.sizes.split(",")]
     shapes = [s.strip() for s in args.shapes.split(",")]

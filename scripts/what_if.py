@@ -22,9 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from sequoia.core.acceptance import AcceptanceVector  # noqa: E402
 from sequoia.core.optimizer import choose_tree  # noqa: E402
 from sequoia.core.profile import HardwareProfile  # noqa: E402
-from sequoia.runtime.acceptance import AcceptanceVector  # noqa: E402
 
 
 def gpu_like(draft_ratio: float) -> HardwareProfile:

@@ -154,7 +154,7 @@ def test_decode_errors_are_readable(ctx, kwargs, message):
 
 
 def test_every_method_streams(ctx):
-    for method in live_tab.METHODS:
+    for method in live_tab.METHOD_LABELS:
         final = _stream(ctx, method=method, max_new=6)[-1]
         assert sum(r.n_new for r in final[-1].records) == 6
 
@@ -231,8 +231,8 @@ def test_dp_tab_solve_and_cell():
 
 
 def test_acceptance_catalogue_reads_assets(tmp_path):
-    from sequoia.runtime.acceptance import AcceptanceVector
-    from sequoia.runtime.calibration import Calibration
+    from sequoia.core.acceptance import AcceptanceVector
+    from sequoia.core.calibration import Calibration
 
     AcceptanceVector((0.6, 0.2), temperature=0.6, prompt_set="chat").save(tmp_path / "acceptance" / "mine.json")
     Calibration(knots=(0.0, 1.0), values=((0.0, 1.0),), temperature=0.0).save(
@@ -282,8 +282,8 @@ def test_gradio_client_end_to_end(demo):
 
 
 def test_dynamic_method_uses_the_profile_and_says_when_it_drafts_nothing(ctx, tmp_path):
+    from sequoia.core.calibration import Calibration
     from sequoia.core.profile import HardwareProfile
-    from sequoia.runtime.calibration import Calibration
 
     method, note = live_tab.make_proposer(ctx, "Sequoia (dynamic)", 8, 3, DEFAULT_ACCEPTANCE)
     assert method.name == "sequoia-dynamic" and "until this machine's profile is measured" in note

@@ -12,9 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from sequoia._meta import write_json
 from sequoia.core.profile import HardwareProfile
 from sequoia.core.tree import Tree
-from sequoia._meta import write_json
 from sequoia.runtime.runner import RunResult, process_clock
 from sequoia.tools.bench import BenchConfig, PromptSet, TreeChoice, _compare_with_reference, load_prompt_sets, run_bench
 from sequoia.tools.bench_report import FORMAT, markdown_report, markdown_table, summarize_runs, to_dict
@@ -176,7 +176,7 @@ def test_load_prompt_sets(tmp_path):
 
 
 def test_tree_choice_from_files(tmp_path):
-    from sequoia.runtime.acceptance import AcceptanceVector
+    from sequoia.core.acceptance import AcceptanceVector
     from sequoia.runtime.finder import list_acceptance
     from sequoia.tools.bench_trees import choose_trees
 
@@ -319,7 +319,7 @@ def test_dynamic_method_needs_its_proposers(tiny_pairs):
 
 
 def test_dynamic_proposers_pick_the_nearest_calibration(tmp_path):
-    from sequoia.runtime.calibration import Calibration
+    from sequoia.core.calibration import Calibration
     from sequoia.tools.bench_trees import dynamic_proposers
 
     for t, name in ((0.0, "greedy"), (1.0, "hot")):

@@ -24,7 +24,7 @@ from sequoia.core.tree import Tree
 from sequoia.runtime.calibration import calibrate
 from sequoia.runtime.drafter import Draft
 from sequoia.runtime.dynamic import DynamicTreeProposer
-from sequoia.runtime.methods import METHODS, make_method
+from sequoia.runtime.methods import ENGINE_METHODS, make_method
 from sequoia.runtime.teacher import target_continuation
 
 #: Verification nearly free, drafting cheap: the policy grows trees whenever a node adds anything.
@@ -52,7 +52,7 @@ def test_greedy_output_equals_target_greedy(tiny_pairs, tiny_target, pair_name, 
 
 
 def test_greedy_with_the_registered_method(tiny_pairs, tiny_target):
-    assert "sequoia-dynamic" in METHODS
+    assert "sequoia-dynamic" in ENGINE_METHODS
     method = make_method("sequoia-dynamic", budget=10, depth=5, profile=CPU_LIKE)
     tokens, records = _run(tiny_pairs["noisy"], method, GenerationConfig(max_new_tokens=30))
     assert tokens == _hf_greedy(tiny_target, PROMPT, 30)

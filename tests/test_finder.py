@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
+from sequoia.core.acceptance import AcceptanceVector
+from sequoia.core.calibration import Calibration
 from sequoia.core.profile import Fingerprint, HardwareProfile
-from sequoia.runtime.acceptance import AcceptanceVector
-from sequoia.runtime.calibration import Calibration
 from sequoia.runtime.finder import (
     DEFAULT_ENTRY,
     ProfileChoice,

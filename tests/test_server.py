@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import gradio as gr
 import pytest
 import torch
+from conftest import app_pair, make_pair
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import app
@@ -23,8 +24,6 @@ from sequoia.core.dp import optimal_tree
 from sequoia.core.tree import MAX_TREE_SIZE, Tree
 from sequoia.runtime.engine import SpeculativeEngine
 from sequoia.runtime.methods import make_method
-
-from conftest import app_pair, make_pair
 
 CODE = DEFAULT_ACCEPTANCE_LABEL
 
@@ -180,10 +179,9 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_cancelled_api_decodes_stop_and_never_overlap(tmp_path):
+    from conftest import tiny_model
     from gradio_client import Client
     from gradio_client.exceptions import AppError
-
-    from conftest import tiny_model
 
     target = tiny_model(11)
     meter = _Meter(delay_s=0.02)
@@ -275,6 +273,7 @@ def test_zerogpu_wraps_model_work_only_where_spaces_says_so(monkeypatch):
 # ------------------------------------------------------------------ the load test script
 def test_load_test_refuses_other_hosts_and_draws_valid_dp_requests(monkeypatch):
     import importlib.util
+
     import numpy as np
 
     path = Path(__file__).resolve().parents[1] / "scripts" / "load_test.py"
@@ -291,7 +290,7 @@ def test_load_test_refuses_other_hosts_and_draws_valid_dp_requests(monkeypatch):
 
 
 def test_cli_tree_writes_a_vllm_speculative_config(tmp_path):
-    from sequoia.runtime.acceptance import AcceptanceVector
+    from sequoia.core.acceptance import AcceptanceVector
     from sequoia.tools.cli import main
 
     vector = sorted((Path(__file__).resolve().parents[1] / "assets" / "acceptance").glob("embedded-*.json"))[0]

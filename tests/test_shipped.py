@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from sequoia.core.acceptance import AcceptanceVector
+from sequoia.core.calibration import Calibration
 from sequoia.core.optimizer import choose_tree
 from sequoia.core.profile import HardwareProfile
-from sequoia.runtime.acceptance import AcceptanceVector
-from sequoia.runtime.calibration import Calibration
 from sequoia.runtime.finder import find_calibration
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -42,7 +42,8 @@ from .drafter import StaticTreeProposer
 from .engine import SpeculativeEngine
 from .teacher import continuation_logits
 
-METHODS = ("teacher", "decode")
+#: How acceptance is measured: teacher-forced target continuations, or real decoding.
+MEASURING_WAYS = ("teacher", "decode")
 
 
 def load_prompts(path: str | Path) -> list[str]:
@@ -83,8 +84,8 @@ def measure_acceptance(
     ``generator`` seeds the continuations, the Monte Carlo and the decoding
     runs (a fixed seed is used without one).
     """
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
+    if method not in MEASURING_WAYS:
+        raise ValueError(f"unknown method {method!r}; expected one of {MEASURING_WAYS}")
     if not isinstance(width, int) or width < 1 or not prompts or max_new_tokens < 1 or mc_samples < 1:
         raise ValueError("need width >= 1, at least one prompt, max_new_tokens >= 1 and mc_samples >= 1")
     gen = generator if generator is not None else torch.Generator().manual_seed(0)

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._meta import ASSETS, ProgressFn
+from ..core.acceptance import AcceptanceVector
+from ..core.calibration import Calibration
 from ..core.profile import Fingerprint, HardwareProfile
-from .acceptance import AcceptanceVector
-from .calibration import Calibration
 from .embedded import default_cache_dir
 from .fingerprint import machine_fingerprint
 from .methods import DEFAULT_ACCEPTANCE

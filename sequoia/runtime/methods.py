@@ -31,8 +31,9 @@ from .drafter import StaticTreeProposer
 from .dynamic import DynamicTreeProposer
 from .ngram_proposer import NgramDynamicProposer, NgramProposer, NgramSettings
 
-METHODS = ("ar", "chain", "specinfer", "kary", "sequoia", "sequoia-auto", "sequoia-dynamic", "file", "ngram",
-           "sequoia-ngram")
+#: Every name make_method builds (the CLI's --method); the bench's subset is tools.bench.BENCH_METHODS.
+ENGINE_METHODS = ("ar", "chain", "specinfer", "kary", "sequoia", "sequoia-auto", "sequoia-dynamic", "file",
+                  "ngram", "sequoia-ngram")
 
 #: Measured on the embedded pair (int8 draft, greedy, teacher-forced); used when
 #: no acceptance vector is given.  See assets/acceptance/ for measured files.
@@ -51,8 +52,8 @@ def make_method(
     calibration=None,
 ):
     """Build a proposer; all parameters are validated here with readable errors."""
-    if name not in METHODS:
-        raise ValueError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
+    if name not in ENGINE_METHODS:
+        raise ValueError(f"unknown method {name!r}; choose one of {', '.join(ENGINE_METHODS)}")
     acceptance = tuple(acceptance) if acceptance is not None else DEFAULT_ACCEPTANCE
     if name == "ar":
         return StaticTreeProposer(Tree.root_only(), name="ar")

@@ -15,15 +15,16 @@ from pathlib import Path
 import torch
 
 from .._meta import ASSETS
+from ..core.acceptance import AcceptanceVector
 from ..core.config import GenerationConfig, SamplingConfig
 from ..core.dp import optimal_tree
 from ..core.optimizer import choose_tree
 from ..core.profile import HardwareProfile
 from ..core.stats import summarize
-from ..runtime.acceptance import AcceptanceVector, load_prompts, measure_acceptance
+from ..runtime.acceptance import MEASURING_WAYS, load_prompts, measure_acceptance
 from ..runtime.engine import SpeculativeEngine
 from ..runtime.finder import cache_profile, find_calibration, find_profile
-from ..runtime.methods import METHODS, make_method
+from ..runtime.methods import ENGINE_METHODS, make_method
 from ..runtime.profiling import measure_profile
 from . import calibrate_cli
 from .bench_cli import add_bench_parser, main_bench
@@ -43,7 +44,7 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 def _add_method_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("method")
-    g.add_argument("--method", default="sequoia", choices=METHODS)
+    g.add_argument("--method", default="sequoia", choices=ENGINE_METHODS)
     g.add_argument("--budget", type=int, default=None, help="draft tokens per step (tree size n)")
     g.add_argument("--depth", type=int, default=None, help="maximum tree depth d")
     g.add_argument("--width", type=int, default=2, help="branching of specinfer / kary trees")
@@ -73,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     acc.add_argument("--prompts", default=str(ASSETS / "prompts" / "code.jsonl"), help="JSONL prompt set")
     acc.add_argument("--width", type=int, default=16)
     acc.add_argument("--max-new-tokens", type=int, default=64)
-    acc.add_argument("--way", choices=("teacher", "decode"), default="teacher")
+    acc.add_argument("--way", choices=MEASURING_WAYS, default="teacher")
     acc.add_argument("--out", required=True)
     for add in (add_model_args, _add_sampling_args):
         add(acc)
