@@ -15,12 +15,13 @@ method finishes, and Stop closes the running decode between two steps.
 
 import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import closing
 from dataclasses import dataclass, field
 
 import gradio as gr
 
+from sequoia._meta import ProgressFn
 from sequoia.runtime.runner import RunResult, iter_run, run_method, warmup
 
 from . import compare_view, serving
@@ -116,7 +117,7 @@ def iter_comparison(ctx: AppContext, prompt, budget, depth, temperature, top_p, 
 
 def run_comparison(ctx: AppContext, prompt, budget, depth, temperature, top_p, max_new_tokens, seed,
                    acceptance=None, chat=True, include_hf=True,
-                   progress: Callable[[float, str], None] | None = None):
+                   progress: ProgressFn | None = None):
     """All rows (reference first, identical flags set) and notes; ValueError on bad input."""
     running = ""
     for state in iter_comparison(ctx, prompt, budget, depth, temperature, top_p, max_new_tokens, seed,

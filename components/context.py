@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sequoia._meta import ASSETS, pair_name  # ASSETS re-exported for the tabs
+from sequoia._meta import ASSETS, ProgressFn, pair_name  # ASSETS re-exported for the tabs
 from sequoia.core.dp import check_acceptance
 from sequoia.core.profile import HardwareProfile
 from sequoia.runtime import finder
@@ -75,7 +75,7 @@ class LoadStatus:
     error: str | None = None
     ready: bool = False
     started: float | None = None            # time.monotonic() when loading began
-    listener: Callable[[float, str], None] | None = field(default=None, repr=False)
+    listener: ProgressFn | None = field(default=None, repr=False)
 
     def __call__(self, fraction: float, description: str) -> None:
         if self.started is None:
@@ -257,8 +257,7 @@ class AppContext:
             try:
                 self.choice = finder.measure_and_cache(
                     self.pair(), why, self.cache_dir,
-                    progress=lambda done, total, label: status(done / max(total, 1), f"measuring this machine's "
-                                                                                      f"profile: {label}"))
+                    progress=lambda fraction, label: status(fraction, f"measuring this machine's profile: {label}"))
                 status(1.0, "profile measured")
                 status.ready = True
             except Exception as exc:  # the banner and the Hardware tab say so; decoding goes on conservatively

@@ -136,7 +136,7 @@ def build(ctx: AppContext, demo: gr.Blocks, refresh_on=()) -> None:
         if not ctx.owner:
             raise gr.Error(PROFILE_NOW_DISABLED)
         try:
-            path = profile_now(ctx, q, progress=lambda done, total, label: progress(done / total, desc=label))
+            path = profile_now(ctx, q, progress=lambda fraction, label: progress(fraction, desc=label))
         except ModelsNotReady as exc:
             raise gr.Error(str(exc)) from None
         except (ValueError, RuntimeError) as exc:

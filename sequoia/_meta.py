@@ -13,8 +13,9 @@ import sequoia
 #: The repository's shipped measurements and prompt sets (profiles, acceptance vectors, calibrations).
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
-#: progress(done, total, label) -- e.g. a Gradio progress adapter; None shows a tqdm bar.
-ProgressFn = Callable[[int, int, str], None]
+#: progress(fraction in [0, 1], description): the one progress shape, that of ``gr.Progress``, so a tab passes
+#: its progress straight through; a counting loop reports done / total through :class:`Progress`.
+ProgressFn = Callable[[float, str], None]
 
 
 def library_version() -> str:
@@ -96,7 +97,7 @@ def _kind_name(kind) -> str:
 
 
 class Progress:
-    """tqdm bar, or a caller's progress(done, total, label)."""
+    """tqdm bar, or a caller's progress(done / total, label)."""
 
     def __init__(self, total: int, fn: ProgressFn | None, desc: str) -> None:
         self.total, self.done, self.fn, self.bar = total, 0, fn, None
@@ -111,7 +112,7 @@ class Progress:
             self.bar.set_postfix_str(label)
             self.bar.update(1)
         else:
-            self.fn(self.done, self.total, label)
+            self.fn(self.done / max(self.total, 1), label)
 
     def close(self) -> None:
         if self.bar is not None:

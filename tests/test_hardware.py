@@ -115,8 +115,8 @@ def test_measure_profile_tiny_model():
 
     assert prof.version == sequoia.__version__
     # 3 + 2 grid points, then 1 untimed + 2 timed engine steps for the overheads
-    assert [s[:2] for s in seen] == [(i, 8) for i in range(1, 9)]
-    assert seen[4][2] == "draft width=3" and seen[-1][2] == "overheads, step 3"
+    assert [s[0] for s in seen] == [i / 8 for i in range(1, 9)]  # progress(fraction, label)
+    assert seen[4][1] == "draft width=3" and seen[-1][1] == "overheads, step 3"
     assert prof.step_overhead_ms >= 0.0 and prof.level_overhead_ms >= 0.0
     fp = prof.fingerprint
     assert fp is not None and fp.device_kind == "cpu" and fp.threads == torch.get_num_threads()
@@ -165,7 +165,7 @@ def test_target_grid_stops_once_a_forward_costs_too_much(monkeypatch):
     prof = measure_profile(pair, context_len=4, target_grid=(1, 2, 4, 8, 16, 32), draft_grid=(1, 2), repeats=1,
                            warmup=0, stop_ratio=5.0, progress=lambda *a: seen.append(a), overhead_steps=0)
     assert prof.target_n == (1, 2, 4, 8) and prof.target_ms == (100.0, 200.0, 400.0, 800.0)
-    assert len(seen) == 6 + 2 and "skipped" in seen[4][2]
+    assert len(seen) == 6 + 2 and "skipped" in seen[4][1]
     full = measure_profile(pair, context_len=4, target_grid=(1, 2, 4, 8, 16, 32), draft_grid=(1,), repeats=1,
                            warmup=0, stop_ratio=None, progress=lambda *a: None, overhead_steps=0)
     assert full.target_n == (1, 2, 4, 8, 16, 32)
@@ -181,7 +181,7 @@ def test_quick_profile_uses_the_coarse_grid_and_measures_overheads(monkeypatch):
     prof = measure_profile(pair, context_len=8, quick=True, progress=lambda *a: seen.append(a))
     assert prof.target_n == hardware.QUICK_TARGET_GRID and prof.draft_width == hardware.QUICK_DRAFT_GRID
     assert prof.repeats == 2 and "quick" in prof.note
-    assert seen[-1][:2] == (len(seen), len(seen)) and len(seen) == 7 + 5 + 5
+    assert seen[-1][0] == 1.0 and len(seen) == 7 + 5 + 5
     # With forwards priced at ~0, the real engine steps' whole time shows up as overhead.
     assert prof.step_overhead_ms > 0.0 and prof.level_overhead_ms > 0.0
 

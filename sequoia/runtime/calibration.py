@@ -11,13 +11,13 @@ position ``width`` children are scored by the library's verification rule
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .._meta import library_version, now_iso, pair_name
+from .._meta import ProgressFn, library_version, now_iso, pair_name
 from ..core.calibration import Calibration, fit_outcomes
 from ..core.config import SamplingConfig
 from ..core.sampling import sample_children, verify_rows, warp
@@ -46,7 +46,7 @@ def calibrate_prompts(pair, prompts: Sequence[list[int]], samplings: Sequence[Sa
 
 
 def fit_logits(pair, logits: LogitPairs, count: int, samplings: Sequence[SamplingConfig], width: int, seed: int,
-               prompt_set: str, progress: Callable[[float, str], None] | None) -> list[Calibration]:
+               prompt_set: str, progress: ProgressFn | None) -> list[Calibration]:
     """Fit one calibration per sampling config from ``count`` (p_logits, q_logits) pairs."""
     gen = torch.Generator().manual_seed(seed)
     obs: list[list[tuple[np.ndarray, ...]]] = [[] for _ in samplings]

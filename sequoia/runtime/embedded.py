@@ -35,8 +35,7 @@ from filelock import FileLock
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-#: progress(fraction in [0, 1], description) -- e.g. a ``gr.Progress`` adapter.
-ProgressFn = Callable[[float, str], None]
+from .._meta import ProgressFn
 
 MARKER = "SEQUOIA_OK"
 _CHUNK = 8 << 20  # bytes per read while streaming parts
