@@ -107,7 +107,8 @@ class _ConsoleProgress:
 
 
 def load_from_env(env: Mapping[str, str] = os.environ, progress: Callable[[float, str], None] | None = None):
-    """Load the pair named by SEQUOIA_DRAFT / SEQUOIA_TARGET / SEQUOIA_DEVICE / SEQUOIA_DTYPE."""
+    """Load the pair named by SEQUOIA_DRAFT / SEQUOIA_TARGET / SEQUOIA_DEVICE / SEQUOIA_DTYPE and the weight
+    quantization SEQUOIA_DRAFT_QUANT / SEQUOIA_TARGET_QUANT (none / int8 / int4; default: this machine's best)."""
     from sequoia.runtime.models import load_pair
 
     return load_pair(
@@ -115,6 +116,8 @@ def load_from_env(env: Mapping[str, str] = os.environ, progress: Callable[[float
         target=env.get("SEQUOIA_TARGET") or "embedded",
         device=env.get("SEQUOIA_DEVICE") or None,
         dtype=env.get("SEQUOIA_DTYPE") or "auto",
+        draft_quant=env.get("SEQUOIA_DRAFT_QUANT") or None,
+        target_quant=env.get("SEQUOIA_TARGET_QUANT") or "none",
         progress=progress,
     )
 

@@ -13,9 +13,11 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from sequoia.runtime import embedded
+from sequoia.runtime import embedded, kernels
 from sequoia.runtime import models as M
 from sequoia.runtime.embedded import EmbeddedModelError, Part
+from sequoia.runtime.fingerprint import cpu_facts
+from sequoia.runtime.kernels import default_draft_scheme
 
 # "<|endoftext|>" is there because transformers loads a tokenizer saved beside a qwen2 config as a
 # Qwen2Tokenizer, which adds that pad token when it is missing.
@@ -100,46 +102,6 @@ def test_unknown_hub_id_offline_is_one_clear_error(monkeypatch):
         M.load_model("nobody-here/no-such-model", "cpu", "fp32")
 
 
-# ------------------------------------------------------------------ int8 draft
-def test_int8_keeps_top1_of_a_tiny_model():
-    ref = tiny_qwen(3).to(torch.bfloat16)
-    q = M.quantize_int8(tiny_qwen(3), torch.bfloat16)
-    assert all(not isinstance(m, torch.nn.Linear) for m in q.modules())
-    assert isinstance(q.lm_head, M.Int8Linear) and q.lm_head.weight.dtype == torch.int8
-    ids = torch.randint(0, 1000, (2, 24), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        a, b = ref(ids).logits.float(), q(ids).logits.float()
-    assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.9
-    assert (a - b).abs().max() < 0.1
-
-
-def test_int8_linear_matches_float_linear():
-    lin = torch.nn.Linear(64, 48, bias=True)
-    before = lin.weight.detach().clone()
-    q = M.Int8Linear.from_linear(lin, torch.float32)
-    assert torch.equal(lin.weight, before)  # quantizing must not touch the source layer
-    x = torch.randn(3, 5, 64)
-    expected = lin(x)
-    got = q(x)
-    assert got.shape == (3, 5, 48)
-    assert torch.allclose(got, expected, atol=0.02 * expected.abs().max().item())
-
-
-# ------------------------------------------------------------------ tokenizers and prompts
-def test_check_tokenizers_match():
-    a, b = word_tokenizer(), word_tokenizer()
-    M.check_tokenizers_match(a, b)
-    M.check_tokenizers_match(a, a, tiny_qwen(0, vocab=1024), tiny_qwen(1, vocab=1000))  # padded logits are fine
-    other = word_tokenizer(words=list(reversed(WORDS)))
-    with pytest.raises(ValueError, match=r"tokenizers differ .*different ids.*same model family"):
-        M.check_tokenizers_match(a, other)
-    smaller = word_tokenizer(vocab_size=900)
-    with pytest.raises(ValueError, match=r"draft has 1000 tokens, target 900.*only in the draft"):
-        M.check_tokenizers_match(a, smaller)
-    with pytest.raises(ValueError, match="the target model has 900 output logits"):
-        M.check_tokenizers_match(a, a, tiny_qwen(0), tiny_qwen(1, vocab=900))
-
-
 def test_encode_prompt_chat_plain_and_errors(monkeypatch):
     tok = word_tokenizer()
     vocab = tok.get_vocab()
@@ -163,8 +125,10 @@ def test_eos_token_ids_merge_generation_config_and_tokenizer():
 # ------------------------------------------------------------------ load_pair
 def test_load_pair_from_local_dirs(tiny_dirs):
     pair = M.load_pair(str(tiny_dirs["draft"]), str(tiny_dirs["target"]), device="cpu")
-    assert pair.draft_int8 and pair.dtype == torch.bfloat16 and pair.draft_dtype == torch.bfloat16
-    assert isinstance(pair.draft.lm_head, M.Int8Linear)
+    expected = default_draft_scheme("cpu", cpu_facts()[1])
+    assert pair.draft_quant == expected and pair.dtype == torch.bfloat16 and pair.draft_dtype == torch.bfloat16
+    assert kernels.describe(pair.draft) in (expected, "int4+int8") and f"({expected})" in pair.draft_name
+    assert pair.target_quant == "none" and kernels.describe(pair.target) == "none"
     assert pair.vocab_size == 1000 and pair.eos_token_ids == (1, 0)
     assert pair.encode_prompt("def x") == M.encode_prompt(pair.tokenizer, "def x")
     with pytest.raises(ValueError, match="empty"):
@@ -173,6 +137,17 @@ def test_load_pair_from_local_dirs(tiny_dirs):
     plain = M.load_pair(str(tiny_dirs["draft"]), str(tiny_dirs["target"]), device="cpu", dtype="fp32",
                         draft_int8=False)
     assert not plain.draft_int8 and plain.draft.dtype == plain.target.dtype == torch.float32
+    assert plain.draft_quant == "none"
+    int8 = M.load_pair(str(tiny_dirs["draft"]), str(tiny_dirs["target"]), device="cpu", draft_quant="int8",
+                       target_quant="int8")
+    assert int8.draft_int8 and kernels.describe(int8.draft) == kernels.describe(int8.target) == "int8"
+    assert int8.target_name.endswith("(int8)")
+    with pytest.raises(ValueError, match="contradicts"):
+        M.load_pair(str(tiny_dirs["draft"]), str(tiny_dirs["target"]), device="cpu", draft_int8=True,
+                    draft_quant="none")
+    with pytest.raises(ValueError, match="bf16 only"):
+        M.load_pair(str(tiny_dirs["draft"]), str(tiny_dirs["target"]), device="cpu", dtype="fp32",
+                    target_quant="int4")
     with pytest.raises(ValueError, match="unknown dtype"):
         M.load_pair(str(tiny_dirs["draft"]), str(tiny_dirs["target"]), device="cpu", dtype="q4")
 

@@ -19,6 +19,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from ..core.config import MAX_PROMPT_TOKENS
 from .embedded import EMBEDDED, ProgressFn, default_cache_dir, ensure_converted, is_converted
+from .fingerprint import cpu_facts
+from .kernels import check_scheme, default_draft_scheme, quantize_weights
 
 EMBEDDED_NAME = "embedded"
 
@@ -44,9 +46,11 @@ class ModelPair:
     target_name: str
     device: torch.device
     dtype: torch.dtype                  # the target's dtype
-    draft_int8: bool                    # draft Linear layers hold int8 weights (CPU only)
+    draft_int8: bool                    # the draft's Linear layers hold int8 weights (draft_quant == "int8")
     eos_token_ids: tuple[int, ...]      # any of these ends a generation (Qwen: <|im_end|> and <|endoftext|>)
     draft_dtype: torch.dtype = field(default=torch.float32)  # the draft's activations (and its masks)
+    draft_quant: str = "none"           # weight-only quantization of the draft: "none" | "int8" | "int4"
+    target_quant: str = "none"          # of the target (every baseline runs this same loaded target)
 
     @property
     def vocab_size(self) -> int:
@@ -158,59 +162,6 @@ def _load_message(name: str, exc: BaseException, what: str) -> str:
             f"offline? use '{EMBEDDED_NAME}' for the bundled Qwen2.5-Coder pair")
 
 
-class Int8Linear(torch.nn.Module):
-    """Weight-only int8 ``nn.Linear``: one scale per output channel, activations untouched.
-
-    Dynamic int8 (``torch.ao.quantization.quantize_dynamic``, which also
-    quantizes activations) is faster still on CPU, but Qwen2's outlier
-    activation channels wreck it: top-1 agreement with fp32 fell to 67% on
-    code, against 98% here, and a draft that disagrees is a draft that gets
-    rejected.
-    """
-
-    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> None:
-        super().__init__()
-        if weight.dtype != torch.int8 or weight.ndim != 2 or scale.shape != weight.shape[:1]:
-            raise ValueError("Int8Linear needs an int8 [out, in] weight and an [out] scale")
-        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
-        self.register_buffer("weight", weight)   # [out, in] int8
-        self.register_buffer("scale", scale)     # [out] in the activation dtype
-        self.register_buffer("bias", bias)       # [out] or None
-
-    @classmethod
-    def from_linear(cls, linear: torch.nn.Linear, dtype: torch.dtype) -> Int8Linear:
-        w = linear.weight.detach()
-        scale = w.abs().amax(dim=1).float().clamp(min=1e-12) / 127  # symmetric, per output channel
-        # In place on one fp32 copy: the 151,936-row lm_head would otherwise take three.
-        q = w.to(torch.float32, copy=True).mul_((1 / scale)[:, None]).round_().clamp_(-127, 127).to(torch.int8)
-        bias = None if linear.bias is None else linear.bias.detach().to(dtype)
-        return cls(q, scale.to(dtype), bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
-        flat = x.reshape(-1, self.in_features).to(self.scale.dtype)
-        y = torch._weight_int8pack_mm(flat.contiguous(), self.weight, self.scale)
-        y = y.reshape(*x.shape[:-1], self.out_features)
-        return y if self.bias is None else y + self.bias
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-channel"
-
-
-def quantize_int8(model: PreTrainedModel, dtype: torch.dtype = torch.bfloat16) -> PreTrainedModel:
-    """Replace every ``nn.Linear`` (lm_head included) by an :class:`Int8Linear`; CPU only.
-
-    The rest of the model runs in ``dtype``.  A CPU decode step is memory-bound,
-    and the untied lm_head alone is a fifth of the 0.5B draft's weights.
-    """
-    model = model.to(dtype)
-    for parent in list(model.modules()):
-        for child_name, child in list(parent.named_children()):
-            if isinstance(child, torch.nn.Linear):
-                setattr(parent, child_name, Int8Linear.from_linear(child, dtype))
-    gc.collect()
-    return model.eval()
-
-
 # ------------------------------------------------------------------ tokenizers
 def check_tokenizers_match(draft_tok, target_tok, draft_model=None, target_model=None) -> None:
     """Raise ``ValueError`` unless draft and target share one vocabulary.
@@ -280,18 +231,23 @@ def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list[int]:
 # ------------------------------------------------------------------ the pair
 def load_pair(draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME, device: str | None = None,
               dtype: str = "auto", draft_int8: bool | None = None, cache_dir: str | Path | None = None,
-              progress: ProgressFn | None = None) -> ModelPair:
+              progress: ProgressFn | None = None, draft_quant: str | None = None,
+              target_quant: str = "none") -> ModelPair:
     """Load and check a draft/target pair.
 
-    ``draft_int8`` defaults to True on CPU and False on CUDA (where it is refused).
-    ``cache_dir`` holds the converted embedded models; None means
-    :func:`sequoia.runtime.embedded.default_cache_dir`.
+    ``draft_quant`` ("none" | "int8" | "int4", see :mod:`sequoia.runtime.kernels`) defaults to the
+    fastest draft measured for this kind of machine (:func:`~sequoia.runtime.kernels.default_draft_scheme`);
+    ``draft_int8`` True / False is the older spelling of "int8" / "none".  ``target_quant`` quantizes
+    the target the same way (off by default: verification of many tokens is dearer through the int
+    kernels).  Quantized weights run on CPU only, with bf16 activations.  ``cache_dir`` holds the
+    converted embedded models; None means :func:`sequoia.runtime.embedded.default_cache_dir`.
     """
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    int8 = dev.type == "cpu" if draft_int8 is None else bool(draft_int8)
-    if int8 and dev.type != "cpu":
-        raise ValueError("the int8 draft runs on CPU only; pass draft_int8=False on CUDA")
+    dq = resolve_draft_quant(dev, draft_int8, draft_quant)
+    tq = check_scheme(target_quant)
+    if tq != "none" and (dev.type != "cpu" or dt != torch.bfloat16):
+        raise ValueError("a quantized target runs on CPU in bf16 only (dtype='bf16')")
     report = progress or (lambda frac, desc: None)
     paths = _resolve_paths(draft, target, cache_dir, report)
     report(0.85, "loading the tokenizer")
@@ -299,23 +255,36 @@ def load_pair(draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME, device: s
     same = paths["draft"] == paths["target"] or _same_tokenizer_files(paths["draft"], paths["target"])
     draft_tok = tok if same else load_tokenizer(paths["draft"])
     report(0.88, "loading the target")
-    target_model = load_model(paths["target"], dev, dt)
+    target_model = quantize_weights(load_model(paths["target"], dev, dt), tq, dt)
     report(0.95, "loading the draft")
-    # The int8 kernel is fast with bf16 activations only, so an int8 draft runs in bf16 even beside an fp32
-    # target: the draft's precision affects speed and acceptance, never the output distribution.
-    draft_dt = torch.bfloat16 if int8 else dt
-    draft_model = load_model(paths["draft"], dev, draft_dt)
-    if int8:
-        draft_model = quantize_int8(draft_model, draft_dt)
+    # The int kernels are fast with bf16 activations only, so a quantized draft runs in bf16 even beside an
+    # fp32 target: the draft's precision affects speed and acceptance, never the output distribution.
+    draft_dt = torch.bfloat16 if dq != "none" else dt
+    draft_model = quantize_weights(load_model(paths["draft"], dev, draft_dt), dq, draft_dt)
     check_tokenizers_match(draft_tok, tok, draft_model, target_model)
     report(1.0, "models ready")
     return ModelPair(
         draft=draft_model, target=target_model, tokenizer=tok,
-        draft_name=_display_name(draft, "draft") + (" (int8)" if int8 else ""),
-        target_name=_display_name(target, "target"),
-        device=dev, dtype=dt, draft_int8=int8, eos_token_ids=eos_token_ids(tok, target_model),
-        draft_dtype=draft_dt,
+        draft_name=_display_name(draft, "draft") + (f" ({dq})" if dq != "none" else ""),
+        target_name=_display_name(target, "target") + (f" ({tq})" if tq != "none" else ""),
+        device=dev, dtype=dt, draft_int8=dq == "int8", eos_token_ids=eos_token_ids(tok, target_model),
+        draft_dtype=draft_dt, draft_quant=dq, target_quant=tq,
     )
+
+
+def resolve_draft_quant(device: torch.device, draft_int8: bool | None, draft_quant: str | None) -> str:
+    """The draft's weight quantization from the two ways of asking for it (see :func:`load_pair`)."""
+    if draft_quant is not None:
+        dq = check_scheme(draft_quant)
+        if draft_int8 is not None and draft_int8 != (dq == "int8"):
+            raise ValueError(f"draft_int8={draft_int8} contradicts draft_quant={draft_quant!r}")
+    elif draft_int8 is not None:
+        dq = "int8" if draft_int8 else "none"
+    else:
+        dq = default_draft_scheme(device.type, cpu_facts()[1])
+    if dq != "none" and device.type != "cpu":
+        raise ValueError(f"the {dq} draft runs on CPU only; pass draft_quant='none' on CUDA")
+    return dq
 
 
 def _resolve_paths(draft: str, target: str, cache_dir, report: ProgressFn) -> dict[str, str | Path]:

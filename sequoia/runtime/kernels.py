@@ -1,0 +1,195 @@
+"""Weight-only quantized ``nn.Linear`` layers for CPU decoding, on torch's own packed kernels.
+
+Why: a CPU decode step (one to a few new rows) is memory-bound, so what it
+costs is the bytes of weight it streams: int8 halves them, int4 quarters them.
+Activations stay in bf16: quantizing them too (dynamic int8) wrecks Qwen2's
+outlier channels, and a draft that disagrees with the target is a draft that
+gets rejected.
+
+The kernels are torch's maintained weight-only ops (the ones torchao and
+gpt-fast call on CPU): ``aten::_weight_int8pack_mm`` and
+``aten::_weight_int4pack_mm_for_cpu``.  torchao itself is not used: its
+releases pin torch versions other than the 2.13 this project runs on.
+
+Their cost grows with rows much faster than a bf16 GEMM's (measured on an
+AVX-512-BF16 CPU, 0.5B draft, 2 threads: a 700-token prefill takes ~15 s
+through the int8 kernel and ~2 s dense), so past ``dense_rows`` rows a layer
+multiplies with a bf16 copy of its weights instead (dequantizing on every call
+measured slower than keeping the copy, and the packed int4 layout has no cheap
+unpacking): a prefill or a wide verification then costs what the bf16 model
+costs, a decode step what the small kernel costs, for the memory of one bf16
+copy (1 GB for the 0.5B draft).  ``dense_rows=None`` keeps no copy.
+
+The draft's precision changes speed and acceptance, never the output
+distribution: verification is against the target alone.
+
+Schemes: ``"none"`` (leave the model as it is), ``"int8"`` (symmetric, one
+scale per output channel), ``"int4"`` (asymmetric, one scale and zero per
+``group_size`` inputs; CPU only).
+"""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+import torch.nn.functional as F
+
+SCHEMES = ("none", "int8", "int4")
+#: Rows from which a quantized layer multiplies densely (prefill, wide trees); see the module docstring.
+DENSE_ROWS = 32
+#: int4 group size: 32 kept the draft's top-1 agreement with the target at 0.86 (int8 0.88, g128 0.85).
+INT4_GROUP = 32
+_INT4_OPS = ("_weight_int4pack_mm_for_cpu", "_convert_weight_to_int4pack_for_cpu")
+
+
+class Int8Linear(torch.nn.Module):
+    """Weight-only int8 linear: one scale per output channel, activations untouched."""
+
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                 dense: torch.Tensor | None = None, dense_rows: int = DENSE_ROWS) -> None:
+        super().__init__()
+        if weight.dtype != torch.int8 or weight.ndim != 2 or scale.shape != weight.shape[:1]:
+            raise ValueError("Int8Linear needs an int8 [out, in] weight and an [out] scale")
+        self.out_features, self.in_features = weight.shape
+        self.dense_rows = dense_rows
+        self.register_buffer("weight", weight)   # [out, in] int8
+        self.register_buffer("scale", scale)     # [out] in the activation dtype
+        self.register_buffer("bias", bias)       # [out] or None
+        self.register_buffer("dense", dense)     # [out, in] activation dtype, for many rows; or None
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear, dtype: torch.dtype = torch.bfloat16,
+                    dense_rows: int | None = DENSE_ROWS) -> Int8Linear:
+        w = linear.weight.detach()                                       # [out, in]
+        scale = w.abs().amax(dim=1).float().clamp(min=1e-12) / 127      # [out] symmetric
+        # In place on one fp32 copy: the 151,936-row lm_head would otherwise take three.
+        q = w.to(torch.float32, copy=True).mul_((1 / scale)[:, None]).round_().clamp_(-127, 127).to(torch.int8)
+        bias = None if linear.bias is None else linear.bias.detach().to(dtype)
+        dense = w.to(dtype, copy=True) if dense_rows is not None else None
+        return cls(q, scale.to(dtype), bias, dense, dense_rows or DENSE_ROWS)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        flat = x.reshape(-1, self.in_features).to(self.scale.dtype)     # [rows, in]
+        if self.dense is not None and flat.shape[0] >= self.dense_rows:
+            y = F.linear(flat, self.dense)
+        else:
+            y = torch._weight_int8pack_mm(flat.contiguous(), self.weight, self.scale)
+        y = y.reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-channel"
+
+
+class Int4Linear(torch.nn.Module):
+    """Weight-only int4 linear: w = (q - 8) * scale + zero per group of ``group_size`` inputs, q in [0, 15]."""
+
+    def __init__(self, packed: torch.Tensor, scales_zeros: torch.Tensor, bias: torch.Tensor | None,
+                 in_features: int, group_size: int, dense: torch.Tensor | None = None,
+                 dense_rows: int = DENSE_ROWS) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, packed.shape[0]
+        self.group_size = group_size
+        self.dense_rows = dense_rows
+        self.register_buffer("packed", packed)              # [out, in // 2] uint8, the kernel's layout
+        self.register_buffer("scales_zeros", scales_zeros)  # [in // group, out, 2]
+        self.register_buffer("bias", bias)                  # [out] or None
+        self.register_buffer("dense", dense)                # [out, in] bf16 for many rows, or None
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear, group_size: int = INT4_GROUP,
+                    dtype: torch.dtype = torch.bfloat16, dense_rows: int | None = DENSE_ROWS) -> Int4Linear:
+        require_int4()
+        w = linear.weight.detach()
+        out_f, in_f = w.shape
+        if not int4_fits(linear, group_size):
+            raise ValueError(f"an int4 layer needs in_features ({in_f}) a multiple of the int4 group size "
+                             f"{group_size} and out_features ({out_f}) a multiple of 16 (the kernel's packing)")
+        g = w.to(torch.float32, copy=True).reshape(out_f, -1, group_size)   # [out, groups, group]
+        lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)         # [out, groups, 1]
+        scale = (hi - lo).clamp(min=1e-6) / 15
+        q = g.sub_(lo).div_(scale).round_().clamp_(0, 15).to(torch.int32).reshape(out_f, in_f)
+        zero = lo + 8 * scale
+        sz = torch.cat([scale, zero], -1).transpose(0, 1).contiguous().to(dtype)   # [groups, out, 2]
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2)         # [out, in // 2]
+        bias = None if linear.bias is None else linear.bias.detach().to(dtype)
+        dense = w.to(dtype, copy=True) if dense_rows is not None else None
+        return cls(packed, sz, bias, in_f, group_size, dense, dense_rows or DENSE_ROWS)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        flat = x.reshape(-1, self.in_features).to(self.scales_zeros.dtype).contiguous()   # [rows, in]
+        if self.dense is not None and flat.shape[0] >= self.dense_rows:
+            y = F.linear(flat, self.dense)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, self.group_size, self.scales_zeros)
+        y = y.reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int4 group {self.group_size}"
+
+
+def int4_fits(linear: torch.nn.Linear, group_size: int = INT4_GROUP) -> bool:
+    """Whether the int4 kernel can hold this layer (its packing works in blocks of 16 outputs)."""
+    return linear.in_features % group_size == 0 and group_size % 2 == 0 and linear.out_features % 16 == 0
+
+
+def int4_available() -> bool:
+    return all(hasattr(torch.ops.aten, op) for op in _INT4_OPS)
+
+
+def require_int4() -> None:
+    if not int4_available():
+        raise RuntimeError(f"int4 weights need aten::{_INT4_OPS[0]} (CPU, torch >= 2.5); torch {torch.__version__} "
+                           "lacks it: use 'int8'")
+
+
+def check_scheme(scheme: str) -> str:
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown weight quantization {scheme!r}; choose one of {', '.join(SCHEMES)}")
+    return scheme
+
+
+def quantize_weights(model: torch.nn.Module, scheme: str, dtype: torch.dtype = torch.bfloat16,
+                     dense_rows: int | None = DENSE_ROWS, group_size: int = INT4_GROUP) -> torch.nn.Module:
+    """Replace every ``nn.Linear`` of ``model`` (lm_head included) by its ``scheme`` version, in place; CPU only.
+
+    The rest of the model runs in ``dtype``.  A layer the int4 kernel cannot hold
+    (see :func:`int4_fits`) falls back to int8.
+    """
+    if check_scheme(scheme) == "none":
+        return model
+    if scheme == "int4":
+        require_int4()
+    model = model.to(dtype)
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if not isinstance(child, torch.nn.Linear):
+                continue
+            if scheme == "int4" and int4_fits(child, group_size):
+                layer = Int4Linear.from_linear(child, group_size, dtype, dense_rows)
+            else:
+                layer = Int8Linear.from_linear(child, dtype, dense_rows)
+            setattr(parent, name, layer)
+    gc.collect()
+    return model.eval()
+
+
+def describe(model: torch.nn.Module) -> str:
+    """The weight scheme of ``model``'s linear layers: "int4", "int8", "none" or a mix like "int4+int8"."""
+    kinds = {"int4" if isinstance(m, Int4Linear) else "int8" if isinstance(m, Int8Linear) else "none"
+             for m in model.modules() if isinstance(m, (Int4Linear, Int8Linear, torch.nn.Linear))}
+    return "+".join(sorted(kinds)) or "none"
+
+
+def default_draft_scheme(device_type: str, cpu_features: tuple[str, ...]) -> str:
+    """The draft precision that made Sequoia fastest where it was measured (docs/benchmarks.md, kernels).
+
+    AVX-512-BF16 CPU: int4 (a one-token draft level ~33 ms against ~69 ms in int8, agreement 0.86 vs 0.88).
+    Other CPUs: int8, the configuration measured on the AVX2-only machine (int4 was not measured there).
+    GPUs: the draft's own dtype.
+    """
+    if device_type != "cpu":
+        return "none"
+    return "int4" if "avx512_bf16" in cpu_features and int4_available() else "int8"
