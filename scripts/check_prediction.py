@@ -25,8 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from sequoia.core.acceptance import AcceptanceVector  # noqa: E402
 from sequoia.core.config import GenerationConfig, SamplingConfig  # noqa: E402
-from sequoia.core.dp import optimal_tree  # noqa: E402
-from sequoia.core.optimizer import choose_tree, predict  # noqa: E402
+from sequoia.core.optimizer import predict, trees_to_check  # noqa: E402
 from sequoia.core.profile import HardwareProfile  # noqa: E402
 from sequoia.core.tree import Tree  # noqa: E402
 from sequoia.runtime.acceptance import load_prompts  # noqa: E402
@@ -34,14 +33,6 @@ from sequoia.runtime.drafter import StaticTreeProposer  # noqa: E402
 from sequoia.runtime.engine import SpeculativeEngine  # noqa: E402
 from sequoia.runtime.models import load_pair  # noqa: E402
 from sequoia.runtime.runner import run_method, warmup  # noqa: E402
-
-
-def trees_to_check(acc, profile, budgets, chains):
-    choice = choose_tree(acc, profile)
-    out = [("target alone", Tree.root_only()), (f"optimizer's choice (n={choice.budget})", choice.tree)]
-    out += [(f"chain n={n}", Tree.chain(n)) for n in chains]
-    out += [(f"DP tree n={n}", optimal_tree(acc, n, min(n, 8)).tree()) for n in budgets]
-    return choice, out
 
 
 def measure(engine, prompts, tree, config) -> tuple[float, float, int]:

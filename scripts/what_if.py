@@ -23,13 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sequoia.core.acceptance import AcceptanceVector  # noqa: E402
+from sequoia.core.cost import illustrative_gpu_profile  # noqa: E402
 from sequoia.core.optimizer import choose_tree  # noqa: E402
 from sequoia.core.profile import HardwareProfile  # noqa: E402
-
-
-def gpu_like(draft_ratio: float) -> HardwareProfile:
-    return HardwareProfile.hand_made(target=lambda n: 1.0 + 0.002 * n + 0.01 * max(0, n - 64),
-                                     draft=lambda w: draft_ratio * (1.0 + 0.002 * w))
 
 
 def main(argv=None) -> int:
@@ -40,7 +36,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-depth", type=int, default=16)
     args = ap.parse_args(argv)
     files = args.files or sorted(str(p) for p in (ROOT / "assets" / "acceptance").glob("embedded-*.json"))
-    models = {"gpu, small draft (5%)": gpu_like(0.05), "gpu, this draft (35%)": gpu_like(0.35)}
+    models = {"gpu, small draft (5%)": illustrative_gpu_profile(0.05),
+              "gpu, this draft (35%)": illustrative_gpu_profile(0.35)}
     if Path(args.profile).is_file():
         models["cpu, measured profile"] = HardwareProfile.load(args.profile)
     print("| acceptance | cost model | tree size | depth | tokens / call | predicted speedup |\n|---|---|---|---|---|---|")

@@ -11,10 +11,13 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from sequoia._meta import write_json
 from sequoia.core.profile import HardwareProfile
+from sequoia.core.sampling import first_accepted
 from sequoia.core.tree import Tree
+from sequoia.runtime.acceptance import rejection_curves
 from sequoia.runtime.runner import RunResult, process_clock
 from sequoia.tools.bench import BenchConfig, PromptSet, TreeChoice, _compare_with_reference, load_prompt_sets, run_bench
 from sequoia.tools.bench_report import FORMAT, markdown_report, markdown_table, summarize_runs, to_dict
@@ -217,21 +220,13 @@ def test_figures_are_built_from_summaries(greedy_result, tmp_path):
 
 
 def test_robustness_monte_carlo_matches_the_verification_rule():
-    """scripts/robustness.py's vectorised rule: rank-1 acceptance is sum(min(p, q)) exactly in expectation."""
-    import importlib.util
-    from pathlib import Path
-
-    import torch
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "robustness.py"
-    spec = importlib.util.spec_from_file_location("robustness_script", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    """The vectorised rule behind scripts/robustness.py (sequoia.core.sampling.first_accepted, run by
+    sequoia.runtime.acceptance.rejection_curves): rank-1 acceptance is sum(min(p, q)) in expectation."""
     g = torch.Generator().manual_seed(0)
     p = torch.softmax(torch.randn(6, generator=g) * 1.5, -1)
     q = torch.softmax(torch.randn(6, generator=g) * 1.5, -1)
     rows = 20000
-    first = {m: mod.first_accepted(p.expand(rows, 6).contiguous(), q.expand(rows, 6).contiguous(), 3, m, g)
+    first = {m: first_accepted(p.expand(rows, 6).contiguous(), q.expand(rows, 6).contiguous(), 3, m, g)
              for m in ("without_replacement", "with_replacement", "topk")}
     exact = float(torch.minimum(p, q).sum())
     for m in ("without_replacement", "with_replacement"):
@@ -241,6 +236,9 @@ def test_robustness_monte_carlo_matches_the_verification_rule():
     # more children never reject more often, and sampling without replacement rejects least here
     rej = {m: float((f < 0).float().mean()) for m, f in first.items()}
     assert rej["without_replacement"] <= rej["with_replacement"] + 0.01
+    curves = rejection_curves(p.log()[None], q.log()[None], 1.0, [1, 3], samples=rows, gen=g, tail=0.0)
+    assert curves["without_replacement"][0] == pytest.approx(1 - exact, abs=0.02)
+    assert curves["without_replacement"][1] == pytest.approx(rej["without_replacement"], abs=0.02)
 
 
 def test_cli_rejects_bad_settings_before_loading_models(capsys):
@@ -274,8 +272,6 @@ def test_bench_on_the_embedded_pair_matches_target_greedy_in_fp32(embedded_pair_
 def test_process_clock_needs_one_thread_and_times_the_engine_steps(tiny_pairs):
     """The clock is passed in (no global patching): the run and the engine's step split both read it."""
     import time
-
-    import torch
 
     from sequoia.core.config import GenerationConfig
     from sequoia.runtime.engine import SpeculativeEngine

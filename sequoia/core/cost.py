@@ -79,6 +79,17 @@ def step_cost(tree: Tree, expected: float, profile: HardwareProfile) -> StepCost
                     expected_tokens=expected, overhead_ms=profile.step_overhead_ms)
 
 
+def illustrative_gpu_profile(draft_ratio: float) -> HardwareProfile:
+    """A hand-made GPU-like cost model (not a measurement), in units of one target step.
+
+    The target is memory-bound: a forward of n <= 64 tokens costs about one token, then grows
+    slowly; a draft forward costs ``draft_ratio`` of a target one (0.05: the paper's 68M/7B pair,
+    0.35: a 0.5B draft for a 1.5B target).  For what-if tables only.
+    """
+    return HardwareProfile.hand_made(target=lambda n: 1.0 + 0.002 * n + 0.01 * max(0, n - 64),
+                                     draft=lambda w: draft_ratio * (1.0 + 0.002 * w))
+
+
 def conservative_profile() -> HardwareProfile:
     """A stand-in for a machine not yet measured, under which no tree pays.
 

@@ -25,7 +25,7 @@ from .tree import MAX_TREE_SIZE, Tree
 
 # draft_widths and step_cost live in .cost; re-exported for callers of the optimizer.
 __all__ = ["Choice", "StepCost", "cell_shapes", "choose_tree", "draft_widths", "predict", "predicted_grid",
-           "step_cost"]
+           "step_cost", "trees_to_check"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,17 @@ def choose_tree(acceptance, profile: HardwareProfile, max_budget: int | None = N
     return Choice(budget=tree.size, depth=tree.depth, tree=tree, expected_tokens=cost.expected_tokens,
                   ms_per_token=cost.ms_per_token, speedup=baseline / cost.ms_per_token,
                   baseline_ms=baseline, cost=cost, grid=grid)
+
+
+def trees_to_check(acceptance, profile: HardwareProfile, budgets, chains) -> tuple[Choice, list[tuple[str, Tree]]]:
+    """The optimizer's choice and the trees to time beside it, as (label, tree): the target alone,
+    the choice, a chain of each length in ``chains`` and the DP tree of each budget in ``budgets``
+    (depth at most 8).  Measuring them checks the prediction's ranking."""
+    choice = choose_tree(acceptance, profile)
+    out = [("target alone", Tree.root_only()), (f"optimizer's choice (n={choice.budget})", choice.tree)]
+    out += [(f"chain n={n}", Tree.chain(n)) for n in chains]
+    out += [(f"DP tree n={n}", optimal_tree(acceptance, n, min(n, 8)).tree()) for n in budgets]
+    return choice, out
 
 
 def predicted_grid(dp: DPResult, profile: HardwareProfile) -> np.ndarray:
