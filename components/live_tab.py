@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 import gradio as gr
 
 from sequoia.core.config import MAX_NEW_TOKENS, GenerationConfig, SamplingConfig, check_acceptance_length, check_budget
+from sequoia.core.cost import baseline_ms
 from sequoia.core.trace import StepRecord
 from sequoia.runtime.methods import make_method
 
@@ -194,7 +195,7 @@ def first_frame(prompt: str) -> tuple[str, str]:
 
 def _predicted_target_tps(ctx: AppContext) -> float | None:
     prof = ctx.profile
-    return 1000.0 / prof.target(1) if prof is not None else None
+    return 1000.0 / baseline_ms(prof) if prof is not None else None  # the optimizer's baseline
 
 
 def _slider(n_records: int) -> gr.Slider:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .._meta import ASSETS
+from ..core.cost import baseline_ms
 from ..core.dp import optimal_tree
 from ..core.optimizer import choose_tree, predict
 from ..runtime.finder import AcceptanceEntry, find_acceptance, find_calibration
@@ -37,7 +38,7 @@ def choose_trees(prompt_sets: Sequence[PromptSet], temperatures: Sequence[float]
             else:
                 tree = optimal_tree(values, fixed_budget, max_depth).tree()
                 cost = predict(tree, values, profile)
-                speedup, expected = profile.target(1) / cost.ms_per_token, cost.expected_tokens
+                speedup, expected = baseline_ms(profile) / cost.ms_per_token, cost.expected_tokens
             out.append(TreeChoice(prompt_set=s.name, temperature=temp, tree=tree, acceptance=values,
                                   acceptance_source=source, predicted_speedup=speedup, expected_tokens=expected))
     return out
