@@ -5,7 +5,8 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import sequoia
@@ -94,6 +95,17 @@ def _as_tuple(kind) -> tuple:
 
 def _kind_name(kind) -> str:
     return " or ".join(k.__name__ for k in _as_tuple(kind))
+
+
+@contextmanager
+def named_errors(what: str) -> Iterator[None]:
+    """Re-raise a ValueError or TypeError from reading a record as ValueError("<what>: ..."), once."""
+    try:
+        yield
+    except (ValueError, TypeError) as exc:
+        if str(exc).startswith(what):
+            raise
+        raise ValueError(f"{what}: {exc}") from exc
 
 
 class Progress:

@@ -11,7 +11,7 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .._meta import number_list, read_json, require, write_json
+from .._meta import named_errors, number_list, read_json, require, write_json
 from .config import SamplingConfig
 from .dp import check_acceptance
 
@@ -58,7 +58,7 @@ class AcceptanceVector:
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "acceptance vector") -> AcceptanceVector:
-        try:
+        with named_errors(source):
             return cls(
                 values=number_list(data, "values", source),
                 stderr=number_list(data, "stderr", source) if "stderr" in data else (),
@@ -69,10 +69,6 @@ class AcceptanceVector:
                 method=str(data.get("method", "")), mc_samples=int(data.get("mc_samples", 0)),
                 date=str(data.get("date", "")), version=str(data.get("version", "")),
             )
-        except (ValueError, TypeError) as exc:
-            if str(exc).startswith(source):
-                raise
-            raise ValueError(f"{source}: {exc}") from exc
 
     @classmethod
     def load(cls, path: str | Path, pair: str | None = None,

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._meta import int_list, number_list, read_json, require, write_json
+from .._meta import int_list, named_errors, number_list, read_json, require, write_json
 
 FORMAT = "sequoia-hardware/2"
 #: Older files (no fingerprint, no overheads) are still read.
@@ -259,7 +259,7 @@ class HardwareProfile:
     @classmethod
     def from_dict(cls, data: dict, source: str = "hardware profile") -> "HardwareProfile":
         what = source
-        try:
+        with named_errors(what):
             return cls(
                 device=require(data, "device", str, what),
                 dtype=require(data, "dtype", str, what),
@@ -277,10 +277,6 @@ class HardwareProfile:
                 level_overhead_ms=_number(data, "level_overhead_ms", what),
                 note=data.get("note", ""),
             )
-        except ValueError as exc:
-            if str(exc).startswith(what):
-                raise
-            raise ValueError(f"{what}: {exc}") from exc
 
     @classmethod
     def load(cls, path: str | Path, pair: str | None = None) -> "HardwareProfile":
