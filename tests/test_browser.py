@@ -137,6 +137,17 @@ def test_live_decode_streams_text_and_draws_the_tree(page, tmp_path):
     assert _screenshot(page, tmp_path, "live-decode").stat().st_size > 10_000
 
 
+def test_the_inspector_explains_a_node_of_the_step(page, tmp_path):
+    _decode(page, "def add(a, b):", 12, method="Sequoia (budget & depth)")
+    sync_api.expect(page.locator("#sq-summary")).to_contain_text("finished: length")
+    # The picker follows the step shown and preselects a node; its figure and plain-words text follow it.
+    explain = page.locator("#sq-inspect-text")
+    sync_api.expect(explain).to_contain_text("p_")
+    sync_api.expect(page.locator("#sq-inspect-plot .js-plotly-plot svg.main-svg").first).to_be_visible()
+    assert page.locator("#sq-inspect-plot .barlayer .point").count() >= 2   # bars of p and q
+    assert _screenshot(page, tmp_path, "inspector").stat().st_size > 10_000
+
+
 def test_errors_show_in_the_page_then_a_good_request_works(page, tmp_path):
     _decode(page, "   ", 8)
     sync_api.expect(page.get_by_text("the prompt is empty")).to_be_visible()
