@@ -25,7 +25,7 @@ from sequoia._meta import ProgressFn
 from sequoia.runtime.runner import RunResult, iter_run, run_method, warmup
 
 from . import compare_view, serving
-from .context import MODEL_WORK, AppContext, acceptance_catalogue
+from .context import MODEL_WORK, AppContext, acceptance_catalogue, default_acceptance_label, follow_temperature
 from .live_tab import FRAME_S, Throttle, make_request
 
 #: (row name, method label for make_request), in run order; the first is the reference.
@@ -182,9 +182,18 @@ def compare_api_fn(ctx: AppContext):
     return compare
 
 
+HOW_TO_READ = """\
+Every method decodes the same prompt with the same seed, one after the other, timed by the bench's runner (prefill included, after a short warm-up).
+**speedup** is tokens/s over the target alone; **tokens/call** is new tokens per target forward; **identical** says whether the text equals the target alone's (it must at temperature 0).
+Above 0 the texts differ run to run, but each is a sample from exactly the target's distribution.
+"""
+
+
 def build(ctx: AppContext) -> None:
     cap = ctx.budget_cap()
     choices = list(acceptance_catalogue(ctx.assets_dir))
+    with gr.Accordion("How to read this", open=False):
+        gr.Markdown(HOW_TO_READ)
     with gr.Row():
         with gr.Column(scale=1, min_width=300):
             prompt = gr.Textbox(label="Prompt", lines=4, value="Write a Python function that reverses a linked list.")
@@ -202,7 +211,8 @@ def build(ctx: AppContext) -> None:
                 max_new = gr.Number(min(64, new_cap), precision=0, minimum=1,
                                     label=f"max new tokens (at most {new_cap} here)", elem_classes="sq-max-new")
                 seed = gr.Number(0, precision=0, minimum=0, label="seed")
-            acceptance = gr.Dropdown(choices, value=choices[0], label="acceptance vector (Sequoia tree)")
+            acceptance = gr.Dropdown(choices, value=default_acceptance_label("code", 0.0, ctx.assets_dir),
+                                     label="acceptance vector (Sequoia tree)")
             include_hf = gr.Checkbox(value=True, label="include HF assisted generation")
             with gr.Row():
                 run_btn = gr.Button("Run comparison", variant="primary")
@@ -221,3 +231,4 @@ def build(ctx: AppContext) -> None:
                           api_visibility="private", **MODEL_WORK)  # the name: components.validation finds it
     stop_btn.click(None, None, None, cancels=[event], api_visibility="private")
     gr.api(compare_api_fn(ctx), api_name="compare", **MODEL_WORK)
+    follow_temperature(temperature, acceptance, ctx.assets_dir)

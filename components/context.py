@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import gradio as gr
+
 from sequoia._meta import ASSETS, ProgressFn, pair_name  # ASSETS re-exported for the tabs
 from sequoia.core.dp import check_acceptance
 from sequoia.core.profile import HardwareProfile
@@ -106,6 +108,27 @@ def acceptance_catalogue(assets_dir: Path = ASSETS) -> dict[str, tuple[float, ..
 def default_acceptance_label(kind: str, temperature: float, assets_dir: Path = ASSETS) -> str:
     """The catalogue label to preselect for prompts of ``kind`` ("code" / "chat") at ``temperature``."""
     return finder.find_acceptance(kind, float(temperature), assets_dir).label
+
+
+def label_for_temperature(temperature: float, current: str | None, assets_dir: Path = ASSETS) -> str | None:
+    """The vector to show after the temperature changes: same prompt kind as ``current``, nearest temperature.
+
+    A vector the visitor typed in ("custom") or one the catalogue does not know is left as it is (None).
+    """
+    if not current or current not in acceptance_catalogue(assets_dir):
+        return None
+    kind = "chat" if current.startswith("chat") else "code"
+    return default_acceptance_label(kind, temperature, assets_dir)
+
+
+def follow_temperature(temperature, acceptance, assets_dir: Path = ASSETS) -> None:
+    """Wire ``temperature`` so that ``acceptance`` switches to the vector measured nearest the new temperature."""
+    def update(t, current):
+        label = label_for_temperature(t, current, assets_dir)
+        return gr.update() if label is None else gr.update(value=label)
+
+    temperature.input(update, [temperature, acceptance], acceptance, api_visibility="private",
+                      show_progress="hidden", **LIGHT_WORK)
 
 
 def parse_acceptance(value: Any) -> tuple[float, ...]:

@@ -22,7 +22,8 @@ from sequoia.runtime.profiling import measure_profile
 from sequoia.runtime.runner import run_method, warmup
 
 from . import dp_view, hardware_view
-from .context import LIGHT_WORK, MODEL_WORK, AppContext, ModelsNotReady, acceptance_catalogue
+from .context import (LIGHT_WORK, MODEL_WORK, AppContext, ModelsNotReady, acceptance_catalogue,
+                      default_acceptance_label)
 from .live_tab import make_request
 
 QUICK_TARGET_GRID = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -103,13 +104,23 @@ def measure(ctx: AppContext, budget: int, depth: int, acceptance) -> dict[str, f
             for label, r in reqs.items()}
 
 
+HOW_TO_READ = """\
+**Profile**: what one target forward of n tokens and one draft level of width w cost on this server, measured on a machine with the fingerprint shown (a profile from another machine is never used).
+**Choice**: the (budget, depth) whose DP tree minimises predicted ms per token under that profile; the heatmap shows every cell, and no tree at all when none beats the target alone.
+**Measure**: decodes the chosen tree and the target alone here, to check the prediction against real time.
+"""
+
+
 def build(ctx: AppContext, demo: gr.Blocks, refresh_on=()) -> None:
     """Lay out the tab; it refreshes on page load and on each of ``refresh_on`` (event triggers such as the
     tab's ``select``: the profile is server-wide and may change under an open page)."""
     choices = list(acceptance_catalogue(ctx.assets_dir))
+    with gr.Accordion("How to read this", open=False):
+        gr.Markdown(HOW_TO_READ)
     with gr.Row():
         with gr.Column(scale=1, min_width=300):
-            acceptance = gr.Dropdown(choices, value=choices[0], label="acceptance vector")
+            acceptance = gr.Dropdown(choices, value=default_acceptance_label("code", 0.0, ctx.assets_dir),
+                                     label="acceptance vector")
             budget = gr.Slider(1, ctx.budget_cap(), value=min(128, ctx.budget_cap()), step=1,
                                label="largest budget considered")
             depth = gr.Slider(1, 32, value=12, step=1, label="largest depth considered")

@@ -30,6 +30,7 @@ from .context import (
     AppContext,
     acceptance_catalogue,
     default_acceptance_label,
+    follow_temperature,
     parse_acceptance,
 )
 
@@ -390,3 +391,4 @@ def build(ctx: AppContext) -> None:
     node.change(inspect_node, [node, step, session], [inspect_fig, explain], api_visibility="private",
                 trigger_mode="always_last", show_progress="hidden", **LIGHT_WORK)
     gr.api(decode_api_fn(ctx), api_name="decode", **MODEL_WORK)
+    follow_temperature(temperature, acceptance, ctx.assets_dir)

@@ -399,3 +399,16 @@ def test_live_tab_records_checks_and_feeds_the_inspector(tiny_app_pair, tmp_path
     assert fig is not None and text
     html, note = live_tab.first_frame("say <hi>")
     assert "say &lt;hi&gt;" in html and "drafting" in html
+
+
+def test_the_vector_follows_the_temperature_and_the_prompt_kind():
+    from components.context import ASSETS, acceptance_catalogue, default_acceptance_label, label_for_temperature
+
+    code0 = default_acceptance_label("code", 0.0, ASSETS)
+    chat0 = default_acceptance_label("chat", 0.0, ASSETS)
+    assert code0.startswith("code, T=0") and chat0.startswith("chat, T=0")
+    assert label_for_temperature(0.6, code0, ASSETS).startswith("code, T=0.6")
+    assert label_for_temperature(0.7, chat0, ASSETS).startswith("chat, T=0.6")   # the nearest measured
+    assert label_for_temperature(0.0, label_for_temperature(1.0, code0, ASSETS), ASSETS) == code0
+    assert label_for_temperature(0.6, "custom", ASSETS) is None                  # typed by hand: left alone
+    assert all("calibration" not in label for label in acceptance_catalogue(ASSETS))

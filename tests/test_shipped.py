@@ -47,9 +47,20 @@ def test_shipped_profiles_say_what_they_were_measured_on(path):
     assert prof.device.startswith("cpu") and prof.dtype == "torch.bfloat16" and prof.target_n[0] == 1
     fp = prof.fingerprint
     assert fp is not None and fp.device_kind == "cpu" and fp.threads == 2 and "Qwen2.5-Coder" in fp.pair
-    assert (fp.target_dtype, fp.target_quant, fp.draft_quant) == ("bf16", "none", "int8")
+    # The file name says the configuration: ...-<target dtype>-<draft quantization>.json
+    assert (fp.target_dtype, fp.target_quant, fp.draft_quant) == ("bf16", "none", Path(path).stem.rsplit("-", 1)[1])
     assert prof.note  # says how it was made and that the overheads are unknown
-    assert path.stem == f"embedded-cpu-{'avx512bf16' if 'avx512_bf16' in fp.cpu_features else 'avx2'}-bf16-int8"
+    kind = "avx512bf16" if "avx512_bf16" in fp.cpu_features else "avx2"
+    assert path.stem == f"embedded-cpu-{kind}-bf16-{fp.draft_quant}"
+
+
+def test_the_int4_draft_profile_measured_here_prices_a_deep_tree():
+    """The AVX-512-BF16 profile with the int4 draft (measured with the overheads): a draft level costs ~13%
+    of a target step and 16 tokens verify for ~1.4 steps, so the optimizer drafts a deep tree on code."""
+    prof = HardwareProfile.load(PROFILES / "embedded-cpu-avx512bf16-bf16-int4.json")
+    assert prof.step_overhead_ms > 0 and prof.draft(1) < 0.2 * prof.target(1) and prof.target(17) < 2 * prof.target(1)
+    choice = choose_tree(AcceptanceVector.load(ACCEPTANCE / "embedded-code-greedy.json").values, prof)
+    assert choice.depth >= 6 and choice.speedup > 2.0
 
 
 def test_the_two_cpu_kinds_choose_differently():
