@@ -17,7 +17,7 @@ from sequoia.core.config import MAX_DEPTH, check_acceptance_length, check_budget
 from sequoia.core.dp import baseline_curves, optimal_tree
 from sequoia.core.tree import MAX_TREE_SIZE
 
-from . import dp_view
+from . import dp_view, serving
 from .context import LIGHT_WORK, AppContext, acceptance_catalogue, format_acceptance, parse_acceptance
 
 
@@ -52,6 +52,10 @@ def cell_views(result, n, d):
 
 
 def on_solve(acceptance_text, budget, depth, n, d, session: DPSession):
+    return serving.run_light(lambda: _solve_views(acceptance_text, budget, depth, n, d))
+
+
+def _solve_views(acceptance_text, budget, depth, n, d):
     try:
         result = solve(acceptance_text, budget, depth)
     except ValueError as exc:
@@ -69,7 +73,7 @@ def on_solve(acceptance_text, budget, depth, n, d, session: DPSession):
 def on_cell(n, d, session: DPSession):
     if session is None or session.result is None:
         return gr.skip(), gr.skip(), "*Press **Solve** first.*"
-    return cell_views(session.result, n, d)
+    return serving.run_light(lambda: cell_views(session.result, n, d))
 
 
 #: The dropdown's entry once the vector has been edited by hand.
@@ -100,6 +104,10 @@ def dp_api(acceptance: str, budget: int = 32, depth: int = 8) -> dict:
 
     Not the whole table: at budget 1024 and depth 64 it alone is over 1 MB of JSON.
     """
+    return serving.run_light(lambda: _summary(acceptance, budget, depth))
+
+
+def _summary(acceptance: str, budget, depth) -> dict:
     try:
         result = solve(acceptance, budget, depth)
     except ValueError as exc:

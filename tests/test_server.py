@@ -301,3 +301,23 @@ def test_cli_tree_writes_a_vllm_speculative_config(tmp_path):
     tree = Tree.from_vllm(cfg["speculative_token_tree"])
     assert cfg["num_speculative_tokens"] == tree.size == 12 and cfg["model"] == "some/drafter"
     assert tree.parents == optimal_tree(AcceptanceVector.load(vector).values, 12, 4).tree().parents
+
+
+def test_light_work_runs_on_one_low_priority_thread():
+    import os
+    import threading
+
+    from components import serving
+
+    seen = [serving.run_light(lambda: (threading.get_native_id(), threading.current_thread().name)) for _ in range(3)]
+    assert len(set(seen)) == 1 and seen[0][1].startswith("sequoia-light")   # one worker, reused
+    assert seen[0][0] != threading.get_native_id()
+    if hasattr(os, "getpriority"):
+        nice = serving.run_light(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        assert nice == serving.LIGHT_NICE or nice == os.getpriority(os.PRIO_PROCESS, 0)  # raised where permitted
+    try:
+        serving.run_light(lambda: 1 / 0)
+    except ZeroDivisionError:
+        pass
+    else:
+        raise AssertionError("an error in light work must reach the handler")
