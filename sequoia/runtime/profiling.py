@@ -30,7 +30,7 @@ from ..core.masks import tree_attention_mask, verify_mask
 from ..core.profile import DRAFT_GRID, TARGET_GRID, HardwareProfile
 from ..core.tree import Tree
 from .drafter import StaticTreeProposer
-from .engine import SpeculativeEngine
+from .engine import SpeculativeEngine, sync
 from .fingerprint import machine_fingerprint
 from .kv_cache import KVCache
 from .models import shared_vocab
@@ -213,17 +213,12 @@ def _time_grid(model, grid, make_inputs, plan: _Plan, gen: torch.Generator,
 
 def _forward_ms(model, cache: KVCache, ids, pos, mask, ctx: int, device) -> float:
     """One timed forward of ``ids`` on the cached context; the cache is cropped back to ``ctx`` after."""
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     logits = model(input_ids=ids, position_ids=pos, attention_mask=mask,
                    past_key_values=cache.cache, use_cache=True).logits
     torch.softmax(logits.float(), dim=-1)
-    _sync(device)
+    sync(device)
     ms = (time.perf_counter() - t0) * 1000.0
     cache.crop(ctx)
     return ms
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
