@@ -144,6 +144,13 @@ class Tree:
         return cls.from_dict(data)
 
     # ------------------------------------------------------------- vLLM
+    def rank_paths(self) -> list[tuple[int, ...]]:
+        """Each node's path of sibling ranks from the root (root: ``()``): a shape-independent node name."""
+        paths: list[tuple[int, ...]] = [()]
+        for i in range(1, self.n_nodes):
+            paths.append(paths[self.parents[i]] + (self.ranks[i],))
+        return paths
+
     def to_vllm(self) -> list[tuple[int, ...]]:
         """Every draft node as its path of sibling ranks from the root, in breadth-first order.
 
@@ -151,10 +158,7 @@ class Tree:
         second, ``(0, 0)`` the first child of ``(0,)``.  Breadth-first order with contiguous siblings
         is exactly vLLM's order (by length, then lexicographic), so node i is entry i - 1.
         """
-        paths: list[tuple[int, ...]] = [()]
-        for i in range(1, self.n_nodes):
-            paths.append(paths[self.parents[i]] + (self.ranks[i],))
-        return paths[1:]
+        return self.rank_paths()[1:]
 
     @classmethod
     def from_vllm(cls, paths) -> "Tree":

@@ -289,7 +289,7 @@ class DynamicTreeProposer(Proposer):
 
     def _annotate(self, tree: Tree, g: _Growth) -> DynamicInfo:
         static = self.static_tree(tree.size) if tree.size else Tree.root_only()
-        dyn_paths, static_paths = _rank_paths(tree), _rank_paths(static)
+        dyn_paths, static_paths = tree.rank_paths(), static.rank_paths()
         static_set, dyn_set = set(static_paths), set(dyn_paths)
         return DynamicInfo(
             static_tree_parents=tuple(static.parents),
@@ -299,11 +299,3 @@ class DynamicTreeProposer(Proposer):
             predicted_ms=self.step_ms(g.widths, tree.n_nodes),
             widths=tuple(g.widths),
         )
-
-
-def _rank_paths(tree: Tree) -> list[tuple[int, ...]]:
-    """Each node's path of sibling ranks from the root: how nodes of two trees are matched."""
-    out: list[tuple[int, ...]] = [()]
-    for v in range(1, tree.n_nodes):
-        out.append(out[tree.parents[v]] + (tree.ranks[v],))
-    return out
