@@ -51,6 +51,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from .config import MAX_DEPTH, check_budget
+from .trace import DRAFT, NGRAM, ROOT
 from .tree import Tree
 
 #: Slack on sum(p) <= 1, for vectors estimated from counts in floating point.
@@ -241,4 +242,79 @@ def _cut_binary(n: int) -> Tree:
     return Tree((-1,) + tuple((i - 1) // 2 for i in range(1, n + 1)))
 
 
-__all__ = ["DPResult", "optimal_tree", "expected_tokens", "baseline_curves", "check_acceptance"]
+# ------------------------------------------------------------ one copied chain
+@dataclass(frozen=True)
+class CopiesResult:
+    """The best static tree holding one copied chain at the root (:func:`optimal_tree_with_copies`)."""
+
+    tree: Tree                          # copied chain first among the root's children, then the draft's tree
+    sources: tuple[str, ...]            # [n_nodes] ROOT / NGRAM / DRAFT per node (sequoia.core.trace)
+    n_copied: int                       # m, copied nodes kept (0: the plain DP tree)
+    value: float                        # expected tokens per step, E(m)
+    value_by_copies: tuple[float, ...]  # [min(L, n, d) + 1] E(m) for every m
+    draft: DPResult = field(compare=False, repr=False)  # the draft's DP table (budget n, depth d)
+
+
+def optimal_tree_with_copies(acceptance, copies, budget: int, depth: int | None = None) -> CopiesResult:
+    """The best static tree of ``budget`` nodes holding the first m tokens of one copied chain at the root.
+
+    ``copies`` c_1..c_L: c_j is the chance the j-th copied token (copied from
+    the context, a fixed proposal) is accepted given the (j-1)-th was.  The
+    chain hangs under the root, listed first among its children, so it is
+    verified first; the draft's DP tree of the other n - m nodes fills the
+    rest.  Its children only matter when the first copied token is rejected,
+    so
+
+        E(m) = 1 + sum_{j<=m} prod_{i<=j} c_i + w(m) * (c(n - m + 1, d) - 1),
+        w(0) = 1,  w(m > 0) = 1 - c_1,
+
+    maximised over m = 0..min(L, n, d) (ties to the smaller m; m = 0 is
+    :func:`optimal_tree` exactly).  Approximation: the draft's acceptance
+    vector p is taken as unchanged given that the copied token was rejected
+    (the draft's siblings are drawn without it, and the target's residual
+    lacks it, which in truth shifts p), and copied tokens below depth 1 get
+    no draft siblings.  With w(m) = 0 the draft gets no nodes: they would add
+    nothing.
+    """
+    c = check_copies(copies)
+    dp = optimal_tree(acceptance, budget, depth)
+    depth = dp.depth
+    reach = np.cumprod(c)                                            # [L] prod_{i<=j} c_i
+    values = []
+    for m in range(min(len(c), budget, depth) + 1):
+        weight = 1.0 if m == 0 else 1.0 - float(c[0])
+        values.append(1.0 + float(reach[:m].sum()) + weight * (dp.value(budget - m, depth) - 1.0))
+    m = int(np.argmax(values))  # first maximiser: the smaller m
+    if m == 0:
+        tree = dp.tree(budget, depth)
+    else:
+        tree = _with_chain(dp.tree(budget - m, depth) if c[0] < 1.0 else Tree.root_only(), m)
+    return CopiesResult(tree, _sources(tree, m), m, values[m], tuple(values), dp)
+
+
+def _with_chain(draft: Tree, m: int) -> Tree:
+    """``draft`` with a chain of m nodes as the root's first child (the draft's root children shift one rank)."""
+    chain = [(0,) * j for j in range(1, m + 1)]
+    shifted = [(path[0] + 1,) + path[1:] for path in draft.rank_paths()[1:]]
+    return Tree.from_vllm(sorted(chain + shifted, key=lambda t: (len(t), t)))
+
+
+def _sources(tree: Tree, m: int) -> tuple[str, ...]:
+    """ROOT, then NGRAM for the chain under the root's first child (when m > 0), DRAFT elsewhere."""
+    return tuple(ROOT if not path else NGRAM if m and set(path) == {0} and len(path) <= m else DRAFT
+                 for path in tree.rank_paths())
+
+
+def check_copies(copies) -> np.ndarray:
+    """Validate a copied chain's conditional acceptances c_1..c_L (may be empty).  # [L]"""
+    try:
+        c = np.asarray(copies, dtype=np.float64).reshape(-1) if len(copies) else np.zeros(0)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"copies must be a sequence of numbers, got {copies!r}") from exc
+    if not np.all(np.isfinite(c)) or np.any(c < 0) or np.any(c > 1):
+        raise ValueError("copied acceptances must be finite and lie in [0, 1]")
+    return c
+
+
+__all__ = ["DPResult", "optimal_tree", "expected_tokens", "baseline_curves", "check_acceptance",
+           "CopiesResult", "optimal_tree_with_copies", "check_copies"]
