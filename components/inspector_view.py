@@ -10,6 +10,11 @@ bonus node it shows the distribution the bonus was drawn from.
 
 Children are named by their place in sampling order, 1-based, as the DP's
 acceptance vector is: the first child is the one p_1 is about.
+
+A child copied from the context (``record.source(node) == NGRAM``) is a fixed
+proposal, a point mass, so its test is u against min(1, p/1) = p (exact match
+at T=0), and the draft's siblings after it were drawn from q without the
+copied tokens (see :mod:`sequoia.core.sampling`, "Mixed sources").
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from sequoia.core.stats import dropped_nodes, kept
-from sequoia.core.trace import NodeCheck, StepRecord
+from sequoia.core.trace import NGRAM, NodeCheck, StepRecord
 
 from . import COLORS
 from .tree_view import escape_token, visible
@@ -61,7 +66,12 @@ def child_name(record: StepRecord, node: int) -> str:
     if node == record.tree.n_nodes:
         return "the bonus token"
     k = record.tree.ranks[node] + 1
-    return f"child {k} (p_{k})"
+    return f"child {k} (copied)" if copied(record, node) else f"child {k} (p_{k})"
+
+
+def copied(record: StepRecord, node: int) -> bool:
+    """Whether ``node`` was copied from the context (a fixed proposal) rather than drawn by the draft."""
+    return 0 < node < record.tree.n_nodes and record.source(node) == NGRAM
 
 
 def _chance(c: NodeCheck) -> float:
@@ -77,13 +87,14 @@ def figure(record: StepRecord, node: int) -> go.Figure:
     rows = [check] if bonus else _siblings(record, check)[-MAX_ROWS:]
     titles = []
     for c in rows:
-        titles += [_row_title(record, c), "" if bonus else ("u vs min(1, p/q)" if c.u is not None else "T=0: argmax")]
+        rule = "min(1, p/1)" if copied(record, c.node) else "min(1, p/q)"
+        titles += [_row_title(record, c), "" if bonus else (f"u vs {rule}" if c.u is not None else "T=0: argmax")]
     fig = make_subplots(rows=len(rows), cols=2, column_widths=[0.8, 0.2], subplot_titles=titles,
                         horizontal_spacing=0.08, vertical_spacing=min(0.12, 0.5 / len(rows)))
     for r, c in enumerate(rows, start=1):
-        _bars(fig, c, _token(record, c), r, first=r == 1)
+        _bars(fig, c, _token(record, c), r, first=r == 1, tested=not bonus)
         if not bonus:
-            _gauge(fig, c, r)
+            _gauge(fig, c, r, "min(1, p/1)" if copied(record, c.node) else "min(1, p/q)")
     fig.update_layout(height=170 + 210 * len(rows), barmode="group", plot_bgcolor="white",
                       margin=dict(l=40, r=20, t=60, b=40), legend=dict(orientation="h", y=1.02, yanchor="bottom",
                                                                         x=0, xanchor="left"),
@@ -105,7 +116,7 @@ def _token(record: StepRecord, c: NodeCheck) -> int:
     return record.bonus if c.node == record.tree.n_nodes else record.tokens[c.node]
 
 
-def _bars(fig: go.Figure, c: NodeCheck, token: int, row: int, first: bool) -> None:
+def _bars(fig: go.Figure, c: NodeCheck, token: int, row: int, first: bool, tested: bool = True) -> None:
     names = [escape_token(t, 10) if t else str(i) for t, i in zip(c.top_texts or [""] * len(c.top_ids), c.top_ids)]
     x = [f"{n} ({i})" for n, i in zip(names, c.top_ids)]  # ids keep two tokens with the same text apart
     series = [("target p", c.top_p, _P)]
@@ -120,11 +131,11 @@ def _bars(fig: go.Figure, c: NodeCheck, token: int, row: int, first: bool) -> No
         k = c.top_ids.index(token)
         top = max(c.top_p[k], c.top_q[k] if c.top_q else 0.0, c.residual[k] if c.residual else 0.0)
         color = COLORS["accepted"] if c.accepted else COLORS["rejected"]
-        fig.add_annotation(x=x[k], y=min(top, 1.0) + 0.08, text="▼ tested" if c.top_q else "▼ drawn",
+        fig.add_annotation(x=x[k], y=min(top, 1.0) + 0.08, text="▼ tested" if tested else "▼ drawn",
                            showarrow=False, font=dict(color=color, size=12), row=row, col=1)
 
 
-def _gauge(fig: go.Figure, c: NodeCheck, row: int) -> None:
+def _gauge(fig: go.Figure, c: NodeCheck, row: int, rule: str = "min(1, p/q)") -> None:
     if c.u is None:  # T=0: accepted iff the token is the target's argmax
         fig.add_trace(go.Bar(x=["argmax?"], y=[1.0 if c.accepted else 0.0], showlegend=False,
                              marker_color=COLORS["accepted"] if c.accepted else COLORS["rejected"],
@@ -132,9 +143,9 @@ def _gauge(fig: go.Figure, c: NodeCheck, row: int) -> None:
                       row=row, col=2)
         return
     chance = _chance(c)
-    fig.add_trace(go.Bar(x=["min(1, p/q)"], y=[chance], showlegend=False, marker_color="#c9ecc9",
+    fig.add_trace(go.Bar(x=[rule], y=[chance], showlegend=False, marker_color="#c9ecc9",
                          hovertemplate="accepted with probability %{y:.3f}<extra></extra>"), row=row, col=2)
-    fig.add_trace(go.Scatter(x=["min(1, p/q)"], y=[c.u], mode="markers+text", text=[f"u = {c.u:.3f}"],
+    fig.add_trace(go.Scatter(x=[rule], y=[c.u], mode="markers+text", text=[f"u = {c.u:.3f}"],
                              textposition="middle right", showlegend=False, hoverinfo="skip",
                              marker=dict(symbol="line-ew-open", size=40, line=dict(width=3, color=(
                                  COLORS["accepted"] if c.accepted else COLORS["rejected"])))), row=row, col=2)
@@ -184,11 +195,15 @@ def explain(record: StepRecord, node: int) -> str:
     if node == record.tree.n_nodes:
         return _explain_bonus(record, check)
     lines = []
-    for c in _siblings(record, check)[:-1]:
+    earlier = _siblings(record, check)[:-1]
+    for c in earlier:
         after = (" What the target still wants is the residual norm(max(p − q, 0)): its tokens lose what the "
                  "draft already offered." if c.u is not None else "")
         lines.append(f"- {child_name(record, c.node)}, {_quoted(record, c.node)}, was tested first and "
-                     f"rejected{_numbers(c)}.{after}")
+                     f"rejected{_numbers(record, c)}.{after}")
+    if not copied(record, node) and any(copied(record, c.node) for c in earlier):
+        lines.append("- The draft's children of this node were drawn from q *without the copied tokens* "
+                     "(renormalised), so none repeats a copy the target already turned down; the q shown is that q.")
     lines.append(_verdict(record, check))
     if node in dropped_nodes(record):
         lines.append(f"- The target accepted it, but the length limit cut the step after {kept(record)[0]} "
@@ -200,14 +215,18 @@ def _quoted(record: StepRecord, node: int) -> str:
     return f"`{visible(record.texts[node])}`" if record.texts else f"token {record.tokens[node]}"
 
 
-def _numbers(c: NodeCheck) -> str:
+def _numbers(record: StepRecord, c: NodeCheck) -> str:
     if c.u is None:
         return f" (target p = {c.p_token:.3f}, not the target's most likely token)"
+    if copied(record, c.node):
+        return f" (copied: a fixed proposal, chance min(1, p/1) = p = {c.p_token:.3f}, draw u = {c.u:.3f})"
     return f" (p = {c.p_token:.3f}, q = {c.q_token:.3f}, chance min(1, p/q) = {_chance(c):.3f}, draw u = {c.u:.3f})"
 
 
 def _verdict(record: StepRecord, c: NodeCheck) -> str:
     who = f"- {child_name(record, c.node)}, {_quoted(record, c.node)}"
+    if copied(record, c.node):
+        return _verdict_copied(who, c)
     if c.u is None:
         if c.accepted:
             return (f"{who}, is the target's most likely token (p = {c.p_token:.3f} at T=1), so at temperature 0 "
@@ -220,6 +239,21 @@ def _verdict(record: StepRecord, c: NodeCheck) -> str:
         return f"{who}: {rule} u = {c.u:.3f} did, so it is **accepted** and its own children are tested next."
     return (f"{who}: {rule} u = {c.u:.3f} did not, so it is **rejected**; the next sibling (if any) is tested "
             "against the residual, which is how the output stays distributed exactly as the target's.")
+
+
+def _verdict_copied(who: str, c: NodeCheck) -> str:
+    what = (f"{who}, was **copied from the context** (an n-gram match), not drawn from the draft: a fixed "
+            "proposal, a point mass, so q(x) = 1 for it.")
+    if c.u is None:
+        verdict = "**accepted**" if c.accepted else "**rejected**"
+        return (f"{what} At temperature 0 it is accepted exactly when it is the target's most likely token "
+                f"(p = {c.p_token:.3f} at T=1): it is {verdict}.")
+    rule = (f" It is accepted when u falls below min(1, p(x)/1) = p(x) = {c.p_token:.3f} (p after any earlier "
+            "copied sibling).")
+    if c.accepted:
+        return f"{what}{rule} u = {c.u:.3f} did, so it is **accepted** and its own children are tested next."
+    return (f"{what}{rule} u = {c.u:.3f} did not, so it is **rejected**; the target's residual is p with this "
+            "token removed, and the draft's children (if any) were drawn from q without the copied tokens.")
 
 
 def _explain_bonus(record: StepRecord, c: NodeCheck) -> str:

@@ -5,6 +5,11 @@ time), how often the accepted path reached each depth, acceptance by child rank
 (the empirical acceptance vector p_k of :mod:`sequoia.core.stats`), tokens per second over the run, and each step's time
 split into draft / verify / other.  ``summary_markdown(records)`` is the
 one-paragraph version for a status line.
+
+When the run holds nodes copied from the context (``StepRecord.sources``
+with :data:`~sequoia.core.trace.NGRAM`), a third row shows the committed
+tokens by source, per step and cumulative: accepted from the draft model,
+accepted copies, and the bonus.  A plain Sequoia run looks as before.
 """
 
 from __future__ import annotations
@@ -14,21 +19,31 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from sequoia.core.stats import RunStats, summarize
-from sequoia.core.trace import StepRecord
+from sequoia.core.stats import RunStats, accepted_by_source, kept, summarize
+from sequoia.core.trace import DRAFT, NGRAM, StepRecord
 
 from . import COLORS
 
 _TITLES = ("tokens per step", "tokens per step over the run", "acceptance by depth",
            "acceptance by child rank", "tokens / s (cumulative)", "time per step")
 _STEP_AXES = ((1, 2), (2, 2), (2, 3))  # (row, col) of the panels whose x axis is the step
+_SOURCE_TITLES = ("committed tokens by source, per step", "", "cumulative, by source")
+#: (series name, colour) of the by-source panels: accepted drafts, accepted copies, the bonus.
+SOURCES = (("draft model", COLORS["accepted"]), ("copied from the context", "#8c564b"), ("bonus", COLORS["bonus"]))
 
 
 def figure(records: Sequence[StepRecord]) -> go.Figure:
-    """The six-panel statistics figure; an empty run gives an annotated empty figure."""
-    fig = make_subplots(rows=2, cols=3, subplot_titles=_TITLES,
-                        horizontal_spacing=0.08, vertical_spacing=0.18)
-    fig.update_layout(height=580, margin=dict(l=40, r=20, t=50, b=60), showlegend=True, barmode="stack",
+    """The six-panel statistics figure (a by-source row more with copies); an empty run gives an empty figure."""
+    copies = has_copies(records)
+    if copies:
+        specs = [[{}, {}, {}], [{}, {}, {}], [{"colspan": 2}, None, {}]]
+        fig = make_subplots(rows=3, cols=3, subplot_titles=_TITLES + _SOURCE_TITLES[::2], specs=specs,
+                            horizontal_spacing=0.08, vertical_spacing=0.12)
+    else:
+        fig = make_subplots(rows=2, cols=3, subplot_titles=_TITLES,
+                            horizontal_spacing=0.08, vertical_spacing=0.18)
+    fig.update_layout(height=860 if copies else 580, margin=dict(l=40, r=20, t=50, b=60), showlegend=True,
+                      barmode="stack",
                       legend=dict(orientation="h", x=1, xanchor="right", y=-0.1, yanchor="top"),
                       plot_bgcolor="white")
     if not records:
@@ -40,12 +55,48 @@ def figure(records: Sequence[StepRecord]) -> go.Figure:
     _tokens_panels(fig, s, steps)
     _acceptance_panels(fig, s)
     _time_panels(fig, s, records)
+    if copies:
+        _source_panels(fig, records)
     fig.update_xaxes(gridcolor="#eee")
     fig.update_yaxes(gridcolor="#eee")
     if len(records) <= 12:  # whole-step ticks (Plotly would put ticks at 0, 0.5, 1 for a two-step run)
-        for row, col in _STEP_AXES:
+        for row, col in _STEP_AXES + (((3, 1), (3, 3)) if copies else ()):
             fig.update_xaxes(dtick=1, row=row, col=col)
     return fig
+
+
+def has_copies(records: Sequence[StepRecord]) -> bool:
+    """Whether any step proposed a node copied from the context."""
+    return any(NGRAM in r.sources for r in records)
+
+
+def tokens_by_source(records: Sequence[StepRecord]) -> dict[str, list[int]]:
+    """Committed tokens per step by source (keys: the names of :data:`SOURCES`).  # [steps] each
+
+    Accepted drafts and copies come from :func:`sequoia.core.stats.accepted_by_source`
+    (kept tokens only); the bonus counts when the step kept it.
+    """
+    out: dict[str, list[int]] = {name: [] for name, _ in SOURCES}
+    for r in records:
+        by = accepted_by_source([r])
+        for (name, _), n in zip(SOURCES, (by.get(DRAFT, 0), by.get(NGRAM, 0), int(kept(r)[1]))):
+            out[name].append(n)
+    return out
+
+
+def _source_panels(fig: go.Figure, records: Sequence[StepRecord]) -> None:
+    steps = [r.step for r in records]
+    series = tokens_by_source(records)
+    for name, color in SOURCES:
+        ys = series[name]
+        fig.add_trace(go.Bar(x=steps, y=ys, name=name, marker_color=color, legendgroup=name,
+                             hovertemplate=f"step %{{x}}: %{{y}} {name}<extra></extra>"), row=3, col=1)
+        cum = [sum(ys[: i + 1]) for i in range(len(ys))]
+        fig.add_trace(go.Scatter(x=steps, y=cum, mode="lines", name=f"{name} (cumulative)", legendgroup=name,
+                                 showlegend=False, line=dict(color=color)), row=3, col=3)
+    fig.update_xaxes(title_text="step", row=3, col=1)
+    fig.update_xaxes(title_text="step", row=3, col=3)
+    fig.update_yaxes(title_text="tokens", row=3, col=1)
 
 
 def _tokens_panels(fig: go.Figure, s: RunStats, steps: list[int]) -> None:
@@ -103,6 +154,10 @@ def summary_markdown(records: Sequence[StepRecord]) -> str:
     split = " / ".join(f"{name} {100 * frac:.0f}%" for name, frac in s.time_split.items())
     finish = records[-1].finish_reason
     tail = f" · finished: {finish}" if finish else ""
+    if has_copies(records):
+        by = dict(s.accepted_by_source)
+        tail = (f" · accepted: {by.get(DRAFT, 0)} from the draft model, {by.get(NGRAM, 0)} copied from the "
+                f"context{tail}")
     return (f"**{s.new_tokens}** tokens in **{s.steps}** target calls · "
             f"**{s.tokens_per_step:.2f}** tokens/step · {s.mean_accepted:.2f} accepted drafts/step · "
             f"**{s.tokens_per_s:.1f}** tokens/s · time {split}{tail}")

@@ -11,6 +11,10 @@ A dynamic tree's step carries ``record.dynamic`` (a
 static tree of the same size); ``figure(..., overlay=True)`` rings the added
 nodes and reports the pruned count in the title.
 
+Nodes copied from the context (``record.sources``, :data:`~sequoia.core.trace.NGRAM`)
+keep their status colour and get an outline diamond on top (legend
+"copied from the context"), here and in the DP explorer's trees.
+
 The layout is a tidy layered tree: leaves are spread left to right in
 depth-first order (siblings in sampling order, so the first child, the one
 p_1 is about, is leftmost) and every parent sits above the middle of its
@@ -30,7 +34,7 @@ from collections.abc import Sequence
 import networkx as nx
 import plotly.graph_objects as go
 
-from sequoia.core.trace import ACCEPTED, REJECTED, UNREACHED, StepRecord
+from sequoia.core.trace import ACCEPTED, NGRAM, REJECTED, UNREACHED, StepRecord
 from sequoia.core.tree import Tree
 
 from sequoia.core.stats import dropped_nodes, kept
@@ -47,6 +51,10 @@ DROPPED = "dropped"        # accepted, but cut by the length limit or a stop con
 TARGET_TOKEN = "target token"  # the one token of a target-alone step (not a "bonus": nothing was drafted)
 _SYMBOLS = {"root": "square", "bonus": "diamond", TARGET_TOKEN: "diamond", DROPPED: "circle-x-open"}
 _GROUP_ORDER = ("root", ACCEPTED, REJECTED, UNREACHED, DROPPED, "bonus", TARGET_TOKEN)
+COPIED = "copied from the context"  # legend name of the copied-node marker
+COPIED_SYMBOL = "diamond-open"       # drawn over the status colour, so both read at once
+_COPIED_COLOR = "#222222"
+_COPY_GROUP = "copied token (c_j)"   # shape_figure's group (fill colour) of a copied chain's nodes
 _PLOT_PX = 720             # width a tree figure gets on the page, for sizing labels
 _CHAR_PX = 8               # one label character at Plotly's default font
 
@@ -113,6 +121,7 @@ def draw_tree(
     colors: dict[str, str] | None = None,
     title: str = "",
     ring: Sequence[int] = (),
+    copied: Sequence[int] = (),
 ) -> go.Figure:
     """Generic tree drawing: one scatter trace per node group, edges underneath.
 
@@ -120,7 +129,8 @@ def draw_tree(
     ``colors``), ``labels`` are shown beside nodes unless there are more than
     :data:`MAX_LABELS`, ``hovers`` are HTML hover texts, ``highlight`` holds
     (parent, child) edges drawn thick, ``ring`` node indices get an outline
-    marker on top (trace ``"added vs static"``).
+    marker on top (trace ``"added vs static"``), ``copied`` node indices get
+    the :data:`COPIED_SYMBOL` outline (trace :data:`COPIED`).
     """
     n = len(parents)
     if not len(groups) == len(labels) == len(hovers) == n:
@@ -147,6 +157,13 @@ def draw_tree(
             x=[pos[i][0] for i in ring], y=[pos[i][1] for i in ring], mode="markers",
             name="added vs static", customdata=list(ring), hoverinfo="skip",
             marker=dict(size=24, color="rgba(0,0,0,0)", line=dict(width=3, color=colors["added"])),
+        ))
+    if copied:
+        fig.add_trace(go.Scatter(
+            x=[pos[i][0] for i in copied], y=[pos[i][1] for i in copied], mode="markers",
+            name=COPIED, customdata=list(copied), hoverinfo="skip",
+            marker=dict(size=26 if show_text else 15, symbol=COPIED_SYMBOL, color=_COPIED_COLOR,
+                        line=dict(width=2, color=_COPIED_COLOR)),
         ))
     _style(fig, pos, title)
     return fig
@@ -184,9 +201,12 @@ def _node_hover(record: StepRecord, i: int, dropped: bool = False) -> str:
     if i == 0:
         return f"<b>root</b> (last committed token)<br>token {tok} (id {record.tokens[i]})"
     status = record.status[i] + (", then dropped by the length limit" if dropped else "")
+    # A copy is a fixed proposal: no q drew it (StepRecord.q holds at most what the draft thought of it).
+    source = ("<br><b>copied from the context</b> (a fixed proposal, not drawn from q)"
+              if record.source(i) == NGRAM else f"<br>q (draft) = {record.q[i]:.4f}")
     return (f"<b>node {i}</b>: token {tok} (id {record.tokens[i]})"
             f"<br>depth {tree.depths[i]} · child {tree.ranks[i] + 1} of its parent (p_{tree.ranks[i] + 1})"
-            f"<br>q (draft) = {record.q[i]:.4f}<br>p (target) = {record.p[i]:.4f}"
+            f"{source}<br>p (target) = {record.p[i]:.4f}"
             f"<br>status: {status}")
 
 
@@ -236,28 +256,79 @@ def figure(record: StepRecord, overlay: bool = True) -> go.Figure:
     path = list(record.accepted) + [bonus]
     highlight = set(zip(path[:-1], path[1:]))
     ring, note = _overlay(record) if overlay else ([], "")
-    return draw_tree(parents, groups, labels, hovers, highlight, title=step_title(record, note), ring=ring)
+    copied = copied_nodes(record)
+    if copied:
+        note += f" · {len(copied)} copied from the context"
+    return draw_tree(parents, groups, labels, hovers, highlight, title=step_title(record, note), ring=ring,
+                     copied=copied)
 
 
-def shape_figure(tree: Tree, acceptance: Sequence[float] | None = None, title: str = "") -> go.Figure:
+def copied_nodes(record: StepRecord) -> list[int]:
+    """Nodes of the step that were copied from the context (NGRAM), in index order."""
+    return [i for i in range(1, record.tree.n_nodes) if record.source(i) == NGRAM]
+
+
+def shape_figure(tree: Tree, acceptance: Sequence[float] | None = None, title: str = "",
+                 sources: Sequence[str] = (), copies: Sequence[float] = ()) -> go.Figure:
     """A tree shape without tokens (e.g. a DP-optimal tree), coloured by sibling position.
 
     With an acceptance vector (``acceptance[k - 1]`` = p_k, the chance that the
     k-th child of an accepted node is the one accepted, as in the Sequoia paper)
     each node shows the probability that the whole path to it is accepted.
+    ``sources`` ([n_nodes], as :attr:`StepRecord.sources`) marks a copied chain
+    under the root (:func:`sequoia.core.dp.optimal_tree_with_copies`); its
+    nodes' chances come from ``copies`` (c_j), and the draft's nodes count
+    only when the first copy is rejected, as that DP assumes.
     """
-    reach = _reach_probs(tree, acceptance) if acceptance is not None else None
-    groups = ["root"] + [f"child {r + 1} (p_{r + 1})" for r in tree.ranks[1:]]
+    copied = [i for i, src in enumerate(sources) if src == NGRAM]
+    if acceptance is None:
+        reach = None
+    elif copied:
+        reach = _mixed_reach(tree, sources, acceptance, copies)
+    else:
+        reach = _reach_probs(tree, acceptance)
+    n_copied_kids = sum(1 for c in tree.children[0] if c in set(copied))
+    groups = ["root"] + [_rank_group(tree.ranks[i] - (n_copied_kids if tree.depths[i] == 1 else 0))
+                         if i not in set(copied) else _COPY_GROUP for i in range(1, tree.n_nodes)]
     labels = ["" if i == 0 else (f"{reach[i]:.2f}" if reach else str(i)) for i in range(tree.n_nodes)]
     hovers = []
     for i in range(tree.n_nodes):
-        h = f"node {i}<br>depth {tree.depths[i]}" + (f" · child {tree.ranks[i] + 1} (p_{tree.ranks[i] + 1})" if i else "")
+        h = f"node {i}<br>depth {tree.depths[i]}"
+        if groups[i] == _COPY_GROUP:
+            h += f" · copied token {tree.depths[i]} (c_{tree.depths[i]}): {COPIED}"
+        elif i:
+            h += f" · {groups[i]}"
         if reach:
             h += f"<br>P(path accepted) = {reach[i]:.4f}"
         hovers.append(h)
     palette = ["#2ca02c", "#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
-    colors = {f"child {r + 1} (p_{r + 1})": palette[r % len(palette)] for r in set(tree.ranks)}
-    return draw_tree(tree.parents, groups, labels, hovers, colors=colors, title=title)
+    colors = {_rank_group(r): palette[r % len(palette)] for r in set(tree.ranks)}
+    colors[_COPY_GROUP] = "#bbbbbb"
+    return draw_tree(tree.parents, groups, labels, hovers, colors=colors, title=title, copied=copied)
+
+
+def _rank_group(r: int) -> str:
+    return f"child {r + 1} (p_{r + 1})"
+
+
+def _mixed_reach(tree: Tree, sources: Sequence[str], acceptance: Sequence[float],
+                 copies: Sequence[float]) -> list[float]:
+    # sequoia.core.dp.optimal_tree_with_copies: the copied chain's j-th node is reached with
+    # prod_{i<=j} c_i; a draft node under the root counts only when the first copy is rejected,
+    # with the draft's p_k indexed by its rank among the draft's own children (p unchanged, the DP's assumption).
+    out = [1.0] * tree.n_nodes
+    copied_kids = [c for c in tree.children[0] if sources[c] == NGRAM]
+    miss = 1.0 - float(copies[0]) if copied_kids and copies else 1.0
+    for i in range(1, tree.n_nodes):
+        parent = tree.parents[i]
+        if sources[i] == NGRAM:
+            j = tree.depths[i] - 1
+            out[i] = out[parent] * (float(copies[j]) if j < len(copies) else 0.0)
+            continue
+        r = tree.ranks[i] - (len(copied_kids) if parent == 0 else 0)
+        p_r = float(acceptance[r]) if 0 <= r < len(acceptance) else 0.0
+        out[i] = out[parent] * p_r * (miss if parent == 0 else 1.0)
+    return out
 
 
 def _reach_probs(tree: Tree, acceptance: Sequence[float]) -> list[float]:
