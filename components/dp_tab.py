@@ -4,17 +4,20 @@ Pick a measured vector (or edit one), set the largest budget and depth, and
 see the table of expected tokens per step, the optimal tree of any cell
 (chosen with the size / depth sliders, since Plotly clicks do not reach
 Gradio) and the scaling curves against chains, k chains and binary trees.
-No model is needed.
+An optional copied chain (acceptances c_1, c_2, … of tokens copied from the
+context) shows the best tree of the cell holding one at the root
+(:func:`sequoia.core.dp.optimal_tree_with_copies`).  No model is needed.
 """
 
 # No ``from __future__ import annotations``: gr.api reads the return annotation.
 
+import json
 from dataclasses import dataclass
 
 import gradio as gr
 
 from sequoia.core.config import MAX_DEPTH, check_acceptance_length, check_budget, check_dp_work
-from sequoia.core.dp import baseline_curves, optimal_tree
+from sequoia.core.dp import baseline_curves, check_copies, optimal_tree, optimal_tree_with_copies
 from sequoia.core.tree import MAX_TREE_SIZE
 
 from . import dp_view, serving
@@ -70,6 +73,48 @@ def _solve_views(acceptance_text, budget, depth, n, d):
             DPSession(result))
 
 
+def parse_copies(text: str) -> tuple[float, ...]:
+    """``"0.9, 0.8"`` (or empty: no copied chain) as a validated c_1..c_L, at most MAX_DEPTH long."""
+    text = (text or "").strip()
+    if not text:
+        return ()
+    try:
+        value = json.loads(text if text.startswith("[") else f"[{text}]")
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"copied chain: expected numbers separated by commas ({exc.msg})") from None
+    if not isinstance(value, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                              for x in value):
+        raise ValueError("copied chain: expected a list of numbers")
+    if len(value) > MAX_DEPTH:
+        raise ValueError(f"copied chain: at most {MAX_DEPTH} acceptances, got {len(value)}")
+    return tuple(float(x) for x in check_copies(value))
+
+
+def copies_views(acceptance_text, copies_text, n, d):
+    """The copied-chain variant of cell (n, d): its tree and E by m; (None, hint) without a chain."""
+    try:
+        copies = parse_copies(copies_text)
+        if not copies:
+            return None, "*Enter c_1, c_2, … (chance each copied token is accepted given the previous one was) " \
+                         "to see the best tree holding a copied chain.*"
+        acc = parse_acceptance(acceptance_text)
+        check_acceptance_length(acc)
+        n, d = max(int(n), 1), max(int(d), 1)
+        check_budget(n, d)
+        check_dp_work(n, d, len(acc))
+        result = optimal_tree_with_copies(acc, copies, n, d)
+    except ValueError as exc:
+        raise gr.Error(str(exc), title="Cannot solve with the copied chain") from None
+    md = (f"**n = {n}, d = {d}**, copied chain c = `{list(copies)}`: best m = **{result.n_copied}** copied "
+          f"nodes, {result.value:.3f} tokens/step (the draft's nodes count only when the first copy is "
+          f"rejected; p assumed unchanged then)\n\n" + dp_view.copies_markdown(result))
+    return dp_view.copies_tree_figure(result, acc, copies), md
+
+
+def on_copies(acceptance_text, copies_text, n, d):
+    return serving.run_light(lambda: copies_views(acceptance_text, copies_text, n, d))
+
+
 def on_cell(n, d, session: DPSession):
     if session is None or session.result is None:
         return gr.skip(), gr.skip(), "*Press **Solve** first.*"
@@ -82,6 +127,7 @@ HOW_TO_READ = """\
 **Vector**: p_k is the chance that the k-th child the draft samples is the one the target accepts; the DP assumes it depends only on k.
 **Heatmap**: expected tokens per target call of the best tree with n draft tokens and depth ≤ d; pick a cell with the sliders to see its tree.
 **Curves**: how that best tree scales against a chain, the best set of k chains and a binary tree of the same size.
+**Copied chain** (optional): c_j is the chance the j-th token copied from the context is accepted given the previous one was; the best tree of the cell then spends m nodes on the copies (◇ marked) and the rest on the draft.
 """
 
 
@@ -142,6 +188,13 @@ def build(ctx: AppContext, demo: gr.Blocks) -> None:
             heat = gr.Plot(label="expected tokens per step (DP table)")
             tree = gr.Plot(label="optimal tree of the selected cell")
     curves = gr.Plot(label="scaling: expected tokens per step vs tree size")
+    with gr.Accordion("Copied chain (tokens copied from the context)", open=False):
+        with gr.Row():
+            with gr.Column(scale=1, min_width=300):
+                copies = gr.Textbox("", label="c_1, c_2, … (optional)",
+                                    info="chance each copied token is accepted given the previous one was")
+                copies_md = gr.Markdown(elem_id="sq-dp-copies")
+            copies_tree = gr.Plot(label="best tree of the selected cell with the copied chain")
     session = gr.State(DPSession())
 
     pick.change(lambda name: on_pick(name, catalogue), pick, vector, api_visibility="private", **LIGHT_WORK)
@@ -149,11 +202,16 @@ def build(ctx: AppContext, demo: gr.Blocks) -> None:
                  api_visibility="private", trigger_mode="always_last", **LIGHT_WORK)
     solve_inputs = [vector, budget, depth, n, d, session]
     solve_outputs = [heat, tree, cell_md, curves, n, d, session]
-    solve_btn.click(on_solve, solve_inputs, solve_outputs, api_visibility="private", **LIGHT_WORK)
-    vector.submit(on_solve, solve_inputs, solve_outputs, api_visibility="private", **LIGHT_WORK)
+    copies_io = ([vector, copies, n, d], [copies_tree, copies_md])
+    solve_btn.click(on_solve, solve_inputs, solve_outputs, api_visibility="private", **LIGHT_WORK).then(
+        on_copies, *copies_io, api_visibility="private", **LIGHT_WORK)
+    vector.submit(on_solve, solve_inputs, solve_outputs, api_visibility="private", **LIGHT_WORK).then(
+        on_copies, *copies_io, api_visibility="private", **LIGHT_WORK)
+    copies.submit(on_copies, *copies_io, api_visibility="private", **LIGHT_WORK)
     for s in (n, d):
         s.input(on_cell, [n, d, session], [heat, tree, cell_md], api_visibility="private",
-                trigger_mode="always_last", **LIGHT_WORK)
+                trigger_mode="always_last", **LIGHT_WORK).then(
+            on_copies, *copies_io, api_visibility="private", **LIGHT_WORK)
     gr.api(dp_api, api_name="dp", **LIGHT_WORK)
     # Show the default vector solved as soon as the page opens.
     demo.load(on_solve, solve_inputs, solve_outputs, api_visibility="private", **LIGHT_WORK)

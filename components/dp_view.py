@@ -5,7 +5,11 @@
 ``tree_figure``      the optimal tree of one cell, each node labelled with the
                      probability that its path is accepted;
 ``curves``           expected tokens per step against tree size, Sequoia vs
-                     the fixed shapes (chain, k chains, binary).
+                     the fixed shapes (chain, k chains, binary);
+``copies_tree_figure``  the best tree holding a copied chain at the root
+                     (:func:`sequoia.core.dp.optimal_tree_with_copies`), the
+                     copied nodes marked as the tree view marks them;
+``copies_markdown``  that variant's expected tokens for every chain length m.
 
 All three take plain data (a numpy table, a Tree, a dict of curves) so they
 are tested without running the DP.
@@ -18,6 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
+from sequoia.core.dp import CopiesResult
 from sequoia.core.tree import Tree
 
 from . import method_color
@@ -63,6 +68,23 @@ def tree_figure(tree: Tree, acceptance: Sequence[float], value: float | None = N
     if value is not None:
         head += f" · {value:.3f} tokens/step"
     return shape_figure(tree, acceptance, title=head)
+
+
+def copies_tree_figure(result: CopiesResult, acceptance: Sequence[float], copies: Sequence[float]) -> go.Figure:
+    """The variant's tree: m copied nodes first under the root, the draft's DP tree beside them."""
+    tree = result.tree
+    head = (f"with a copied chain: {result.n_copied} copied + {tree.size - result.n_copied} draft nodes, "
+            f"depth {tree.depth} · {result.value:.3f} tokens/step")
+    return shape_figure(tree, acceptance, title=head, sources=result.sources, copies=copies)
+
+
+def copies_markdown(result: CopiesResult) -> str:
+    """Expected tokens per step for every copied-chain length m, the chosen one in bold."""
+    rows = ["| copied nodes m | expected tokens/step |", "|---:|---:|"]
+    for m, value in enumerate(result.value_by_copies):
+        cell = f"**{value:.3f}**" if m == result.n_copied else f"{value:.3f}"
+        rows.append(f"| {'**' + str(m) + '**' if m == result.n_copied else m} | {cell} |")
+    return "\n".join(rows)
 
 
 def curves(sizes: Sequence[int], series: dict[str, Sequence[float]], title: str = "") -> go.Figure:

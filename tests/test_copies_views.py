@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from components import inspector_view, stats_view, tree_view
+from components import dp_tab, inspector_view, stats_view, tree_view
 from sequoia.core.dp import optimal_tree_with_copies
 from sequoia.core.trace import DRAFT, NGRAM, ROOT, NodeCheck, StepRecord
 from sequoia.core.tree import Tree
@@ -105,3 +105,14 @@ def test_dp_shape_figure_marks_the_copied_chain():
     nodes = [t for t in fig.data if t.mode == "markers+text"]
     reach = sum(float(lbl) for t in nodes for lbl in t.text if lbl)
     assert reach == pytest.approx(r.value - 1.0, abs=0.01 * r.tree.size)
+
+
+def test_dp_tab_copied_chain_control():
+    assert dp_tab.parse_copies("") == () and dp_tab.parse_copies("0.9, 0.5") == (0.9, 0.5)
+    with pytest.raises(ValueError):
+        dp_tab.parse_copies("1.5")
+    fig, md = dp_tab.copies_views("0.6, 0.2", "", 8, 3)
+    assert fig is None and "Enter c_1" in md
+    fig, md = dp_tab.copies_views("0.6, 0.2", "1, 1, 1", 8, 3)
+    assert _trace(fig, tree_view.COPIED) is not None and "best m = **3**" in md
+    assert "| copied nodes m | expected tokens/step |" in md and "| **3** | **4.000** |" in md  # E = 1 + 3 sure copies
