@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from conftest import make_pair, tiny_model
+from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
+from sequoia.core.config import GenerationConfig
 from sequoia.runtime import kernels
-from sequoia.runtime.kernels import Int4Linear, Int8Linear, quantize_weights
+from sequoia.runtime.engine import SpeculativeEngine
+from sequoia.runtime.kernels import FusedProjections, Int4Linear, Int8Linear, ProjectionPart, quantize_weights
+from sequoia.runtime.methods import make_method
 
 needs_int4 = pytest.mark.skipif(not kernels.int4_available(), reason="this torch has no CPU int4 kernel")
 
@@ -82,3 +86,73 @@ def test_default_draft_scheme_by_machine():
     assert kernels.default_draft_scheme("cpu", ("avx2",)) == "int8"
     expected = "int4" if kernels.int4_available() else "int8"
     assert kernels.default_draft_scheme("cpu", ("avx2", "avx512f", "avx512_bf16")) == expected
+
+
+SCHEMES = ["int8", pytest.param("int4", marks=needs_int4)]
+
+
+def _logits_by_step(model, ids: torch.Tensor) -> list[torch.Tensor]:
+    """Logits of a prefill of 40 rows (the dense path), then steps of 1 and 3 rows (the kernels) on its cache."""
+    cache = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        out = [model(ids[:, :40], past_key_values=cache, use_cache=True).logits]
+        out.append(model(ids[:, 40:41], past_key_values=cache, use_cache=True).logits)
+        out.append(model(ids[:, 41:44], past_key_values=cache, use_cache=True).logits)
+    return out
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_fused_projections_give_the_separate_layers_numbers_bit_for_bit(scheme):
+    assert kernels.DENSE_ROWS <= 40  # the prefill below takes the dense path, the steps the kernels
+    fused, separate = quantize_weights(_tiny(), scheme), quantize_weights(_tiny(), scheme, fuse=False)
+    attn, mlp = fused.model.layers[0].self_attn, fused.model.layers[0].mlp
+    assert isinstance(attn.qkv_proj, FusedProjections) and attn.qkv_proj.sizes == (64, 32, 32)
+    assert isinstance(mlp.gate_up_proj, FusedProjections) and mlp.gate_up_proj.sizes == (128, 128)
+    assert all(isinstance(m, ProjectionPart) for m in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.up_proj))
+    assert attn.qkv_proj.fused.bias is not None and mlp.gate_up_proj.fused.bias is None   # Qwen2: q, k, v biased
+    assert kernels.describe(fused) == kernels.describe(separate)
+    ids = torch.randint(0, 1000, (1, 44), generator=torch.Generator().manual_seed(1))
+    for a, b in zip(_logits_by_step(fused, ids), _logits_by_step(separate, ids), strict=True):
+        assert torch.equal(a, b)
+    assert attn.qkv_proj._key is None and mlp.gate_up_proj._key is None   # nothing held between calls
+
+
+def test_a_part_called_with_another_input_recomputes():
+    lins = [torch.nn.Linear(64, 32), torch.nn.Linear(64, 16)]
+    group = FusedProjections(Int8Linear.from_linear(kernels.stack_linears(lins)), (32, 16))
+    first, second = ProjectionPart(group, 0), ProjectionPart(group, 1)
+    x, y = torch.randn(2, 64, dtype=torch.bfloat16), torch.randn(2, 64, dtype=torch.bfloat16)
+    own = [Int8Linear.from_linear(lin) for lin in lins]
+    assert torch.equal(first(x), own[0](x))
+    assert torch.equal(second(y), own[1](y))          # not x's cached product
+    x.mul_(2)                                         # changed in place: the version counter tells
+    assert torch.equal(first(x), own[0](x))
+    assert torch.equal(second(x), own[1](x)) and group._key is None
+
+
+def test_groups_that_would_change_scheme_or_shape_stay_separate():
+    model = torch.nn.Module()
+    model.gate_proj, model.up_proj = torch.nn.Linear(64, 32, bias=False), torch.nn.Linear(64, 32, bias=True)
+    quantize_weights(model, "int8")
+    assert isinstance(model.gate_proj, Int8Linear) and not hasattr(model, "gate_up_proj")   # bias differs
+    if kernels.int4_available():
+        model = torch.nn.Module()
+        model.gate_proj, model.up_proj = torch.nn.Linear(64, 8), torch.nn.Linear(64, 8)   # 8 rows: int8 each
+        quantize_weights(model, "int4")
+        assert isinstance(model.gate_up_proj.fused, Int8Linear)   # stacked 16 rows would fit int4: kept int8
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_a_fused_quantized_draft_decodes_to_the_target_greedy(scheme):
+    target = tiny_model(0)
+    draft = quantize_weights(tiny_model(0), scheme)
+    assert isinstance(draft.model.layers[0].self_attn.qkv_proj, FusedProjections)
+    prompt = [1, 5, 9, 3, 7]
+    with torch.no_grad():
+        expected = target.generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False,
+                                   eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    pair = make_pair(draft, target, target.config.vocab_size)
+    records = list(SpeculativeEngine(pair).generate(prompt, make_method("sequoia", budget=16, depth=5),
+                                                    GenerationConfig(max_new_tokens=30)))
+    assert [t for r in records for t in r.new_tokens] == expected
+    assert sum(r.n_accepted for r in records) > 0   # the quantized copy of the target is accepted

@@ -26,6 +26,16 @@ distribution: verification is against the target alone.
 Schemes: ``"none"`` (leave the model as it is), ``"int8"`` (symmetric, one
 scale per output channel), ``"int4"`` (asymmetric, one scale and zero per
 ``group_size`` inputs; CPU only).
+
+Fused projections: a decoder layer multiplies one hidden state by q, k and v,
+and another by gate and up.  At one row each of those small matmuls runs far
+below the machine's bandwidth, so :func:`quantize_weights` stacks their rows
+into one quantized layer per group (q|k|v: 896 -> 1152, gate|up: 896 -> 9728
+in the 0.5B draft) and each original name serves its slice of the one product
+(:class:`FusedProjections`, :class:`ProjectionPart`).  Both schemes quantize
+each output row on its own (a scale per row, or per row and input group), so
+the stacked layer holds the very same numbers and its output equals the
+separate layers' bit for bit (tests/test_kernels.py checks it).
 """
 
 from __future__ import annotations
@@ -41,6 +51,9 @@ DENSE_ROWS = 32
 #: int4 group size: 32 kept the draft's top-1 agreement with the target at 0.86 (int8 0.88, g128 0.85).
 INT4_GROUP = 32
 _INT4_OPS = ("_weight_int4pack_mm_for_cpu", "_convert_weight_to_int4pack_for_cpu")
+#: Sibling linears that Llama-style decoder layers (Qwen2 included) apply to one input, fused where all are
+#: present, by the name the fused layer takes beside them.
+FUSED_GROUPS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
 
 class Int8Linear(torch.nn.Module):
@@ -130,6 +143,74 @@ class Int4Linear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int4 group {self.group_size}"
 
 
+QuantLinear = Int8Linear | Int4Linear
+
+
+class FusedProjections(torch.nn.Module):
+    """One quantized matmul for sibling projections of one input; each :class:`ProjectionPart` takes its slice.
+
+    The product is kept, keyed on the input tensor's identity (and its version
+    counter where it has one: inference tensors have none), only until every part
+    has taken its slice: the layer calls its parts back to back on one hidden
+    state, and a part called with any other tensor recomputes, so the result is
+    always the product of the tensor it was given.
+    """
+
+    def __init__(self, fused: QuantLinear, sizes: tuple[int, ...]) -> None:
+        super().__init__()
+        if sum(sizes) != fused.out_features:
+            raise ValueError(f"part sizes {sizes} do not add up to the fused layer's {fused.out_features} outputs")
+        self.fused = fused
+        self.sizes = sizes
+        self._key: tuple[torch.Tensor, int | None] | None = None
+        self._parts: tuple[torch.Tensor, ...] = ()   # each [..., sizes[i]], views of one product
+        self._left = 0
+
+    def part(self, index: int, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., sizes[index]]
+        version = None if x.is_inference() else x._version
+        if self._key is None or self._key[0] is not x or self._key[1] != version:
+            self._parts = self.fused(x).split(self.sizes, dim=-1)
+            self._key, self._left = (x, version), len(self.sizes)
+        y = self._parts[index]
+        self._left -= 1
+        if self._left <= 0:   # every part served: drop the input and product (a prefill's is megabytes a layer)
+            self._key, self._parts = None, ()
+        return y
+
+    def extra_repr(self) -> str:
+        return f"parts={self.sizes}"
+
+
+class ProjectionPart(torch.nn.Module):
+    """Stands where one of the fused linears stood (same name, same call), serving its slice of the product."""
+
+    def __init__(self, group: FusedProjections, index: int) -> None:
+        super().__init__()
+        # Held outside the module tree: the group is registered once, on the parent, under its own name.
+        self._group = (group,)
+        self.index = index
+        self.in_features, self.out_features = group.fused.in_features, group.sizes[index]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._group[0].part(self.index, x)
+
+    def extra_repr(self) -> str:
+        return f"slice {self.index} of a fused projection, out_features={self.out_features}"
+
+
+def stack_linears(linears: list[torch.nn.Linear]) -> torch.nn.Linear:
+    """One ``nn.Linear`` whose output rows are those of ``linears`` in order (same input, bias or none alike)."""
+    first = linears[0]
+    # Built on "meta" so that its throwaway initialisation draws nothing from the global generator.
+    stacked = torch.nn.Linear(first.in_features, sum(lin.out_features for lin in linears),
+                              bias=first.bias is not None, device="meta")
+    stacked.weight = torch.nn.Parameter(torch.cat([lin.weight.detach() for lin in linears]),   # [sum(out), in]
+                                        requires_grad=False)
+    if first.bias is not None:
+        stacked.bias = torch.nn.Parameter(torch.cat([lin.bias.detach() for lin in linears]), requires_grad=False)
+    return stacked
+
+
 def int4_fits(linear: torch.nn.Linear, group_size: int = INT4_GROUP) -> bool:
     """Whether the int4 kernel can hold this layer (its packing works in blocks of 16 outputs)."""
     return linear.in_features % group_size == 0 and group_size % 2 == 0 and linear.out_features % 16 == 0
@@ -152,28 +233,53 @@ def check_scheme(scheme: str) -> str:
 
 
 def quantize_weights(model: torch.nn.Module, scheme: str, dtype: torch.dtype = torch.bfloat16,
-                     dense_rows: int | None = DENSE_ROWS, group_size: int = INT4_GROUP) -> torch.nn.Module:
+                     dense_rows: int | None = DENSE_ROWS, group_size: int = INT4_GROUP,
+                     fuse: bool = True) -> torch.nn.Module:
     """Replace every ``nn.Linear`` of ``model`` (lm_head included) by its ``scheme`` version, in place; CPU only.
 
     The rest of the model runs in ``dtype``.  A layer the int4 kernel cannot hold
-    (see :func:`int4_fits`) falls back to int8.
+    (see :func:`int4_fits`) falls back to int8.  ``fuse`` stacks each
+    :data:`FUSED_GROUPS` group into one quantized layer (same outputs bit for bit,
+    fewer and larger matmuls; see the module docstring).
     """
     if check_scheme(scheme) == "none":
         return model
     if scheme == "int4":
         require_int4()
     model = model.to(dtype)
+
+    def quantize(linear: torch.nn.Linear, like: torch.nn.Linear) -> QuantLinear:
+        # ``like``: the layer whose fit decides the scheme (a stacked layer takes its parts' scheme).
+        if scheme == "int4" and int4_fits(like, group_size):
+            return Int4Linear.from_linear(linear, group_size, dtype, dense_rows)
+        return Int8Linear.from_linear(linear, dtype, dense_rows)
+
     for parent in list(model.modules()):
+        for group_name, names in FUSED_GROUPS.items() if fuse else ():
+            linears = [getattr(parent, n, None) for n in names]
+            if _fusable(linears, scheme, group_size):
+                fused = quantize(stack_linears(linears), like=linears[0])
+                group = FusedProjections(fused, tuple(lin.out_features for lin in linears))
+                parent.add_module(group_name, group)
+                for i, n in enumerate(names):
+                    setattr(parent, n, ProjectionPart(group, i))
         for name, child in list(parent.named_children()):
-            if not isinstance(child, torch.nn.Linear):
-                continue
-            if scheme == "int4" and int4_fits(child, group_size):
-                layer = Int4Linear.from_linear(child, group_size, dtype, dense_rows)
-            else:
-                layer = Int8Linear.from_linear(child, dtype, dense_rows)
-            setattr(parent, name, layer)
+            if isinstance(child, torch.nn.Linear):
+                setattr(parent, name, quantize(child, like=child))
     gc.collect()
     return model.eval()
+
+
+def _fusable(linears: list, scheme: str, group_size: int) -> bool:
+    """Whether these linears can share one quantized matmul and give the same numbers as their own layers."""
+    if not all(isinstance(lin, torch.nn.Linear) for lin in linears):
+        return False
+    first = linears[0]
+    same_shape = all(lin.in_features == first.in_features and (lin.bias is None) == (first.bias is None)
+                     and lin.weight.dtype == first.weight.dtype for lin in linears)
+    # Each part must get the scheme the stacked layer gets (int4 where it fits, else int8).
+    same_kind = scheme != "int4" or len({int4_fits(lin, group_size) for lin in linears}) == 1
+    return same_shape and same_kind
 
 
 def describe(model: torch.nn.Module) -> str:
