@@ -112,7 +112,7 @@ def test_matches_brute_force(p, c, n, d):
     assert r.value == max(r.value_by_copies)
 
 
-@pytest.mark.parametrize("bad", [(1.2,), (-0.1,), (float("nan"),), "ab"])
+@pytest.mark.parametrize("bad", [(1.2,), (-0.1,), (float("nan"),), "ab", 0.5, ((0.5,),)])
 def test_rejects_bad_copies(bad):
     with pytest.raises(ValueError):
         optimal_tree_with_copies(P, bad, 4, 2)

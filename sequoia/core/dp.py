@@ -308,9 +308,11 @@ def _sources(tree: Tree, m: int) -> tuple[str, ...]:
 def check_copies(copies) -> np.ndarray:
     """Validate a copied chain's conditional acceptances c_1..c_L (may be empty).  # [L]"""
     try:
-        c = np.asarray(copies, dtype=np.float64).reshape(-1) if len(copies) else np.zeros(0)
+        c = np.asarray(copies, dtype=np.float64)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"copies must be a sequence of numbers, got {copies!r}") from exc
+    if c.ndim != 1:
+        raise ValueError(f"copies must be a 1-D sequence, got shape {c.shape}")
     if not np.all(np.isfinite(c)) or np.any(c < 0) or np.any(c > 1):
         raise ValueError("copied acceptances must be finite and lie in [0, 1]")
     return c
