@@ -87,6 +87,7 @@ class StepRecord:
     dynamic: DynamicInfo | None = None  # a dynamic tree's decisions (None: static trees, skipped drafts)
     checks: tuple[NodeCheck, ...] = ()  # what verification saw (only with generate(..., inspect=True))
     sources: tuple[str, ...] = ()     # [n_nodes] ROOT / DRAFT / NGRAM per node; () when every node is the draft's
+    match_len: tuple[int, ...] = ()   # [n_nodes] n of the match that proposed each copied node (0: not copied)
 
     def source(self, node: int) -> str:
         """Who proposed ``node`` (ROOT for node 0, DRAFT when the record names no sources)."""
@@ -118,6 +119,7 @@ class StepRecord:
             "finish_reason": self.finish_reason,
             "dynamic": self.dynamic.to_dict() if self.dynamic is not None else None,
             "sources": list(self.sources),
+            "match_len": list(self.match_len),
         }
 
     @classmethod

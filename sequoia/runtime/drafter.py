@@ -45,6 +45,7 @@ class Draft:
     # proposal verified as a point mass before the draft's children of the same parent, never forwarded).
     # None: every node is the draft's.
     sources: tuple[str, ...] | None = None
+    match_len: tuple[int, ...] | None = None  # [n_nodes] n of the match that proposed each copied node (0: not copied)
 
     def n_fixed(self, node: int) -> int:
         """How many of ``node``'s first children are fixed (copied) proposals; see sampling.verify_children."""

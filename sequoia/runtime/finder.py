@@ -13,7 +13,8 @@ Profiles (:func:`find_profile`), first match wins:
 
 Acceptance vectors (:func:`list_acceptance`, :func:`find_acceptance`) are only ``sequoia-acceptance/1``
 files, never calibrations; each is labelled by prompt kind and temperature.  Calibrations
-(:func:`find_calibration`) are the ``calibration-*.json`` files beside them.
+(:func:`find_calibration`) are the ``calibration-*.json`` files beside them, and the measured acceptance
+of copied tokens (:func:`find_ngram_acceptance`) the ``ngram-*.json`` ones.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 from .._meta import ASSETS, ProgressFn
 from ..core.acceptance import AcceptanceVector
 from ..core.calibration import Calibration
+from ..core.ngram import NgramAcceptance
 from ..core.profile import Fingerprint, HardwareProfile
 from .embedded import default_cache_dir
 from .fingerprint import machine_fingerprint
@@ -226,3 +228,23 @@ def find_calibration(temperature: float = 0.0, assets_dir: str | Path = ASSETS,
         if not (pair and cal.pair and not same_models(cal.pair, pair)):
             found.append(cal)
     return min(found, key=lambda c: abs(c.temperature - float(temperature)), default=None)
+
+
+def find_ngram_acceptance(kind: str, temperature: float, assets_dir: str | Path = ASSETS,
+                          pair: str | None = None) -> NgramAcceptance | None:
+    """The measured acceptance of copied tokens (``ngram-*.json`` under ``assets_dir/acceptance``) for prompts
+    of ``kind`` at ``temperature``: same kind first, then the nearest temperature (measured for ``pair`` when
+    both name one); None without any (the proposers then use :func:`sequoia.core.ngram.ngram_prior`).
+    Unreadable files are skipped."""
+    folder = acceptance_folder(assets_dir)
+    found = {}
+    for path in sorted(folder.glob("ngram-*.json")) if folder.is_dir() else ():
+        try:
+            acc = NgramAcceptance.load(path)
+        except (ValueError, OSError):
+            continue
+        if not (pair and acc.pair and not same_models(acc.pair, pair)):
+            found[path.name] = acc
+    best = min(found, default=None, key=lambda name: (Path(found[name].prompt_set).stem != kind,
+                                                      abs(found[name].temperature - float(temperature)), name))
+    return found[best] if best is not None else None
