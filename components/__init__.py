@@ -40,11 +40,18 @@ METHOD_COLORS = {
     "binary": "#e377c2",
     "sequoia": "#2ca02c",
     "sequoia-auto": "#2ca02c",
+    "sequoia-ngram": "#d81b60",     # copied branches + the draft model's dynamic tree
+    "ngram": "#e6ab02",             # copies from the context only
+    "hf-generate": "#7f7f7f",
     "hf assisted": "#17becf",
+    "hf-assisted": "#17becf",
+    "hf prompt lookup": "#1f3b8c",
+    "hf-prompt-lookup": "#1f3b8c",
 }
 
 
-#: What a student reads for each sequoia.runtime.methods name (never "ar").
+#: What a student reads for each sequoia.runtime.methods name and Hugging Face baseline (the bench's
+#: sequoia.tools.bench_report.METHOD_LABELS says the same).
 METHOD_LABELS = {
     "ar": "Target alone",
     "chain": "Chain",
@@ -53,7 +60,12 @@ METHOD_LABELS = {
     "sequoia": "Sequoia",
     "sequoia-auto": "Sequoia (auto)",
     "sequoia-dynamic": "Sequoia (dynamic)",
+    "sequoia-ngram": "Sequoia + n-gram",
+    "ngram": "n-gram copies",
     "file": "tree from a file",
+    "hf-generate": "Target alone (HF generate)",
+    "hf-assisted": "HF assisted",
+    "hf-prompt-lookup": "HF prompt lookup",
 }
 
 

@@ -1,14 +1,17 @@
-"""Compare tab: every method on one prompt, one after another.
+"""Compare tab: the methods a user picks, on one prompt, one after another.
 
-Target only, chain, SpecInfer, Sequoia (and Sequoia auto when a hardware
-profile is loaded) and Hugging Face assisted generation run with the same
-settings; the bars and the table come from
-:mod:`components.compare_view`.  At temperature 0 every lossless method must
-reproduce the target-only output token for token, which the "identical"
-column checks.  Every method runs through :func:`sequoia.runtime.runner.iter_run`
-after one short untimed warm-up run of each (the bench's rule: the whole call
-is timed, prefill included).  The handler streams: bars and table grow as each
-method finishes, and Stop closes the running decode between two steps.
+Target only (always: the reference), chain, SpecInfer, Sequoia (static,
+auto when a hardware profile is loaded, dynamic), the n-gram methods (copies
+from the context alone, and copied branches in the dynamic tree) and Hugging
+Face's two kinds of drafting (assisted generation with the draft model, prompt
+lookup) run with the same settings: all three kinds of drafting on one prompt.
+The bars and the table come from :mod:`components.compare_view`.  At
+temperature 0 every lossless method must reproduce the target-only output
+token for token, which the "identical" column checks.  Every method runs
+through :func:`sequoia.runtime.runner.iter_run` after one short untimed
+warm-up run of each (the bench's rule: the whole call is timed, prefill
+included).  The handler streams: bars and table grow as each method finishes,
+and Stop closes the running decode between two steps.
 """
 
 # No ``from __future__ import annotations``: gr.api reads the return annotation.
@@ -28,17 +31,56 @@ from . import compare_view, serving
 from .context import MODEL_WORK, AppContext, acceptance_catalogue, default_acceptance_label, follow_temperature
 from .live_tab import FRAME_S, Throttle, make_request
 
-#: (row name, method label for make_request), in run order; the first is the reference.
-RUNS = (
-    ("target only", "Target only"),
-    ("chain", "Chain"),
-    ("specinfer", "SpecInfer"),
-    ("sequoia", "Sequoia (budget & depth)"),
+
+@dataclass(frozen=True)
+class CompareMethod:
+    """One method the tab can run."""
+
+    label: str          # the checkbox's label; for engine methods also the live tab's method label
+    row: str            # its name in the bars and the table (colours: components.method_color)
+    hf: str = ""        # a Hugging Face baseline's runner name (sequoia.runtime.runner.HF_METHODS), else ""
+
+
+#: Every method the tab offers, in run order; the first is the reference and always runs.
+METHODS = (
+    CompareMethod("Target only", "target only"),
+    CompareMethod("Chain", "chain"),
+    CompareMethod("SpecInfer", "specinfer"),
+    CompareMethod("Sequoia (budget & depth)", "sequoia"),
+    CompareMethod("Sequoia (auto)", "sequoia-auto"),
+    CompareMethod("Sequoia (dynamic)", "sequoia-dynamic"),
+    CompareMethod("Sequoia + n-gram copies", "sequoia-ngram"),
+    CompareMethod("n-gram copies only", "ngram"),
+    CompareMethod("HF assisted", "hf assisted", hf="hf-assisted"),
+    CompareMethod("HF prompt lookup", "hf prompt lookup", hf="hf-prompt-lookup"),
 )
-HF_ROW = "hf assisted"
+_BY_LABEL = {m.label: m for m in METHODS}
+#: Ticked when the tab opens: the tree shapes, and each kind of drafting (draft model, copies, both).
+DEFAULT_METHODS = ("Target only", "Chain", "SpecInfer", "Sequoia (budget & depth)", "Sequoia (auto)",
+                   "Sequoia + n-gram copies", "HF assisted", "HF prompt lookup")
 #: Tokens of the untimed warm-up run of every method (first-call costs then land on none of them).
 WARMUP_TOKENS = 2
 _HF_ERRORS = (ValueError, RuntimeError, NotImplementedError, TypeError)
+
+
+def offered(ctx: AppContext) -> list[str]:
+    """The checkbox labels: Sequoia (auto) only with a hardware profile (without one it is the target alone)."""
+    return [m.label for m in METHODS if m.row != "sequoia-auto" or ctx.profile is not None]
+
+
+def choose_methods(ctx: AppContext, methods=None, include_hf: bool = True) -> list[CompareMethod]:
+    """The methods to run, in run order, the reference first; ValueError on an unknown label.
+
+    ``methods``: checkbox labels (None: :data:`DEFAULT_METHODS` that this server offers);
+    ``include_hf=False`` drops the Hugging Face baselines.
+    """
+    if methods is None:
+        methods = [m for m in DEFAULT_METHODS if m in offered(ctx)]
+    unknown = [m for m in methods if m not in _BY_LABEL]
+    if unknown:
+        raise ValueError(f"unknown method(s) {', '.join(map(str, unknown))}; choose from {', '.join(_BY_LABEL)}")
+    picked = set(methods) | {METHODS[0].label}
+    return [m for m in METHODS if m.label in picked and (include_hf or not m.hf)]
 
 
 def _row(name: str, run: RunResult) -> compare_view.CompareRow:
@@ -46,12 +88,12 @@ def _row(name: str, run: RunResult) -> compare_view.CompareRow:
                                    target_calls=run.target_calls, token_ids=run.tokens)
 
 
-def _hf_row(ctx: AppContext, req) -> compare_view.CompareRow | str:
-    """HF assisted generation with the same pair, or a note why it was skipped."""
+def _hf_row(ctx: AppContext, method: CompareMethod, req) -> compare_view.CompareRow | str:
+    """A Hugging Face baseline with the same pair, or a note why it was skipped."""
     try:
-        return _row(HF_ROW, run_method(ctx.engine(), ctx.pair(), "hf-assisted", req.prompt_ids, req.config))
+        return _row(method.row, run_method(ctx.engine(), ctx.pair(), method.hf, req.prompt_ids, req.config))
     except _HF_ERRORS as exc:
-        return f"HF assisted generation failed: {exc}"
+        return f"{method.label} failed: {exc}"
 
 
 @dataclass
@@ -60,7 +102,7 @@ class CompareState:
 
     total: int                                                  # methods to run
     rows: list = field(default_factory=list)                    # finished CompareRows, identical flags set
-    notes: list = field(default_factory=list)                   # e.g. why HF assisted generation was skipped
+    notes: list = field(default_factory=list)                   # e.g. why a Hugging Face baseline was skipped
     running: str | None = None                                  # method now running (None: done)
     tokens: int = 0                                             # its tokens so far
 
@@ -69,32 +111,43 @@ class CompareState:
         return (len(self.rows) + len(self.notes)) / self.total if self.running else 1.0
 
 
-def _warm_up(ctx: AppContext, reqs, include_hf: bool) -> None:
+def _warm_up(ctx: AppContext, engine_reqs, hf_methods) -> None:
     """A short untimed greedy run of every method on the prompt, as the bench does before timing."""
-    tokens = min(WARMUP_TOKENS, reqs[0].config.max_new_tokens)
-    warmup(ctx.engine(), ctx.pair(), reqs[0].prompt_ids, [(r.proposer.name, r.proposer) for r in reqs], tokens)
-    if include_hf:
+    first = engine_reqs[0]
+    tokens = min(WARMUP_TOKENS, first.config.max_new_tokens)
+    warmup(ctx.engine(), ctx.pair(), first.prompt_ids, [(r.proposer.name, r.proposer) for r in engine_reqs], tokens)
+    for m in hf_methods:
         try:
-            warmup(ctx.engine(), ctx.pair(), reqs[0].prompt_ids, [("hf-assisted", None)], tokens)
+            warmup(ctx.engine(), ctx.pair(), first.prompt_ids, [(m.hf, None)], tokens)
         except _HF_ERRORS:
             pass  # its row says why when it runs
 
 
 def iter_comparison(ctx: AppContext, prompt, budget, depth, temperature, top_p, max_new_tokens, seed,
-                    acceptance=None, chat=True, include_hf=True) -> Iterator[CompareState]:
-    """Run every method in turn; ValueError on bad input before anything runs.
+                    acceptance=None, chat=True, include_hf=True, methods=None) -> Iterator[CompareState]:
+    """Run the chosen methods (:func:`choose_methods`) in turn; ValueError on bad input before anything runs.
 
     Closing this generator (Stop) closes the running engine generator and frees its caches.
     """
-    runs = RUNS + ((("sequoia-auto", "Sequoia (auto)"),) if ctx.profile is not None else ())
-    reqs = [make_request(ctx, prompt, label, budget, depth, temperature, top_p, max_new_tokens, seed,
-                         acceptance, chat) for _, label in runs]
-    state = CompareState(total=len(runs) + int(include_hf))
-    _warm_up(ctx, reqs, include_hf)
-    for (name, _), req in zip(runs, reqs):
-        state.running, state.tokens = name, 0
+    chosen = choose_methods(ctx, methods, include_hf)
+    engine = [m for m in chosen if not m.hf]
+    reqs = {m.label: make_request(ctx, prompt, m.label, budget, depth, temperature, top_p, max_new_tokens, seed,
+                                  acceptance, chat) for m in engine}
+    ref = reqs[METHODS[0].label]  # Hugging Face baselines take the reference's prompt ids and settings
+    state = CompareState(total=len(chosen))
+    _warm_up(ctx, list(reqs.values()), [m for m in chosen if m.hf])
+    for m in chosen:
+        state.running, state.tokens = m.row, 0
         yield state
-        with closing(iter_run(ctx.engine(), ctx.pair(), name, req.prompt_ids, req.config, req.proposer)) as steps:
+        if m.hf:
+            row = _hf_row(ctx, m, ref)
+            if isinstance(row, str):
+                state.notes.append(row)
+            else:
+                state.rows = compare_view.mark_identical([*state.rows, row])
+            continue
+        req = reqs[m.label]
+        with closing(iter_run(ctx.engine(), ctx.pair(), m.row, req.prompt_ids, req.config, req.proposer)) as steps:
             while True:
                 try:
                     state.tokens += next(steps).n_new
@@ -102,26 +155,18 @@ def iter_comparison(ctx: AppContext, prompt, budget, depth, temperature, top_p, 
                     run = done.value
                     break
                 yield state
-        state.rows = compare_view.mark_identical([*state.rows, _row(name, run)])
-    if include_hf:
-        state.running, state.tokens = HF_ROW, 0
-        yield state
-        hf = _hf_row(ctx, reqs[0])
-        if isinstance(hf, compare_view.CompareRow):
-            state.rows = compare_view.mark_identical([*state.rows, hf])
-        else:
-            state.notes.append(hf)
+        state.rows = compare_view.mark_identical([*state.rows, _row(m.row, run)])
     state.running = None
     yield state
 
 
 def run_comparison(ctx: AppContext, prompt, budget, depth, temperature, top_p, max_new_tokens, seed,
                    acceptance=None, chat=True, include_hf=True,
-                   progress: ProgressFn | None = None):
+                   progress: ProgressFn | None = None, methods=None):
     """All rows (reference first, identical flags set) and notes; ValueError on bad input."""
     running = ""
     for state in iter_comparison(ctx, prompt, budget, depth, temperature, top_p, max_new_tokens, seed,
-                                 acceptance, chat, include_hf):
+                                 acceptance, chat, include_hf, methods):
         if progress and state.running != running:
             running = state.running
             progress(state.fraction, f"running {running}" if running else "done")
@@ -139,13 +184,16 @@ def _notes_markdown(rows, notes, temperature) -> str:
     return "\n\n".join(lines)
 
 
-def on_compare(ctx, prompt, budget, depth, temperature, top_p, max_new, seed, acceptance_name, chat, include_hf):
-    """Generator handler: the bars and table grow as each method finishes; a line says what runs now."""
+def on_compare(ctx, prompt, budget, depth, temperature, top_p, max_new, seed, acceptance_name, chat, methods):
+    """Generator handler: the bars and table grow as each method finishes; a line says what runs now.
+
+    ``methods``: the ticked checkbox labels (:data:`METHODS`).
+    """
     acceptance = acceptance_catalogue(ctx.assets_dir).get(acceptance_name)
     shown, frame = -1, Throttle(FRAME_S)
     try:
         for state in iter_comparison(ctx, prompt, budget, depth, temperature, top_p, max_new, seed, acceptance,
-                                     chat, include_hf):
+                                     chat, methods=list(methods or ())):
             if len(state.rows) == shown and state.running and not frame.due(time.monotonic()):
                 continue  # only the "n tokens so far" line would change: at most once a frame
             md = _notes_markdown(state.rows, state.notes, temperature) if state.running is None else (
@@ -169,11 +217,12 @@ def compare_api_fn(ctx: AppContext):
         rows = serving.drain(states, stop)[-1].rows  # a cancelled request stops within a step
         return [dict(zip(compare_view.HEADERS, row)) for row in compare_view.table(rows)]
 
-    gpu_work = serving.on_gpu(work, lambda stop, *a: serving.gpu_seconds(a[5], len(RUNS) + 2))
+    gpu_work = serving.on_gpu(work, lambda stop, *a: serving.gpu_seconds(a[5], len(DEFAULT_METHODS)))
 
     async def compare(prompt: str, budget: int = 32, depth: int = 8, temperature: float = 0.0, top_p: float = 1.0,
                       max_new_tokens: int = 64, seed: int = 0, include_hf: bool = True) -> list:
-        """Run every method on one prompt; one object per method (tokens, seconds, speedup, identical…)."""
+        """Run the default methods on one prompt (all three kinds of drafting; ``include_hf=False``: no
+        Hugging Face baselines); one object per method (tokens, seconds, speedup, identical…)."""
         args = (prompt, budget, depth, temperature, top_p, max_new_tokens, seed, include_hf)
         try:
             return await serving.run_cancellable(lambda stop: gpu_work(stop, *args))
@@ -186,6 +235,7 @@ HOW_TO_READ = """\
 Every method decodes the same prompt with the same seed, one after the other, timed by the bench's runner (prefill included, after a short warm-up).
 **speedup** is tokens/s over the target alone; **tokens/call** is new tokens per target forward; **identical** says whether the text equals the target alone's (it must at temperature 0).
 Above 0 the texts differ run to run, but each is a sample from exactly the target's distribution.
+Three kinds of drafting: a draft model (Sequoia's trees, HF assisted), copies of n-grams already in the prompt or the text so far (n-gram copies only, HF prompt lookup: no draft cost, right where the answer quotes the input), and both in one tree (Sequoia + n-gram copies).
 """
 
 
@@ -213,7 +263,10 @@ def build(ctx: AppContext) -> None:
                 seed = gr.Number(0, precision=0, minimum=0, label="seed")
             acceptance = gr.Dropdown(choices, value=default_acceptance_label("code", 0.0, ctx.assets_dir),
                                      label="acceptance vector (Sequoia tree)")
-            include_hf = gr.Checkbox(value=True, label="include HF assisted generation")
+            methods = gr.CheckboxGroup(offered(ctx), value=[m for m in DEFAULT_METHODS if m in offered(ctx)],
+                                       label="methods", info="Target only always runs: the others are "
+                                       "compared with it. HF: Hugging Face generate with the draft model "
+                                       "(assisted) or with copies from the prompt (prompt lookup).")
             with gr.Row():
                 run_btn = gr.Button("Run comparison", variant="primary")
                 stop_btn = gr.Button("Stop", variant="stop")
@@ -222,12 +275,13 @@ def build(ctx: AppContext) -> None:
             table = gr.Dataframe(headers=compare_view.HEADERS, label="results", interactive=False)
             notes = gr.Markdown()
 
-    @functools.partial(serving.on_gpu, duration=lambda *a: serving.gpu_seconds(a[5], len(RUNS) + 2))  # ZeroGPU only
+    @functools.partial(serving.on_gpu, duration=lambda *a: serving.gpu_seconds(a[5], len(a[9] or ()) + 1))  # ZeroGPU
     def handler(*args):
         yield from on_compare(ctx, *args)
 
+    # ``methods`` sits where the validator (components.validation) expects its last input, and is not checked there.
     event = run_btn.click(handler, [prompt, budget, depth, temperature, top_p, max_new, seed, acceptance, chat,
-                                    include_hf], [bars, table, notes], api_name="compare_stream",
+                                    methods], [bars, table, notes], api_name="compare_stream",
                           api_visibility="private", **MODEL_WORK)  # the name: components.validation finds it
     stop_btn.click(None, None, None, cancels=[event], api_visibility="private")
     gr.api(compare_api_fn(ctx), api_name="compare", **MODEL_WORK)

@@ -39,6 +39,8 @@ METHOD_LABELS = {
     "Sequoia (auto)": "sequoia-auto",
     "Sequoia (budget & depth)": "sequoia",
     "Sequoia (dynamic)": "sequoia-dynamic",
+    "Sequoia + n-gram copies": "sequoia-ngram",
+    "n-gram copies only": "ngram",
     "Chain": "chain",
     "SpecInfer": "specinfer",
     "Target alone": "ar",
@@ -119,8 +121,11 @@ def make_proposer(ctx: AppContext, method: str, budget, depth, acceptance,
                 "the root-only tree: plain target steps. Pick Sequoia (budget & depth) to see trees."
                 if method.tree.size == 0 else "")
         return method, note
-    if name == "sequoia-dynamic":
-        return _dynamic(ctx, budget, depth, acceptance, temperature)
+    if name in ("sequoia-dynamic", "sequoia-ngram"):
+        return _dynamic(ctx, budget, depth, acceptance, temperature, name)
+    if name == "ngram":  # copies only, priced by the server's profile (no draft model)
+        return make_method("ngram", budget=budget, depth=depth, profile=ctx.profile), (
+            ctx.profile_note() if ctx.profile is None else "")
     if name == "chain":
         return make_method("chain", budget=min(budget, depth)), ""
     if name == "specinfer":
@@ -130,14 +135,16 @@ def make_proposer(ctx: AppContext, method: str, budget, depth, acceptance,
     return make_method("sequoia", budget=budget, depth=depth, acceptance=acceptance), ""
 
 
-def _dynamic(ctx: AppContext, budget: int, depth: int, acceptance, temperature: float) -> tuple[object, str]:
-    """The dynamic tree under the server's profile and the shipped calibration (identity without one)."""
-    method = make_method("sequoia-dynamic", budget=budget, depth=depth, acceptance=acceptance,
+def _dynamic(ctx: AppContext, budget: int, depth: int, acceptance, temperature: float,
+             name: str = "sequoia-dynamic") -> tuple[object, str]:
+    """The dynamic tree (``name``: alone, or with copied branches) under the server's profile and the shipped
+    calibration (identity without one)."""
+    method = make_method(name, budget=budget, depth=depth, acceptance=acceptance,
                          profile=ctx.profile, calibration=ctx.calibration(temperature))
     notes = []
     if ctx.profile is None:
         notes.append(ctx.profile_note())
-    elif not method.can_pay:
+    elif not method.can_pay and name == "sequoia-dynamic":
         notes.append("Under this machine's profile no tree beats the target alone (verifying k tokens costs "
                      "about k times one), so the dynamic policy drafts nothing: every step is a plain target "
                      "step. Pick Sequoia (budget & depth) to see trees.")

@@ -189,7 +189,8 @@ def test_compare_identical_at_greedy(ctx):
 
 
 def test_compare_streams_rows_and_stops(ctx, monkeypatch):
-    outs = list(compare_tab.on_compare(ctx, "x = 1", 8, 3, 0.0, 1.0, 6, 0, CODE, True, False))
+    picked = ["Chain", "SpecInfer", "Sequoia (budget & depth)"]  # Target only runs anyway
+    outs = list(compare_tab.on_compare(ctx, "x = 1", 8, 3, 0.0, 1.0, 6, 0, CODE, True, picked))
     tables = [o[1] for o in outs if not isinstance(o[1], type(gr.skip()))]
     assert [len(t) for t in tables] == [0, 1, 2, 3, 4]  # the table grows one method at a time
     assert "Running" in outs[1][2] and "Identical at T=0" in outs[-1][2]
@@ -212,8 +213,23 @@ def test_compare_streams_rows_and_stops(ctx, monkeypatch):
 
 def test_compare_api_rows(ctx):
     rows = asyncio.run(compare_tab.compare_api_fn(ctx)("x", 4, 2, 0.0, 1.0, 4, 0, False))
-    assert [r["method"] for r in rows] == ["target only", "chain", "specinfer", "sequoia"]
+    assert [r["method"] for r in rows] == ["target only", "chain", "specinfer", "sequoia", "sequoia-ngram"]
     assert all(r["identical"] == "✓ identical" for r in rows)
+
+
+def test_compare_runs_all_three_kinds_of_drafting(ctx):
+    """Copies only, copies + draft model, and Hugging Face prompt lookup beside the target; identical at T=0."""
+    picked = ["HF prompt lookup", "n-gram copies only", "Sequoia + n-gram copies"]
+    prompt = "a b c a b c a b c a b"  # repeats: the context holds n-gram matches to copy
+    rows, notes = compare_tab.run_comparison(ctx, prompt, 8, 3, 0.0, 1.0, 10, 0, methods=picked)
+    assert [r.method for r in rows] == ["target only", "sequoia-ngram", "ngram", "hf prompt lookup"] and not notes
+    assert all(r.identical for r in rows) and all(r.tokens == 10 for r in rows)
+    assert set(compare_tab.offered(ctx)) >= set(picked) and set(compare_tab.DEFAULT_METHODS) <= {
+        m.label for m in compare_tab.METHODS}
+    with pytest.raises(ValueError, match="unknown method"):
+        compare_tab.choose_methods(ctx, ["Medusa"])
+    assert [m.row for m in compare_tab.choose_methods(ctx, picked, include_hf=False)] == [
+        "target only", "sequoia-ngram", "ngram"]
 
 
 def test_dp_tab_solve_and_cell():

@@ -325,3 +325,95 @@ def test_dynamic_proposers_pick_the_nearest_calibration(tmp_path):
     assert found[("code", 0.0)].calibration.prompt_set == "greedy"
     assert found[("code", 0.8)].calibration.prompt_set == "hot"
     assert found[("code", 0.8)].budget == 8 and found[("code", 0.8)].max_depth == 4
+
+
+# ---------------------------------------------------------------------------- n-gram methods
+REPEATS = (PromptSet("echo", ((3, 5, 7, 9, 3, 5, 7, 9, 3, 5, 7), (11, 2, 4, 11, 2, 4, 11, 2))),)
+PAYS = HardwareProfile.hand_made(lambda n: 100.0 + n, lambda w: 10.0 + w)  # wide verification is nearly free
+
+
+@pytest.fixture(scope="module")
+def ngram_result(tiny_pairs, tmp_path_factory):
+    from sequoia.tools.bench_trees import dynamic_proposers
+
+    config = BenchConfig(max_new_tokens=10, temperatures=(0.0,), warmup_tokens=2,
+                         methods=("hf-generate", "hf-assisted", "hf-prompt-lookup", "ngram", "sequoia-ngram"))
+    dynamic = dynamic_proposers(REPEATS, (0.0,), [], PAYS, tmp_path_factory.mktemp("no-assets"), budget=8,
+                                max_depth=4)
+    return run_bench(_pair(tiny_pairs["noisy"]), REPEATS, config, progress=lambda *a: None, dynamic=dynamic)
+
+
+def test_ngram_methods_equal_target_greedy_in_fp32(ngram_result):
+    """Copies only, copies + draft and HF prompt lookup all reproduce target-only greedy decoding token for token."""
+    assert len(ngram_result.runs) == 2 * 5
+    for r in ngram_result.runs:
+        assert r.new_tokens == 10
+        if r.method != "hf-generate":
+            assert r.matches_reference is True and r.agree_prefix == r.new_tokens, r.method
+    lookup = [r for r in ngram_result.runs if r.method == "hf-prompt-lookup"]
+    assert lookup and all(r.steps is None for r in lookup)  # a Hugging Face baseline: no step records
+    ngram = [r for r in ngram_result.runs if r.method == "ngram"]
+    assert any(r.tree_size > 0 for r in ngram)  # repeating prompts: copies were proposed and verified
+    assert all(r.draft_s == 0 or r.draft_s < r.verify_s for r in ngram)
+
+
+def test_ngram_methods_share_the_dynamic_trees_settings():
+    from sequoia.core.calibration import Calibration
+    from sequoia.runtime.methods import make_method
+    from sequoia.tools.bench import make_proposers
+
+    cal = Calibration(knots=(0.0, 1.0), values=((0.0, 1.0),), temperature=0.0, prompt_set="x")
+    dyn = make_method("sequoia-dynamic", acceptance=(0.7, 0.1), profile=PAYS, budget=12, depth=5, calibration=cal)
+    config = BenchConfig(temperatures=(0.0,), methods=("sequoia-dynamic", "ngram", "sequoia-ngram"))
+    out = make_proposers(config, REPEATS, [], {("echo", 0.0): dyn})
+    assert out[("sequoia-dynamic", "echo", 0.0)] is dyn
+    combined, copies = out[("sequoia-ngram", "echo", 0.0)], out[("ngram", "echo", 0.0)]
+    assert combined.name == "sequoia-ngram" and copies.name == "ngram"
+    assert (combined.profile, combined.calibration, combined.acceptance, combined.budget, combined.max_depth) == (
+        PAYS, cal, (0.7, 0.1), 12, 5)
+    assert copies.profile is PAYS and copies.max_depth == 5
+    with pytest.raises(ValueError, match="needed by ngram"):
+        make_proposers(replace(config, methods=("ngram",)), REPEATS, [], {})
+
+
+def test_vs_best_hf_is_per_prompt_against_the_faster_baseline():
+    def run(method, idx, secs):
+        return RunResult(method, "s", idx, 0.0, 3, (1,) * 10, secs, 10)
+
+    runs = [run("hf-generate", 0, 2.0), run("hf-generate", 1, 2.0),
+            run("hf-assisted", 0, 1.0), run("hf-assisted", 1, 2.0),          # 10 and 5 tokens/s
+            run("hf-prompt-lookup", 0, 0.5), run("hf-prompt-lookup", 1, 5.0),  # 20 and 2 tokens/s
+            run("sequoia-ngram", 0, 1 / 3), run("sequoia-ngram", 1, 1.0)]      # 30 and 10 tokens/s
+    by = {s.method: s for s in summarize_runs(runs)}
+    assert by["sequoia-ngram"].vs_best_hf == pytest.approx((30 / 20 + 10 / 5) / 2)
+    assert by["sequoia-ngram"].speedup == pytest.approx((6 + 2) / 2)
+    table = markdown_table(list(by.values()))
+    head = table.splitlines()[0]
+    assert "vs best HF" in head and "vs target alone" in head and "| tokens/s |" in head
+    assert "1.75x" in table
+    # without prompt lookup there is no "best of" to compare with: no column
+    rest = summarize_runs([r for r in runs if r.method != "hf-prompt-lookup"])
+    assert all(math.isnan(s.vs_best_hf) for s in rest) and "vs best HF" not in markdown_table(rest)
+
+
+def test_report_names_the_combined_method_against_the_best_baseline(ngram_result):
+    report = markdown_report(ngram_result)
+    assert "vs best HF" in report and "Combined method" in report
+    assert "- echo, T=0: " in report and "the better of HF prompt lookup and HF assisted" in report
+    assert "`hf-prompt-lookup` HF prompt lookup" in report and "`sequoia-ngram` Sequoia + n-gram" in report
+    json.dumps(to_dict(ngram_result))
+
+
+def test_every_bench_method_has_a_label_and_a_colour():
+    import components
+    from sequoia.tools.bench import BENCH_METHODS
+    from sequoia.tools.bench_figures import _COLORS
+    from sequoia.tools.bench_report import METHOD_LABELS
+
+    for m in BENCH_METHODS:
+        assert METHOD_LABELS[m] == components.METHOD_LABELS[m], m  # the bench and the app say the same
+        assert m in _COLORS and components.method_color(m) != components.method_color("?"), m  # not the fallback
+    new = ("hf-prompt-lookup", "ngram", "sequoia-ngram")
+    assert len({_COLORS[m] for m in new} | {_COLORS[m] for m in ("hf-assisted", "sequoia", "sequoia-dynamic")}) == 6
+    assert len({components.method_color(m) for m in (*new, "hf assisted", "sequoia")}) == 5
+    assert {"hf-prompt-lookup", "sequoia-ngram"} <= set(BenchConfig().methods)  # in the default run

@@ -32,13 +32,19 @@ from ..core.config import GenerationConfig, SamplingConfig
 from ..core.tree import Tree
 from ..runtime.acceptance import load_prompts
 from ..runtime.drafter import StaticTreeProposer
+from ..runtime.dynamic import DynamicTreeProposer
 from ..runtime.engine import SpeculativeEngine
 from ..runtime.methods import make_method
 from ..runtime.profiling import describe_device
 from ..runtime.runner import RunResult, run_method, warmup
 
-#: Methods in the order the report lists them.
-BENCH_METHODS = ("hf-generate", "ar", "hf-assisted", "chain", "specinfer", "sequoia", "sequoia-dynamic")
+#: Methods in the order the report lists them: the target alone, Hugging Face's two kinds of drafting (the
+#: draft model, copies from the prompt), the engine's trees, then the n-gram ones (copies only; copies + draft).
+BENCH_METHODS = ("hf-generate", "ar", "hf-assisted", "hf-prompt-lookup", "chain", "specinfer", "sequoia",
+                 "sequoia-dynamic", "ngram", "sequoia-ngram")
+#: The engine methods priced per workload like ``sequoia-dynamic`` (its profile, acceptance prior and
+#: calibration, from the ``dynamic`` proposers given to :func:`run_bench`).
+WORKLOAD_METHODS = ("sequoia-dynamic", "ngram", "sequoia-ngram")
 #: Target-only greedy references, best first: outputs at T=0 are compared with the first one run.
 REFERENCES = ("hf-generate", "ar")
 
@@ -144,7 +150,8 @@ def run_bench(
 
     ``checkpoint`` is called with the result so far after every (prompt, temperature) group.
     ``dynamic`` maps (prompt set, temperature) to the ``sequoia-dynamic`` proposer to run there
-    (see :func:`sequoia.tools.bench_trees.dynamic_proposers`).  ``clock`` times every run and the
+    (see :func:`sequoia.tools.bench_trees.dynamic_proposers`); ``ngram`` and ``sequoia-ngram`` are built
+    from its settings (:func:`make_proposers`).  ``clock`` times every run and the
     engine's step split (e.g. :func:`sequoia.runtime.runner.process_clock`); the bench's own duration is wall time.
     """
     proposers = make_proposers(config, prompt_sets, sequoia_trees, dynamic)
@@ -181,7 +188,12 @@ def run_bench(
 
 def make_proposers(config: BenchConfig, prompt_sets: Sequence[PromptSet],
                    sequoia_trees: Sequence[TreeChoice], dynamic: Mapping | None = None) -> dict:
-    """(method, prompt set, temperature) -> proposer, for the engine methods."""
+    """(method, prompt set, temperature) -> proposer, for the engine methods.
+
+    The :data:`WORKLOAD_METHODS` of one (prompt set, temperature) share the ``sequoia-dynamic`` proposer's
+    plumbing: the same hardware profile, acceptance prior, calibration, budget and depth, so the n-gram
+    methods are priced exactly as the dynamic tree they are compared with.
+    """
     fixed = {
         "ar": make_method("ar"),
         "chain": make_method("chain", budget=config.chain_budget),
@@ -198,11 +210,22 @@ def make_proposers(config: BenchConfig, prompt_sets: Sequence[PromptSet],
                     if (s.name, temp) not in trees:
                         raise ValueError(f"no Sequoia tree given for prompt set {s.name!r} at T={temp:g}")
                     out[(method, s.name, temp)] = StaticTreeProposer(trees[(s.name, temp)], name="sequoia")
-                elif method == "sequoia-dynamic":
+                elif method in WORKLOAD_METHODS:
                     if (s.name, temp) not in (dynamic or {}):
-                        raise ValueError(f"no dynamic proposer given for prompt set {s.name!r} at T={temp:g}")
-                    out[(method, s.name, temp)] = dynamic[(s.name, temp)]
+                        raise ValueError(f"no dynamic proposer given for prompt set {s.name!r} at T={temp:g} "
+                                         f"(needed by {method})")
+                    out[(method, s.name, temp)] = _like_dynamic(method, dynamic[(s.name, temp)])
     return out
+
+
+def _like_dynamic(method: str, dyn: DynamicTreeProposer):
+    """``method`` with the settings of the ``sequoia-dynamic`` proposer ``dyn`` (``dyn`` itself for that one)."""
+    if method == "sequoia-dynamic":
+        return dyn
+    if method == "ngram":  # no draft model: only the profile prices its copies (its own copy budget)
+        return make_method("ngram", profile=dyn.profile, depth=dyn.max_depth)
+    return make_method(method, acceptance=dyn.acceptance, profile=dyn.profile, budget=dyn.budget,
+                       depth=dyn.max_depth, calibration=dyn.calibration)
 
 
 def encode(pair, prompt: str | Sequence[int]) -> list[int]:

@@ -16,7 +16,7 @@ import torch
 from .._meta import ASSETS, pair_name, write_json
 from ..runtime.finder import ProfileChoice, list_acceptance
 from ..runtime.runner import process_clock
-from .bench import BENCH_METHODS, BenchConfig, load_prompt_sets
+from .bench import BENCH_METHODS, WORKLOAD_METHODS, BenchConfig, load_prompt_sets
 from .bench import run_bench as bench
 from .bench_figures import speed_figure, speedup_figure, time_split_figure, write_figures
 from .bench_report import markdown_table, summarize_runs, to_dict, write_markdown
@@ -32,7 +32,8 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperatures", default="0,0.6", help="comma-separated, 0 = greedy")
     p.add_argument("--methods", default=",".join(BENCH_METHODS),
-                   help=f"comma-separated subset of {', '.join(BENCH_METHODS)}")
+                   help=f"comma-separated subset of {', '.join(BENCH_METHODS)} (default: all; hf-prompt-lookup "
+                        "and ngram copy from the context, sequoia-ngram adds the copies to the dynamic tree)")
     p.add_argument("--limit", type=int, default=None, help="first N prompts of each set")
     p.add_argument("--out", default="out/bench", help="output directory")
     p.add_argument("--seed", type=int, default=0)
@@ -89,11 +90,11 @@ def main_bench(args) -> int:
     pair = load_from_args(args)
     clock = process_clock() if args.clock == "cpu" else time.perf_counter
     choice, trees, dynamic = None, [], None
-    if {"sequoia", "sequoia-dynamic"} & set(config.methods):
+    if {"sequoia", *WORKLOAD_METHODS} & set(config.methods):
         choice = _profile(args, pair, out)
     if "sequoia" in config.methods:
         trees = _trees(args, pair, sets, config, choice.profile)
-    if "sequoia-dynamic" in config.methods:
+    if set(WORKLOAD_METHODS) & set(config.methods):  # the n-gram methods take the dynamic tree's settings
         dynamic = _dynamic(args, pair, sets, config, choice.profile)
     result = bench(pair, sets, config, trees, dynamic=dynamic, clock=clock,
                    checkpoint=lambda partial: write_json(out / "bench.partial.json", to_dict(partial)))

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .bench_report import MethodSummary
+from .bench_report import METHOD_LABELS, MethodSummary
 
-_COLORS = {"hf-generate": "#9e9e9e", "ar": "#616161", "hf-assisted": "#ff9800", "chain": "#42a5f5",
-           "specinfer": "#7e57c2", "sequoia": "#2e7d32", "sequoia-dynamic": "#00897b", "kary": "#8d6e63",
-           "k_chains": "#7e57c2",
+_COLORS = {"hf-generate": "#9e9e9e", "ar": "#616161", "hf-assisted": "#ff9800", "hf-prompt-lookup": "#1f3b8c",
+           "chain": "#42a5f5", "specinfer": "#7e57c2", "sequoia": "#2e7d32", "sequoia-dynamic": "#00897b",
+           "ngram": "#e6ab02", "sequoia-ngram": "#d81b60", "kary": "#8d6e63", "k_chains": "#7e57c2",
            "binary": "#8d6e63", "without_replacement": "#2e7d32", "with_replacement": "#7e57c2", "topk": "#ff9800"}
 
 
@@ -34,7 +34,7 @@ def _bars(summaries: Sequence[MethodSummary], value, title: str, y_title: str, m
     methods = methods or list(dict.fromkeys(s.method for s in summaries))
     for m in methods:
         rows = [s for s in summaries if s.method == m]
-        fig.add_bar(name=m, x=[f"{s.prompt_set}, T={s.temperature:g}" for s in rows], y=[value(s) for s in rows],
+        fig.add_bar(name=METHOD_LABELS.get(m, m), x=[f"{s.prompt_set}, T={s.temperature:g}" for s in rows], y=[value(s) for s in rows],
                     marker_color=_COLORS.get(m), text=[f"{value(s):.2f}" for s in rows], textposition="outside")
     fig.update_layout(title=title, barmode="group", yaxis_title=y_title, template="plotly_white",
                       legend_title="method", xaxis=dict(categoryorder="array", categoryarray=_groups(summaries)))
