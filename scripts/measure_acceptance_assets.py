@@ -1,14 +1,18 @@
 """Regenerate the shipped acceptance vectors of the embedded pair (assets/acceptance/).
 
-    .venv/bin/python scripts/measure_acceptance_assets.py [max_new_tokens] [only]
+    .venv/bin/python scripts/measure_acceptance_assets.py [max_new_tokens] [only] [sets]
 
 ``only`` (e.g. ``chat-t1.0``) regenerates just the files whose name contains it.
-The shipped files were made with ``48``: about 5 minutes a file on a 2-core CPU,
+``sets`` is a comma-separated list of shipped prompt sets (default ``code,chat``),
+e.g. ``summarize,rag,edit`` for the long-context sets.
+The code and chat files were made with ``48``: about 5 minutes a file on a 2-core CPU,
 except chat at T=1.0, where flat distributions make the Monte Carlo slow
-(about 15 minutes).
+(about 15 minutes).  The long-context files (summarize, rag, edit; prompts of
+600-900 tokens) were made with ``32`` and only greedy and T=0.6, to fit the time.
+All greedy files are written before any sampled one, so a stopped run keeps them.
 
 Teacher-forced (see :mod:`sequoia.runtime.acceptance`), width 16, for each prompt set
-(assets/prompts/code.jsonl, chat.jsonl) at greedy, T=0.6 and T=1.0.  The
+(assets/prompts/<set>.jsonl) at greedy, T=0.6 and T=1.0.  The
 continuations are written by the target, so this takes a while on a CPU
 (about 12 prompts x max_new_tokens target decode steps per file).
 """
@@ -33,12 +37,13 @@ WIDTH = 16
 SEED = 0
 
 
-def main(max_new_tokens: int = 48, only: str = "") -> None:
+def main(max_new_tokens: int = 48, only: str = "", sets: str = "code,chat") -> None:
+    names = [s.strip() for s in sets.split(",") if s.strip()]
+    prompt_sets = {name: load_prompts(PROMPTS / f"{name}.jsonl") for name in names}  # fail before loading the pair
     pair = load_pair()
     OUT.mkdir(parents=True, exist_ok=True)
-    for set_name in ("code", "chat"):
-        prompts = load_prompts(PROMPTS / f"{set_name}.jsonl")
-        for tag, sampling in SETTINGS.items():
+    for tag, sampling in SETTINGS.items():
+        for set_name, prompts in prompt_sets.items():
             if only not in f"{set_name}-{tag}":
                 continue
             t0 = time.perf_counter()
@@ -52,4 +57,4 @@ def main(max_new_tokens: int = 48, only: str = "") -> None:
 
 
 if __name__ == "__main__":
-    main(*(int(a) for a in sys.argv[1:2]), *sys.argv[2:3])
+    main(*(int(a) for a in sys.argv[1:2]), *sys.argv[2:4])
