@@ -128,9 +128,10 @@ def _dynamic(args, pair, sets, config, profile):
     found = dynamic_proposers(sets, config.temperatures, list_acceptance(args.assets_dir, name), profile,
                               args.assets_dir, name, budget=args.max_budget, max_depth=args.max_depth)
     for (set_name, temp), method in found.items():
-        print(f"sequoia-dynamic for {set_name} T={temp:g}: budget {method.budget}, depth {method.max_depth}, "
+        print(f"dynamic tree (sequoia-dynamic, sequoia-ngram, ngram) for {set_name} T={temp:g}: "
+              f"budget {method.budget}, depth {method.max_depth}, "
               f"calibration {method.calibration.prompt_set or 'identity'}"
-              + ("" if method.can_pay else " (the profile says no tree pays: it will not draft)"), file=sys.stderr)
+              + ("" if method.can_pay else " (the profile says no draft-model tree pays: the draft model will not run)"), file=sys.stderr)
     return found
 
 
