@@ -202,12 +202,18 @@ def _node_hover(record: StepRecord, i: int, dropped: bool = False) -> str:
         return f"<b>root</b> (last committed token)<br>token {tok} (id {record.tokens[i]})"
     status = record.status[i] + (", then dropped by the length limit" if dropped else "")
     # A copy is a fixed proposal: no q drew it (StepRecord.q holds at most what the draft thought of it).
-    source = ("<br><b>copied from the context</b> (a fixed proposal, not drawn from q)"
+    source = (f"<br><b>{_copied_words(record, i)}</b> (a fixed proposal, not drawn from q)"
               if record.source(i) == NGRAM else f"<br>q (draft) = {record.q[i]:.4f}")
     return (f"<b>node {i}</b>: token {tok} (id {record.tokens[i]})"
             f"<br>depth {tree.depths[i]} · child {tree.ranks[i] + 1} of its parent (p_{tree.ranks[i] + 1})"
             f"{source}<br>p (target) = {record.p[i]:.4f}"
             f"<br>status: {status}")
+
+
+def _copied_words(record: StepRecord, i: int) -> str:
+    """'copied (n-gram match of length n)' when the record kept the match length, else 'copied from the context'."""
+    n = record.match_len[i] if record.match_len else 0
+    return f"copied (n-gram match of length {n})" if n > 0 else COPIED
 
 
 def step_title(record: StepRecord, note: str = "") -> str:

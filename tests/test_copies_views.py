@@ -40,6 +40,12 @@ def test_tree_marks_copied_nodes_and_keeps_status_colours():
     assert "2 copied from the context" in fig.layout.title.text
 
 
+def test_tree_hover_names_the_match_length_when_recorded():
+    rec = replace(_copied_record(), match_len=(0, 3, 0, 0, 3, 0, 0))
+    accepted = _trace(tree_view.figure(rec), "accepted")
+    assert "copied (n-gram match of length 3)" in dict(zip(accepted.customdata, accepted.hovertext))[4]
+
+
 def test_tree_without_copies_has_no_marker():
     fig = tree_view.figure(StepRecord.fake(TREE, (0, 2, 6)))
     assert _trace(fig, tree_view.COPIED) is None
