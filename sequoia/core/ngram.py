@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -43,7 +43,8 @@ from .trace import ACCEPTED, NGRAM, StepRecord
 #: A prior acceptance of a copied token, by the match length that proposed it (index n - 1, the last entry for
 #: longer matches) and its depth in its branch (index depth - 1, the last entry for deeper ones).  Hand-set,
 #: not measured: longer matches and the first tokens of a branch are likelier (prompt lookup's experience on
-#: summaries and RAG answers); calibration against measured acceptance is left to do.
+#: summaries and RAG answers); the default where nothing is measured, and what :class:`NgramAcceptance`
+#: shrinks sparse measured cells toward.
 NGRAM_PRIOR = (
     (0.15, 0.10, 0.08, 0.06),   # n = 1
     (0.35, 0.30, 0.25, 0.20),   # n = 2
@@ -60,9 +61,6 @@ def ngram_prior(match_len: int, depth: int) -> float:
 
 #: The format tag of an :class:`NgramAcceptance` file.
 NGRAM_ACCEPTANCE_FORMAT = "sequoia-ngram-acceptance/1"
-
-#: An acceptance estimate of copied tokens: ``accept(match_len, depth) -> P(accepted | parent accepted)``.
-AcceptFn = Callable[[int, int], float]
 
 
 @dataclass(frozen=True)
