@@ -176,6 +176,7 @@ class SpeculativeEngine:
             new_tokens=new, draft_s=0.0, verify_s=0.0, other_s=0.0,
             method=proposer.name, finished=reason is not None,
             finish_reason=reason, dynamic=draft.dynamic, sources=draft.sources or (),
+            match_len=draft.match_len or (),
         )
 
     def _check_request(self, prompt_ids, proposer, config) -> None:

@@ -5,24 +5,38 @@ Each step the context (prompt and text so far) is matched against itself
 the root.  A copied node costs no draft forward but widens the target's
 verification, so both methods price it with the one cost model
 (:func:`sequoia.core.cost.step_ms`): trie nodes are taken best-first by their
-estimated acceptance f(v) = product along the path of
-:func:`~sequoia.core.ngram.ngram_prior` (match length, depth), as many as
-maximise (1 + sum f) / step_ms.  ``sequoia-ngram`` then grows the draft
-model's dynamic tree (:class:`~sequoia.runtime.dynamic.DynamicTreeProposer`)
-on top, whose decisions already count the copied nodes' width and expected
-tokens; when its gate says the draft does not pay, the step keeps the copies
-alone (no draft forward).
+estimated acceptance f(v) = product along the path of ``accept(match length,
+depth)`` (default :func:`~sequoia.core.ngram.ngram_prior`), as many as
+maximise (1 + sum f) / step_ms.
 
-Losslessness: copied children are fixed proposals, listed first among their
-parent's children and verified as point masses; the draft's children of the
-same node are drawn from q without the copied tokens (never a duplicate).
+``sequoia-ngram`` grows the draft model's dynamic tree
+(:class:`~sequoia.runtime.dynamic.DynamicTreeProposer`) in the same tree, and
+copies grow anywhere in it: below a draft node v with path tokens x_1..x_k,
+the tail of context + x_1..x_k is looked up (:meth:`NgramIndex.lookup`,
+``extra=``) and its continuations are grafted under v, priced the same way
+with f scaled by f(v).  Lookups are bounded: only the level's draft nodes
+chosen for a draft forward or the best by f, at most ``lookups`` a step, and
+only matches of at least ``min_match_below`` tokens.  The dynamic tree's
+decisions count the copied nodes' width and expected tokens; when its gate
+says the draft does not pay, the step keeps the root's copies alone (no
+draft forward).
+
+Losslessness: at every node, copied children are fixed proposals, listed
+first among their parent's children and verified as point masses; the
+draft's children of the same node are drawn from q without the copied
+tokens (so no token appears twice among a node's children), and drawn
+slots of zero probability (fillers, which verification skips) are dropped.
 :func:`sequoia.core.sampling.verify_children` (``n_fixed``) states the rule
-and the argument.  Copied nodes are never forwarded by the draft, so they
-have no draft children (only copied ones) in this version.
+and the argument; the engine takes n_fixed per node from the sources
+(:meth:`Draft.n_fixed`).  Which copies a node gets depends only on the
+context and the node's path, never on the node's own children's draws.
+Copied nodes are never forwarded by the draft, so they have copied children
+only.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,19 +51,24 @@ from ..core.tree import Tree
 from .drafter import Draft, Drafter, Proposer
 from .dynamic import DynamicTreeProposer, _Growth
 
+#: accept(match_len, depth) -> probability that a copied token is accepted given its parent was.
+Accept = Callable[[int, int], float]
+
 
 @dataclass(frozen=True)
 class NgramSettings:
     """How the context is searched; validated once here."""
 
     length: int = 8            # longest copied continuation (tokens)
-    max_branches: int = 4      # distinct continuations per step
+    max_branches: int = 4      # distinct continuations per lookup
     max_ngram: int = 4         # match lengths tried, longest first
     min_ngram: int = 1
     budget: int = 16           # most copied nodes per step
+    lookups: int = 8           # most lookups below draft nodes per step
+    min_match_below: int = 2   # shortest match worth grafting below a draft node
 
     def __post_init__(self) -> None:
-        for name in ("length", "max_branches", "max_ngram", "min_ngram", "budget"):
+        for name in ("length", "max_branches", "max_ngram", "min_ngram", "budget", "lookups", "min_match_below"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"ngram {name} must be a positive integer, got {v!r}")
@@ -60,28 +79,36 @@ class NgramSettings:
         return NgramIndex(max_n=self.max_ngram, min_n=self.min_ngram)
 
 
-def trie_acceptance(trie: NgramTrie) -> list[float]:
-    """Estimated acceptance f(v) of every trie node (root: 1).  # [n_nodes]"""
+def trie_acceptance(trie: NgramTrie, accept: Accept = ngram_prior) -> list[float]:
+    """Estimated acceptance f(v) of every trie node relative to its root (root: 1).  # [n_nodes]"""
     f = [1.0] * len(trie.parents)
     for v in range(1, len(trie.parents)):
-        f[v] = f[trie.parents[v]] * ngram_prior(trie.match_len[v], trie.depths[v])
+        f[v] = f[trie.parents[v]] * accept(trie.match_len[v], trie.depths[v])
     return f
 
 
 def choose_copies(trie: NgramTrie, profile: HardwareProfile, widths: tuple[int, ...], budget: int,
-                  max_depth: int) -> list[int]:
+                  max_depth: int, accept: Accept = ngram_prior, scale: float = 1.0,
+                  base_tokens: float = 1.0, base_nodes: int = 1) -> list[int]:
     """Trie nodes worth verifying (sorted, so in breadth-first order): the best-first prefix maximising E / ms.
 
-    ``widths``: the draft forwards the step pays anyway (() without the draft model).  f falls along a
-    path and ties go to the shallower node, so the best-first prefix holds every chosen node's parent.
+    ``widths``: the draft forwards the step pays anyway (() without the draft model).  The trie hangs
+    below a node of estimated acceptance ``scale`` in a tree already holding ``base_nodes`` nodes
+    (root included) expected to yield ``base_tokens``.  Ties go to the shallower node; a node whose
+    parent was not chosen is dropped (f falls along a path when accept <= 1, so that only guards
+    odd ``accept`` callables).
     """
-    f = trie_acceptance(trie)
+    f = trie_acceptance(trie, accept)
     cand = [v for v in range(1, len(trie.parents)) if trie.depths[v] <= max_depth]
-    order = sorted(cand, key=lambda v: (-f[v], trie.depths[v], v))[:budget]
-    gains = np.concatenate([[0.0], np.cumsum([f[v] for v in order])])            # [J+1]
-    ms = np.array([cost.step_ms(profile, widths, j + 1) for j in range(len(gains))])
-    best = int(np.argmax((1.0 + gains) / ms))
-    return sorted(order[:best])
+    order = sorted(cand, key=lambda v: (-f[v], trie.depths[v], v))[:max(budget, 0)]
+    gains = np.concatenate([[0.0], np.cumsum([scale * f[v] for v in order])])   # [J+1]
+    ms = np.array([cost.step_ms(profile, widths, base_nodes + j) for j in range(len(gains))])
+    best = int(np.argmax((base_tokens + gains) / ms))
+    kept = {0}
+    for v in sorted(order[:best]):
+        if trie.parents[v] in kept:
+            kept.add(v)
+    return sorted(kept - {0})
 
 
 def copies_draft(root_token: int, trie: NgramTrie, chosen: list[int]) -> Draft:
@@ -94,7 +121,8 @@ def copies_draft(root_token: int, trie: NgramTrie, chosen: list[int]) -> Draft:
         tokens.append(trie.tokens[v])
     n = len(parents)
     return Draft(tree=Tree(tuple(parents)), tokens=tokens, q={}, q_token=[1.0] + [0.0] * (n - 1),
-                 sources=(ROOT,) + (NGRAM,) * (n - 1))
+                 sources=(ROOT,) + (NGRAM,) * (n - 1),
+                 match_len=(0,) + tuple(trie.match_len[v] for v in chosen))
 
 
 @dataclass
@@ -104,6 +132,7 @@ class NgramProposer(Proposer):
     profile: HardwareProfile
     settings: NgramSettings = field(default_factory=NgramSettings)
     max_depth: int = 16
+    accept: Accept = ngram_prior        # acceptance of a copied token by (match length, depth)
     mode: str = "without_replacement"   # unused: every child is a fixed proposal
     name: str = "ngram"
 
@@ -123,15 +152,56 @@ class NgramProposer(Proposer):
     def propose(self, drafter: Drafter, generator) -> Draft:
         self._index.sync(drafter.context)
         trie = self._index.lookup(self.settings.length, self.settings.max_branches)
-        chosen = choose_copies(trie, self.profile, (), self.settings.budget, self.max_depth)
+        chosen = choose_copies(trie, self.profile, (), self.settings.budget, self.max_depth, self.accept)
         return copies_draft(drafter.root_token, trie, chosen)
 
 
 @dataclass
+class _Graft:
+    """Chosen trie nodes hanging below one node of the tree (the root or a draft node)."""
+
+    anchor: int                     # tree node the trie's root stands for
+    trie: NgramTrie
+    chosen: list[int]               # trie nodes, breadth-first
+    f: list[float]                  # [trie nodes] estimated acceptance, the anchor's f included
+    node_of: dict[int, int]         # trie node -> tree node (filled as levels are added)
+
+    def at(self, rel_depth: int) -> list[int]:
+        return [v for v in self.chosen if self.trie.depths[v] == rel_depth]
+
+
+@dataclass
+class _Step:
+    """One step's tree under construction: the dynamic tree's growth plus who proposed each node."""
+
+    g: _Growth
+    raw_q: dict[int, torch.Tensor]              # forwarded node -> [V] q (verification removes the copies itself)
+    sources: list[str]                          # [n_nodes]
+    match_len: list[int]                        # [n_nodes] 0 unless copied
+    grafts: list[_Graft] = field(default_factory=list)
+    copies_left: int = 0
+    lookups_left: int = 0
+
+    def pending(self) -> tuple[int, float]:
+        """Chosen copies not yet in the tree: how many and their sum of f."""
+        n, f = 0, 0.0
+        for gr in self.grafts:
+            for v in gr.chosen:
+                if v not in gr.node_of:
+                    n, f = n + 1, f + gr.f[v]
+        return n, f
+
+    def deepest(self) -> int:
+        return max((self.g.depths[gr.anchor] + gr.trie.depths[v] for gr in self.grafts for v in gr.chosen),
+                   default=0)
+
+
+@dataclass
 class NgramDynamicProposer(DynamicTreeProposer):
-    """``sequoia-ngram``: copied branches at the root plus the draft model's dynamic tree, one cost model."""
+    """``sequoia-ngram``: copied branches anywhere in the draft model's dynamic tree, one cost model."""
 
     settings: NgramSettings = field(default_factory=NgramSettings)
+    accept: Accept = ngram_prior        # acceptance of a copied token by (match length, depth)
     name: str = "sequoia-ngram"
 
     def __post_init__(self) -> None:
@@ -153,45 +223,110 @@ class NgramDynamicProposer(DynamicTreeProposer):
         return self.budget + self.settings.budget + 1
 
     def propose(self, drafter: Drafter, generator) -> Draft:
+        s = self.settings
         self._index.sync(drafter.context)
-        trie = self._index.lookup(self.settings.length, self.settings.max_branches)
+        trie = self._index.lookup(s.length, s.max_branches)
         if drafter.root_q is None:  # the gate skipped the draft model: copies alone
-            return copies_draft(drafter.root_token, trie, choose_copies(trie, self.profile, (),
-                                                                        self.settings.budget, self.max_depth))
-        chosen = choose_copies(trie, self.profile, (1,), self.settings.budget, self.max_depth)
-        f = trie_acceptance(trie)
-        by_depth: dict[int, list[int]] = {}
-        for v in chosen:
-            by_depth.setdefault(trie.depths[v], []).append(v)
-        first = torch.tensor([trie.tokens[v] for v in by_depth.get(1, [])], dtype=torch.long,
-                             device=drafter.root_q.device)
-        # The draft's children of the root are drawn from q without the copied tokens (sampling.verify_children).
+            return copies_draft(drafter.root_token, trie,
+                                choose_copies(trie, self.profile, (), s.budget, self.max_depth, self.accept))
         g = _Growth(parents=[-1], depths=[0], tokens=[drafter.root_token], q_token=[1.0], f=[1.0],
-                    q={0: without_tokens(drafter.root_q, first)})
-        node_of = {0: 0}
-        sources = [ROOT]
+                    q={0: drafter.root_q})
+        st = _Step(g=g, raw_q={0: drafter.root_q}, sources=[ROOT], match_len=[0], copies_left=s.budget,
+                   lookups_left=s.lookups)
+        self._graft(st, 0, trie, (1,))
         frontier = [0]
-        deepest = max(by_depth, default=0)
         for depth in range(1, self.max_depth + 1):
-            # Copies first: their parents (copies one level up, or the root) precede the draft's nodes.
-            for v in by_depth.get(depth, []):
-                q_tok = float(drafter.root_q[trie.tokens[v]]) if depth == 1 else 0.0
-                node_of[v] = g.add(node_of[trie.parents[v]], trie.tokens[v], q_tok, f[v])
-                sources.append(NGRAM)
-            level = (self._add_children(g, frontier, drafter, generator)
-                     if frontier and g.size < self.budget else [])
-            sources += [DRAFT] * len(level)
+            level = self._grow_level(st, depth, frontier, drafter, generator)
             frontier = []
             if level and depth < self.max_depth and g.size < self.budget:
                 frontier = self._choose_expansion(g, level)
-                if frontier:
-                    rows = drafter.expand(frontier, g.parents, g.depths, g.tokens)
-                    g.q.update(zip(frontier, rows))
-                    g.widths.append(len(frontier))
-            if not frontier and depth >= deepest:
+            if level and depth < self.max_depth:
+                self._graft_below(st, level, frontier)
+            if frontier:
+                rows = drafter.expand(frontier, g.parents, g.depths, g.tokens)
+                st.raw_q.update(zip(frontier, rows))
+                g.q.update(zip(frontier, rows))
+                g.widths.append(len(frontier))
+            if not frontier and depth >= st.deepest():
                 break
         tree = Tree(tuple(g.parents))
-        q = {v: g.q[v] for v in range(tree.n_nodes) if tree.children[v] and v in g.q}
-        q[0] = drafter.root_q   # verification removes the copied tokens itself
+        q = {v: st.raw_q[v] for v in range(tree.n_nodes) if tree.children[v] and v in st.raw_q}
         return Draft(tree=tree, tokens=g.tokens, q=q, q_token=g.q_token, dynamic=self._annotate(tree, g),
-                     sources=tuple(sources))
+                     sources=tuple(st.sources), match_len=tuple(st.match_len))
+
+    # ------------------------------------------------------------------ one level
+    def _grow_level(self, st: _Step, depth: int, frontier: list[int], drafter: Drafter, generator) -> list[int]:
+        """Add the level's copies, then the draft's children of ``frontier``; return the new draft nodes."""
+        g = st.g
+        start = len(g.parents)
+        fixed: dict[int, list[int]] = {}          # tree node -> its copied children's tokens
+        for gr in st.grafts:
+            for v in gr.at(depth - g.depths[gr.anchor]):
+                parent = gr.node_of[gr.trie.parents[v]]
+                tok = gr.trie.tokens[v]
+                q_par = st.raw_q.get(parent)
+                gr.node_of[v] = g.add(parent, tok, float(q_par[tok]) if q_par is not None else 0.0, gr.f[v])
+                st.sources.append(NGRAM)
+                st.match_len.append(gr.trie.match_len[v])
+                fixed.setdefault(parent, []).append(tok)
+        for u in frontier:  # the draft's children are drawn from q without the copied tokens (merge)
+            toks = torch.tensor(fixed.get(u, []), dtype=torch.long, device=st.raw_q[u].device)
+            g.q[u] = without_tokens(st.raw_q[u], toks)
+        level = (self._add_children(g, frontier, drafter, generator)
+                 if frontier and g.size < self.budget else [])
+        st.sources += [DRAFT] * len(level)
+        st.match_len += [0] * len(level)
+        return self._order_level(st, start)
+
+    def _order_level(self, st: _Step, start: int) -> list[int]:
+        """Renumber the level from ``start`` breadth-first: by parent, copies first, draws in order.
+
+        Drawn slots of probability 0 (fillers: q had fewer tokens than slots) are dropped; they could
+        repeat a copied token and verification would skip them anyway.  Nothing refers to the level's
+        nodes yet except the grafts' maps, remapped here.  Returns the level's draft nodes.
+        """
+        g = st.g
+        old = [v for v in range(start, len(g.parents)) if st.sources[v] == NGRAM or g.q_token[v] > 0.0]
+        old.sort(key=lambda v: (g.parents[v], st.sources[v] != NGRAM, v))
+        new_of = {v: start + i for i, v in enumerate(old)}
+        for seq in (g.parents, g.depths, g.tokens, g.q_token, g.f, st.sources, st.match_len):
+            seq[start:] = [seq[v] for v in old]
+        for gr in st.grafts:
+            gr.node_of = {t: new_of.get(v, v) for t, v in gr.node_of.items()}
+        return [v for v in range(start, len(g.parents)) if st.sources[v] == DRAFT]
+
+    # ------------------------------------------------------------------ copies
+    def _graft(self, st: _Step, anchor: int, trie: NgramTrie, widths: tuple[int, ...]) -> None:
+        """Choose copies of ``trie`` below ``anchor`` under the cost model; they join the tree level by level."""
+        if trie.size == 0 or st.copies_left <= 0:
+            return
+        g = st.g
+        n_pend, f_pend = st.pending()
+        chosen = choose_copies(trie, self.profile, widths, st.copies_left, self.max_depth - g.depths[anchor],
+                               self.accept, scale=g.f[anchor], base_tokens=1.0 + sum(g.f[1:]) + f_pend,
+                               base_nodes=g.size + 1 + n_pend)
+        if chosen:
+            f = [g.f[anchor] * x for x in trie_acceptance(trie, self.accept)]
+            st.grafts.append(_Graft(anchor=anchor, trie=trie, chosen=chosen, f=f, node_of={0: anchor}))
+            st.copies_left -= len(chosen)
+
+    def _graft_below(self, st: _Step, level: list[int], frontier: list[int]) -> None:
+        """Look up continuations of the paths of the level's most promising draft nodes (forwarded ones first)."""
+        s, g = self.settings, st.g
+        widths = tuple(g.widths) + ((len(frontier),) if frontier else ())
+        chosen = set(frontier)
+        for v in sorted(level, key=lambda v: (v not in chosen, -g.f[v], v)):
+            if st.lookups_left <= 0 or st.copies_left <= 0:
+                return
+            st.lookups_left -= 1
+            path = [g.tokens[u] for u in _path(g.parents, v)[1:]]
+            trie = self._index.lookup(s.length, s.max_branches, extra=path, min_match=s.min_match_below)
+            self._graft(st, v, trie, widths)
+
+
+def _path(parents: list[int], v: int) -> list[int]:
+    """Root-to-v node indices."""
+    out = [v]
+    while parents[out[-1]] >= 0:
+        out.append(parents[out[-1]])
+    return out[::-1]
