@@ -12,7 +12,7 @@ from test_engine import _exact_two_token_joint, _hf_greedy, _joint_pvalue
 from sequoia.core.config import GenerationConfig, SamplingConfig
 from sequoia.core.ngram import NgramIndex, ngram_prior
 from sequoia.core.profile import HardwareProfile
-from sequoia.core.trace import DRAFT, NGRAM, ROOT
+from sequoia.core.trace import DRAFT, NGRAM, ROOT, UNREACHED
 from sequoia.runtime.drafter import Draft
 from sequoia.runtime.engine import SpeculativeEngine
 from sequoia.runtime.ngram_proposer import NgramDynamicProposer, NgramSettings
@@ -119,7 +119,9 @@ def small_vocab_pair():
     return make_pair(tiny_model(3, vocab=8, init=0.2), target, 8)
 
 
-SMALL_BRANCHY = [5, 1, 2, 5, 3, 4, 5, 6, 7, 5, 0, 2, 5]
+#: The draft proposes 7 at the root (likely under p too), and the copy below it (7 after "5 7") is verified in 13-33%
+#: of the first steps (T = 0.7 to 1): a copy verified as if the draft had drawn it fails the chi-square (p ~ 0).
+SMALL_BRANCHY = [5, 7, 7, 5, 3, 4, 5, 6, 7, 5, 0, 2, 5]
 
 
 @pytest.mark.parametrize("sampling", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, top_p=0.9)])
@@ -129,17 +131,21 @@ def test_sampled_output_matches_target_distribution(small_vocab_pair, sampling):
     proposer = _proposer(12, max_branches=1, length=3)
     counts = torch.zeros(8, 8)
     engine = SpeculativeEngine(small_vocab_pair)
-    below = mixed = 0
+    below = mixed = reached = 0
     for seed in range(1000):
         cfg = GenerationConfig(max_new_tokens=2, sampling=sampling, seed=seed, stop_at_eos=False)
         proposer.drafts.clear()
-        toks = [t for r in engine.generate(SMALL_BRANCHY, proposer, cfg, with_texts=False) for t in r.new_tokens]
+        records = list(engine.generate(SMALL_BRANCHY, proposer, cfg, with_texts=False))
+        toks = [t for r in records for t in r.new_tokens]
         counts[toks[0], toks[1]] += 1
-        first = proposer.drafts[0]
+        first, r0 = proposer.drafts[0], records[0]
         below += _check_tree(first) > 0
         mixed += any(first.sources[v] == DRAFT and {first.sources[c] for c in first.tree.children[v]} == {DRAFT, NGRAM}
                      for v in range(1, first.tree.n_nodes))
-    assert below > 500 and mixed > 300   # the first step really had copies below draft nodes, beside drafts
+        reached += any(r0.sources[v] == NGRAM and r0.sources[r0.tree.parents[v]] == DRAFT and r0.status[v] != UNREACHED
+                       for v in range(1, r0.tree.n_nodes))
+    # the first step really had copies below draft nodes, beside drafts, and verification tested them
+    assert below > 500 and mixed > 300 and reached > 100, (below, mixed, reached)
     assert _joint_pvalue(counts, exact) > 1e-6
 
 
