@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import torch
 from conftest import make_pair, tiny_model
@@ -114,7 +116,7 @@ def test_fused_projections_give_the_separate_layers_numbers_bit_for_bit(scheme):
     ids = torch.randint(0, 1000, (1, 44), generator=torch.Generator().manual_seed(1))
     for a, b in zip(_logits_by_step(fused, ids), _logits_by_step(separate, ids), strict=True):
         assert torch.equal(a, b)
-    assert attn.qkv_proj._key is None and mlp.gate_up_proj._key is None   # nothing held between calls
+    assert attn.qkv_proj._held is None and mlp.gate_up_proj._held is None   # nothing held between calls
 
 
 def test_a_part_called_with_another_input_recomputes():
@@ -127,7 +129,21 @@ def test_a_part_called_with_another_input_recomputes():
     assert torch.equal(second(y), own[1](y))          # not x's cached product
     x.mul_(2)                                         # changed in place: the version counter tells
     assert torch.equal(first(x), own[0](x))
-    assert torch.equal(second(x), own[1](x)) and group._key is None
+    assert torch.equal(second(x), own[1](x)) and group._held is None
+
+
+def test_decodes_on_several_threads_sharing_a_fused_model_get_their_own_products():
+    model = quantize_weights(_tiny(), "int8")
+    inputs = [torch.randint(0, 1000, (1, 3), generator=torch.Generator().manual_seed(s)) for s in range(24)]
+
+    def logits(ids: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode():
+            return model(ids).logits
+
+    alone = [logits(ids) for ids in inputs]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(logits, inputs))
+    assert all(torch.equal(a, b) for a, b in zip(alone, together, strict=True))
 
 
 def test_groups_that_would_change_scheme_or_shape_stay_separate():
