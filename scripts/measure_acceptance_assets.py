@@ -8,7 +8,9 @@ e.g. ``summarize,rag,edit`` for the long-context sets.
 The code and chat files were made with ``48``: about 5 minutes a file on a 2-core CPU,
 except chat at T=1.0, where flat distributions make the Monte Carlo slow
 (about 15 minutes).  The long-context files (summarize, rag, edit; prompts of
-600-900 tokens) were made with ``32`` and only greedy and T=0.6, to fit the time.
+about 550-750 tokens) were made on a contended CPU to fit the time: greedy summarize
+with ``32`` (about 5 minutes a prompt), the others with ``16``, greedy and T=0.6 only
+(``32 greedy summarize``, ``16 greedy rag,edit``, ``16 t0.6 summarize,rag,edit``).
 All greedy files are written before any sampled one, so a stopped run keeps them.
 
 Teacher-forced (see :mod:`sequoia.runtime.acceptance`), width 16, for each prompt set
