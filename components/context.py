@@ -251,6 +251,12 @@ class AppContext:
         name = pair_name(self._pair) if self._pair is not None else None
         return finder.find_calibration(temperature, self.assets_dir, name)
 
+    def copy_acceptance(self, temperature: float = 0.0):
+        """The measured acceptance of copied tokens nearest in temperature, pooled over the prompt kinds
+        (the page does not know the prompt's kind), or None (the hand-set prior)."""
+        name = pair_name(self._pair) if self._pair is not None else None
+        return finder.find_ngram_acceptance("", temperature, self.assets_dir, name)
+
     # ------------------------------------------------------------------------------- hardware profile
     @property
     def profile(self) -> HardwareProfile | None:

@@ -124,7 +124,8 @@ def make_proposer(ctx: AppContext, method: str, budget, depth, acceptance,
     if name in ("sequoia-dynamic", "sequoia-ngram"):
         return _dynamic(ctx, budget, depth, acceptance, temperature, name)
     if name == "ngram":  # copies only, priced by the server's profile (no draft model)
-        return make_method("ngram", budget=budget, depth=depth, profile=ctx.profile), (
+        return make_method("ngram", budget=budget, depth=depth, profile=ctx.profile,
+                           copy_acceptance=ctx.copy_acceptance(temperature)), (
             ctx.profile_note() if ctx.profile is None else "")
     if name == "chain":
         return make_method("chain", budget=min(budget, depth)), ""
@@ -140,7 +141,8 @@ def _dynamic(ctx: AppContext, budget: int, depth: int, acceptance, temperature: 
     """The dynamic tree (``name``: alone, or with copied branches) under the server's profile and the shipped
     calibration (identity without one)."""
     method = make_method(name, budget=budget, depth=depth, acceptance=acceptance,
-                         profile=ctx.profile, calibration=ctx.calibration(temperature))
+                         profile=ctx.profile, calibration=ctx.calibration(temperature),
+                         copy_acceptance=ctx.copy_acceptance(temperature))
     notes = []
     if ctx.profile is None:
         notes.append(ctx.profile_note())

@@ -8,6 +8,7 @@ import pytest
 
 from sequoia.core.acceptance import AcceptanceVector
 from sequoia.core.calibration import Calibration
+from sequoia.core.ngram import NgramAcceptance, pool_ngram_acceptance
 from sequoia.core.profile import Fingerprint, HardwareProfile
 from sequoia.runtime.finder import (
     DEFAULT_ENTRY,
@@ -15,6 +16,7 @@ from sequoia.runtime.finder import (
     cache_profile,
     find_acceptance,
     find_calibration,
+    find_ngram_acceptance,
     find_profile,
     list_acceptance,
     profile_cache_path,
@@ -140,3 +142,20 @@ def test_calibration_nearest_in_temperature(tmp_path):
     assert find_calibration(0.7, assets).temperature == 0.6
     assert find_calibration(0.1, assets).temperature == 0.0
     assert find_calibration(0.0, tmp_path / "nowhere") is None
+
+
+def test_copy_acceptance_of_no_known_kind_pools_every_kind_at_the_nearest_temperature(tmp_path):
+    folder = tmp_path / "acceptance"
+    folder.mkdir()
+    a = NgramAcceptance(table=((0.2, 1.0),), counts=((10, 0),), prompt_set="code", temperature=0.0)
+    b = NgramAcceptance(table=((0.6, 0.5),), counts=((30, 4),), prompt_set="rag", temperature=0.0)
+    c = NgramAcceptance(table=((0.9, 0.9),), counts=((50, 50),), prompt_set="rag", temperature=0.6)
+    for name, acc in (("ngram-code-greedy", a), ("ngram-rag-greedy", b), ("ngram-rag-t0.6", c)):
+        acc.save(folder / f"{name}.json")
+    pooled = find_ngram_acceptance("", 0.0, tmp_path)
+    assert pooled.counts == ((40, 4),)
+    assert pooled.table[0] == pytest.approx((0.5, 0.5))     # (10 * 0.2 + 30 * 0.6) / 40; the empty cell drops out
+    assert find_ngram_acceptance("code", 0.0, tmp_path).prompt_set == "code"
+    assert find_ngram_acceptance("", 0.7, tmp_path).table == c.table
+    with pytest.raises(ValueError):
+        pool_ngram_acceptance([])

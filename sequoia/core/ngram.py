@@ -189,6 +189,25 @@ def fit_ngram_acceptance(records: Iterable[StepRecord], temperature: float, max_
     return NgramAcceptance(table=table, counts=tuple(map(tuple, counts)), temperature=float(temperature), **meta)
 
 
+def pool_ngram_acceptance(tables: Sequence[NgramAcceptance], note: str = "") -> NgramAcceptance:
+    """Several measured tables as one (cells weighted by their counts), for prompts of no known kind.
+
+    Tables of different shapes pool over their common (match length, depth) cells.
+    """
+    if not tables:
+        raise ValueError("nothing to pool")
+    rows = min(t.shape[0] for t in tables)
+    cols = min(t.shape[1] for t in tables)
+    counts = [[sum(t.counts[i][j] for t in tables) for j in range(cols)] for i in range(rows)]
+    table = [[sum(t.counts[i][j] * t.table[i][j] for t in tables) / counts[i][j] if counts[i][j] else 0.0
+              for j in range(cols)] for i in range(rows)]
+    first = tables[0]
+    return NgramAcceptance(table=table, counts=counts, pair=first.pair, prompt_set="",
+                           temperature=first.temperature, tokens=sum(t.tokens for t in tables),
+                           method=first.method, pseudo_count=first.pseudo_count,
+                           note=note or "pooled: " + ", ".join(t.prompt_set or "?" for t in tables))
+
+
 @dataclass(frozen=True)
 class NgramTrie:
     """Candidate continuations merged into a trie; node 0 is the context's last token (not a candidate).

@@ -20,7 +20,6 @@ of copied tokens (:func:`find_ngram_acceptance`) the ``ngram-*.json`` ones.
 from __future__ import annotations
 
 import re
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ from pathlib import Path
 from .._meta import ASSETS, ProgressFn
 from ..core.acceptance import AcceptanceVector
 from ..core.calibration import Calibration
-from ..core.ngram import NgramAcceptance
+from ..core.ngram import NgramAcceptance, pool_ngram_acceptance
 from ..core.profile import Fingerprint, HardwareProfile
 from .embedded import default_cache_dir
 from .fingerprint import machine_fingerprint
@@ -233,7 +232,7 @@ def find_calibration(temperature: float = 0.0, assets_dir: str | Path = ASSETS,
 def find_ngram_acceptance(kind: str, temperature: float, assets_dir: str | Path = ASSETS,
                           pair: str | None = None) -> NgramAcceptance | None:
     """The measured acceptance of copied tokens (``ngram-*.json`` under ``assets_dir/acceptance``) for prompts
-    of ``kind`` at ``temperature``: same kind first, then the nearest temperature (measured for ``pair`` when
+    of ``kind`` at ``temperature`` (``kind`` "": every kind's table at the nearest temperature, pooled): same kind first, then the nearest temperature (measured for ``pair`` when
     both name one); None without any (the proposers then use :func:`sequoia.core.ngram.ngram_prior`).
     Unreadable files are skipped."""
     folder = acceptance_folder(assets_dir)
@@ -245,6 +244,10 @@ def find_ngram_acceptance(kind: str, temperature: float, assets_dir: str | Path 
             continue
         if not (pair and acc.pair and not same_models(acc.pair, pair)):
             found[path.name] = acc
+    if not kind:  # no known kind: every kind's table at the nearest temperature, pooled
+        nearest = min((abs(a.temperature - float(temperature)) for a in found.values()), default=None)
+        same = [a for a in found.values() if abs(a.temperature - float(temperature)) == nearest]
+        return pool_ngram_acceptance(same) if same else None
     best = min(found, default=None, key=lambda name: (Path(found[name].prompt_set).stem != kind,
                                                       abs(found[name].temperature - float(temperature)), name))
     return found[best] if best is not None else None

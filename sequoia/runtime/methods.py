@@ -25,6 +25,7 @@ from ..core.calibration import Calibration
 from ..core.config import check_budget
 from ..core.cost import conservative_profile
 from ..core.dp import optimal_tree
+from ..core.ngram import NgramAcceptance, ngram_prior
 from ..core.optimizer import choose_tree
 from ..core.tree import Tree
 from .drafter import StaticTreeProposer
@@ -50,8 +51,14 @@ def make_method(
     profile=None,
     tree_path: str | None = None,
     calibration=None,
+    copy_acceptance: NgramAcceptance | None = None,
 ):
-    """Build a proposer; all parameters are validated here with readable errors."""
+    """Build a proposer; all parameters are validated here with readable errors.
+
+    ``copy_acceptance``: the measured acceptance of copied tokens for ``ngram`` / ``sequoia-ngram``
+    (:func:`sequoia.runtime.finder.find_ngram_acceptance`); None: the hand-set prior
+    (:func:`sequoia.core.ngram.ngram_prior`).
+    """
     if name not in ENGINE_METHODS:
         raise ValueError(f"unknown method {name!r}; choose one of {', '.join(ENGINE_METHODS)}")
     acceptance = tuple(acceptance) if acceptance is not None else DEFAULT_ACCEPTANCE
@@ -78,12 +85,17 @@ def make_method(
     if name == "ngram":
         check_budget(16 if budget is None else budget, depth)
         return NgramProposer(profile=profile or conservative_profile(),
-                             settings=NgramSettings(budget=16 if budget is None else budget), max_depth=depth or 16)
+                             settings=NgramSettings(budget=16 if budget is None else budget), max_depth=depth or 16,
+                             accept=_accept(copy_acceptance))
     if name == "sequoia-ngram":
         dyn = _dynamic(acceptance, profile, budget, depth, calibration)
         return NgramDynamicProposer(profile=dyn.profile, calibration=dyn.calibration, acceptance=dyn.acceptance,
-                                    budget=dyn.budget, max_depth=dyn.max_depth)
+                                    budget=dyn.budget, max_depth=dyn.max_depth, accept=_accept(copy_acceptance))
     return _auto(name, acceptance, profile, budget, depth)
+
+
+def _accept(copy_acceptance: NgramAcceptance | None):
+    return ngram_prior if copy_acceptance is None else copy_acceptance.prob
 
 
 def _sequoia(acceptance, budget: int, depth: int | None) -> StaticTreeProposer:

@@ -29,6 +29,7 @@ import torch
 
 from .._meta import Progress, ProgressFn, now_iso, pair_name
 from ..core.config import GenerationConfig, SamplingConfig
+from ..core.ngram import NgramAcceptance
 from ..core.tree import Tree
 from ..runtime.acceptance import load_prompts
 from ..runtime.drafter import StaticTreeProposer
@@ -145,6 +146,7 @@ def run_bench(
     checkpoint: Callable[[BenchResult], None] | None = None,
     dynamic: Mapping[tuple[str, float], object] | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    copies: Mapping[tuple[str, float], NgramAcceptance | None] | None = None,
 ) -> BenchResult:
     """Run every method on every prompt and temperature, interleaved; see the module docstring.
 
@@ -154,7 +156,7 @@ def run_bench(
     from its settings (:func:`make_proposers`).  ``clock`` times every run and the
     engine's step split (e.g. :func:`sequoia.runtime.runner.process_clock`); the bench's own duration is wall time.
     """
-    proposers = make_proposers(config, prompt_sets, sequoia_trees, dynamic)
+    proposers = make_proposers(config, prompt_sets, sequoia_trees, dynamic, copies)
     engine = SpeculativeEngine(pair, clock=clock)
     encoded = [(s.name, i, encode(pair, p)) for s in prompt_sets for i, p in enumerate(s.prompts)]
     if not encoded:
@@ -187,7 +189,8 @@ def run_bench(
 
 
 def make_proposers(config: BenchConfig, prompt_sets: Sequence[PromptSet],
-                   sequoia_trees: Sequence[TreeChoice], dynamic: Mapping | None = None) -> dict:
+                   sequoia_trees: Sequence[TreeChoice], dynamic: Mapping | None = None,
+                   copies: Mapping | None = None) -> dict:
     """(method, prompt set, temperature) -> proposer, for the engine methods.
 
     The :data:`WORKLOAD_METHODS` of one (prompt set, temperature) share the ``sequoia-dynamic`` proposer's
@@ -214,18 +217,20 @@ def make_proposers(config: BenchConfig, prompt_sets: Sequence[PromptSet],
                     if (s.name, temp) not in (dynamic or {}):
                         raise ValueError(f"no dynamic proposer given for prompt set {s.name!r} at T={temp:g} "
                                          f"(needed by {method})")
-                    out[(method, s.name, temp)] = _like_dynamic(method, dynamic[(s.name, temp)])
+                    out[(method, s.name, temp)] = _like_dynamic(method, dynamic[(s.name, temp)],
+                                                                   (copies or {}).get((s.name, temp)))
     return out
 
 
-def _like_dynamic(method: str, dyn: DynamicTreeProposer):
-    """``method`` with the settings of the ``sequoia-dynamic`` proposer ``dyn`` (``dyn`` itself for that one)."""
+def _like_dynamic(method: str, dyn: DynamicTreeProposer, copy_acceptance: NgramAcceptance | None = None):
+    """``method`` with the settings of the ``sequoia-dynamic`` proposer ``dyn`` (``dyn`` itself for that one);
+    copied tokens priced by ``copy_acceptance`` (None: the prior)."""
     if method == "sequoia-dynamic":
         return dyn
     if method == "ngram":  # no draft model: only the profile prices its copies (its own copy budget)
-        return make_method("ngram", profile=dyn.profile, depth=dyn.max_depth)
+        return make_method("ngram", profile=dyn.profile, depth=dyn.max_depth, copy_acceptance=copy_acceptance)
     return make_method(method, acceptance=dyn.acceptance, profile=dyn.profile, budget=dyn.budget,
-                       depth=dyn.max_depth, calibration=dyn.calibration)
+                       depth=dyn.max_depth, calibration=dyn.calibration, copy_acceptance=copy_acceptance)
 
 
 def encode(pair, prompt: str | Sequence[int]) -> list[int]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from .._meta import ASSETS, pair_name, write_json
-from ..runtime.finder import ProfileChoice, list_acceptance
+from ..runtime.finder import ProfileChoice, find_ngram_acceptance, list_acceptance
 from ..runtime.runner import process_clock
 from .bench import BENCH_METHODS, WORKLOAD_METHODS, BenchConfig, load_prompt_sets
 from .bench import run_bench as bench
@@ -94,9 +94,11 @@ def main_bench(args) -> int:
         choice = _profile(args, pair, out)
     if "sequoia" in config.methods:
         trees = _trees(args, pair, sets, config, choice.profile)
+    copies = None
     if set(WORKLOAD_METHODS) & set(config.methods):  # the n-gram methods take the dynamic tree's settings
         dynamic = _dynamic(args, pair, sets, config, choice.profile)
-    result = bench(pair, sets, config, trees, dynamic=dynamic, clock=clock,
+        copies = _copies(args, pair, sets, config)
+    result = bench(pair, sets, config, trees, dynamic=dynamic, clock=clock, copies=copies,
                    checkpoint=lambda partial: write_json(out / "bench.partial.json", to_dict(partial)))
     if choice is not None:
         result.profile = choice.profile.to_dict()
@@ -132,6 +134,18 @@ def _dynamic(args, pair, sets, config, profile):
               f"budget {method.budget}, depth {method.max_depth}, "
               f"calibration {method.calibration.prompt_set or 'identity'}"
               + ("" if method.can_pay else " (the profile says no draft-model tree pays: the draft model will not run)"), file=sys.stderr)
+    return found
+
+
+def _copies(args, pair, sets, config) -> dict:
+    """(prompt set, temperature) -> the measured acceptance of copied tokens the n-gram methods price with."""
+    found = {(s.name, t): find_ngram_acceptance(s.name, t, args.assets_dir, pair_name(pair))
+             for s in sets for t in config.temperatures}
+    for (set_name, temp), acc in found.items():
+        print(f"copied tokens for {set_name} T={temp:g}: "
+              + (f"measured on {acc.prompt_set or 'any prompts'} at T={acc.temperature:g} "
+                 f"({sum(map(sum, acc.counts))} nodes)" if acc else "hand-set prior (no measured table)"),
+              file=sys.stderr)
     return found
 
 

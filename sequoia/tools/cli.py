@@ -23,7 +23,7 @@ from ..core.profile import HardwareProfile
 from ..core.stats import summarize
 from ..runtime.acceptance import MEASURING_WAYS, load_prompts, measure_acceptance
 from ..runtime.engine import SpeculativeEngine
-from ..runtime.finder import cache_profile, find_calibration, find_profile
+from ..runtime.finder import cache_profile, find_calibration, find_ngram_acceptance, find_profile
 from ..runtime.methods import ENGINE_METHODS, make_method
 from ..runtime.profiling import measure_profile
 from . import calibrate_cli
@@ -127,11 +127,12 @@ def load_acceptance(path: str | None) -> tuple[float, ...] | None:
 def proposer_from_args(args, profile: HardwareProfile | None = None):
     """The method the arguments name; ``profile`` prices sequoia-auto / sequoia-dynamic."""
     cal = args.calibration
-    if args.method == "sequoia-dynamic" and cal is None:
+    if args.method in ("sequoia-dynamic", "sequoia-ngram") and cal is None:
         cal = find_calibration(args.temperature)
+    copies = find_ngram_acceptance("", args.temperature) if args.method in ("ngram", "sequoia-ngram") else None
     return make_method(args.method, budget=args.budget, depth=args.depth, width=args.width,
                        acceptance=load_acceptance(args.acceptance), profile=profile,
-                       tree_path=args.tree_file, calibration=cal)
+                       tree_path=args.tree_file, calibration=cal, copy_acceptance=copies)
 
 
 def _generate(args) -> int:
