@@ -22,7 +22,9 @@ PROFILES = ROOT / "assets" / "profiles"
 def test_shipped_acceptance_vectors(path):
     vec = AcceptanceVector.load(path)
     set_name, tag = path.stem.split("-")[1:3]
-    assert vec.prompt_set == set_name and vec.method == "teacher" and vec.positions >= 300
+    # The long-context sets (summarize, rag, edit) were measured with fewer new tokens: 6 prompts x 16-32.
+    least = 300 if set_name in ("code", "chat") else 96
+    assert vec.prompt_set == set_name and vec.method == "teacher" and vec.positions >= least
     assert vec.temperature == (0.0 if tag == "greedy" else float(tag[1:]))
     assert len(vec.values) == 16 and 0.5 < vec.values[0] < 1.0 and sum(vec.values) <= 1.0 + 1e-6
     assert "Qwen2.5-Coder" in vec.pair
