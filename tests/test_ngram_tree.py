@@ -156,3 +156,24 @@ def test_accept_callable_prices_the_copies(tiny_pairs):
     list(SpeculativeEngine(tiny_pairs["noisy"]).generate(BRANCHY, never, GenerationConfig(max_new_tokens=8)))
     assert all(NGRAM not in d.sources for d in never.drafts)
     assert ngram_prior(2, 1) > 0.0
+
+
+#: The draft model costs as much as a third of a target step a level: copies alone win when the match is long.
+DEAR_DRAFT = HardwareProfile.hand_made(lambda n: 30 + 0.5 * n, lambda w: 10 + 0.1 * w)
+REPEATED = [3, 4, 5, 6, 7, 8, 9, 10] * 6
+
+
+@pytest.mark.parametrize("pair_name", ["same", "noisy"])
+def test_long_matches_skip_the_draft_model_and_stay_exact(tiny_pairs, tiny_target, pair_name):
+    """Where copies alone are predicted to beat the draft model's steps, the step runs no draft forward."""
+    proposer = _Recording(profile=DEAR_DRAFT, budget=16, max_children=3, settings=NgramSettings())
+    proposer.drafts = []
+    engine = SpeculativeEngine(tiny_pairs[pair_name])
+    records = list(engine.generate(REPEATED, proposer, GenerationConfig(max_new_tokens=40)))
+    assert [t for r in records for t in r.new_tokens] == _hf_greedy(tiny_target, REPEATED, 40)
+    copies_only = [d for d in proposer.drafts if DRAFT not in d.sources and NGRAM in d.sources]
+    with_draft = [d for d in proposer.drafts if DRAFT in d.sources]
+    assert with_draft, "the first steps run the draft model (no evidence yet)"
+    assert copies_only, "some steps verify copies alone"
+    for d in proposer.drafts:
+        _check_tree(d)

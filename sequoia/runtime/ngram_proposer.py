@@ -46,7 +46,7 @@ from ..core import cost
 from ..core.ngram import NgramIndex, NgramTrie, ngram_prior
 from ..core.profile import HardwareProfile
 from ..core.sampling import without_tokens
-from ..core.trace import DRAFT, NGRAM, ROOT
+from ..core.trace import DRAFT, NGRAM, ROOT, StepRecord
 from ..core.tree import Tree
 from .drafter import Draft, Drafter, Proposer
 from .dynamic import DynamicTreeProposer, _Growth
@@ -215,8 +215,33 @@ class NgramDynamicProposer(DynamicTreeProposer):
     def wants_draft(self) -> bool:
         return True  # copies are free to find; a step without any is a plain target step anyway
 
+    def observe(self, record: StepRecord) -> None:
+        super().observe(record)
+        # Keep the index current between steps, so wants_draft_model can look the copies up before the draft
+        # runs (propose syncs with the drafter's context anyway, which also catches a missed step).
+        if len(self._index):
+            self._index.extend(record.new_tokens)
+
     def wants_draft_model(self) -> bool:
-        return super().wants_draft()  # the dynamic tree's gate decides whether the draft model runs
+        """The dynamic tree's gate decides whether the draft model runs, and copies alone win when they do better.
+
+        Copies alone (no draft forward at all) are priced by the cost model; the draft-model steps by the
+        gate's running average of their tokens (copies included) per predicted ms.  Where the copies are
+        predicted to yield more per ms (a long match, the output quoting its input), the step verifies them
+        alone and saves every draft forward.  The choice depends on the committed context only, never on
+        this step's draws, so verification stays exact.
+        """
+        draft_ok = super().wants_draft()
+        if not draft_ok or not len(self._index) or self._gate.ms <= 0.0:
+            return draft_ok
+        s = self.settings
+        trie = self._index.lookup(s.length, s.max_branches)
+        if trie.size == 0:
+            return True
+        chosen = choose_copies(trie, self.profile, (), s.budget, self.max_depth, self.accept)
+        f = trie_acceptance(trie, self.accept)
+        copies_rate = (1.0 + sum(f[v] for v in chosen)) / cost.step_ms(self.profile, (), len(chosen) + 1)
+        return copies_rate <= self._gate.tokens / self._gate.ms
 
     @property
     def max_nodes(self) -> int:
