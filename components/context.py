@@ -106,7 +106,7 @@ def acceptance_catalogue(assets_dir: Path = ASSETS) -> dict[str, tuple[float, ..
 
 
 def default_acceptance_label(kind: str, temperature: float, assets_dir: Path = ASSETS) -> str:
-    """The catalogue label to preselect for prompts of ``kind`` ("code" / "chat") at ``temperature``."""
+    """The catalogue label to preselect for prompts of ``kind`` (e.g. "code", "chat", "rag") at ``temperature``."""
     return finder.find_acceptance(kind, float(temperature), assets_dir).label
 
 
@@ -117,7 +117,8 @@ def label_for_temperature(temperature: float, current: str | None, assets_dir: P
     """
     if not current or current not in acceptance_catalogue(assets_dir):
         return None
-    kind = "chat" if current.startswith("chat") else "code"
+    entry = next((e for e in finder.list_acceptance(assets_dir) if e.label == current), None)
+    kind = entry.kind if entry is not None and entry.kind else "code"   # the built-in vector was measured on code
     return default_acceptance_label(kind, temperature, assets_dir)
 
 

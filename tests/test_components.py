@@ -411,4 +411,6 @@ def test_the_vector_follows_the_temperature_and_the_prompt_kind():
     assert label_for_temperature(0.7, chat0, ASSETS).startswith("chat, T=0.6")   # the nearest measured
     assert label_for_temperature(0.0, label_for_temperature(1.0, code0, ASSETS), ASSETS) == code0
     assert label_for_temperature(0.6, "custom", ASSETS) is None                  # typed by hand: left alone
+    rag0 = default_acceptance_label("rag", 0.0, ASSETS)
+    assert rag0.startswith("rag, T=0") and label_for_temperature(0.6, rag0, ASSETS).startswith("rag, T=0.6")
     assert all("calibration" not in label for label in acceptance_catalogue(ASSETS))

@@ -8,13 +8,12 @@ each prompt with a copy budget and a hardware profile under which verification i
 free, so every node of the step's trie (every distinct continuation of every
 match, up to ``length`` tokens) is verified.  Decoding is lossless, so the text is
 the target's own at the given temperature, and each step record says which copied
-nodes were accepted; the proposer below adds which match proposed each node.
+nodes were accepted and which match length proposed each.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -23,9 +22,8 @@ from ..core.config import GenerationConfig, SamplingConfig
 from ..core.ngram import NgramAcceptance, fit_ngram_acceptance
 from ..core.profile import HardwareProfile
 from ..core.trace import StepRecord
-from .drafter import Draft, Drafter
 from .engine import SpeculativeEngine
-from .ngram_proposer import NgramProposer, NgramSettings, choose_copies, copies_draft
+from .ngram_proposer import NgramProposer, NgramSettings
 
 #: The trie searched while measuring: 4 continuations of up to 8 tokens, every node verified.
 MEASURE_SETTINGS = NgramSettings(length=8, max_branches=4, max_ngram=4, min_ngram=1, budget=32)
@@ -36,36 +34,12 @@ def free_verification() -> HardwareProfile:
     return HardwareProfile.hand_made(target=lambda n: 1.0, draft=lambda w: 1.0, note="free verification")
 
 
-@dataclass
-class MatchRecordingProposer(NgramProposer):
-    """``ngram`` that also keeps the match length of every node it proposes (one tuple per step).
-
-    The engine calls ``propose`` once per step of this method (it always wants a draft), so
-    ``match_lens[i]`` belongs to the i-th step record of the current run.
-    """
-
-    match_lens: list[tuple[int, ...]] = field(default_factory=list)
-
-    def start(self) -> None:
-        super().start()
-        self.match_lens = []
-
-    def propose(self, drafter: Drafter, generator) -> Draft:
-        self._index.sync(drafter.context)
-        trie = self._index.lookup(self.settings.length, self.settings.max_branches)
-        chosen = choose_copies(trie, self.profile, (), self.settings.budget, self.max_depth)
-        draft = copies_draft(drafter.root_token, trie, chosen)
-        draft.match_len = (0,) + tuple(trie.match_len[v] for v in chosen)  # copies_draft keeps ``chosen``'s order
-        self.match_lens.append(draft.match_len)
-        return draft
-
-
 def ngram_records(pair, prompt_ids: Sequence[list[int]], sampling: SamplingConfig, max_new_tokens: int,
                   settings: NgramSettings = MEASURE_SETTINGS, seed: int = 0,
                   progress: ProgressFn | None = None) -> list[StepRecord]:
-    """Step records of ``ngram`` decodes of every prompt, each with the ``match_len`` of its nodes."""
+    """Step records of ``ngram`` decodes of every prompt (each record carries its nodes' ``match_len``)."""
     engine = SpeculativeEngine(pair)
-    proposer = MatchRecordingProposer(profile=free_verification(), settings=settings, max_depth=settings.length)
+    proposer = NgramProposer(profile=free_verification(), settings=settings, max_depth=settings.length)
     gen = torch.Generator().manual_seed(seed)
     tick = Progress(len(prompt_ids), progress, "n-gram acceptance")
     out: list[StepRecord] = []
@@ -73,8 +47,7 @@ def ngram_records(pair, prompt_ids: Sequence[list[int]], sampling: SamplingConfi
         for ids in prompt_ids:
             cfg = GenerationConfig(max_new_tokens=max_new_tokens, sampling=sampling,
                                    seed=int(torch.randint(2**31 - 1, (1,), generator=gen)))
-            recs = list(engine.generate(ids, proposer, cfg, with_texts=False))
-            out += [r if r.match_len else replace(r, match_len=m) for r, m in zip(recs, proposer.match_lens)]
+            out += engine.generate(ids, proposer, cfg, with_texts=False)
             tick(f"{len(out)} steps")
     finally:
         tick.close()

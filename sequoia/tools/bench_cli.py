@@ -28,7 +28,7 @@ QUICK = dict(limit=1, max_new_tokens=16, temperatures="0", warmup=2)
 
 def add_bench_parser(sub) -> None:
     p = sub.add_parser("bench", help="benchmark every method side by side (tokens/s, speedup, equality)")
-    p.add_argument("--prompts", default="code,chat", help="comma-separated shipped sets (code, chat) or JSONL paths")
+    p.add_argument("--prompts", default="code,chat", help="comma-separated shipped sets (code, chat, summarize, rag, edit) or JSONL paths")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperatures", default="0,0.6", help="comma-separated, 0 = greedy")
     p.add_argument("--methods", default=",".join(BENCH_METHODS),
