@@ -212,39 +212,38 @@ def find_acceptance(kind: str, temperature: float, assets_dir: str | Path = ASSE
     return min(candidates, key=lambda e: (e.kind != kind, abs(e.temperature - temperature), e.label))
 
 
+def _measured(assets_dir: str | Path, pattern: str, load, pair: str | None) -> dict:
+    """file name -> record of every readable ``pattern`` file under ``assets_dir/acceptance`` measured for
+    ``pair`` (or not saying for which pair), in name order; unreadable files are skipped."""
+    folder = acceptance_folder(assets_dir)
+    found = {}
+    for path in sorted(folder.glob(pattern)) if folder.is_dir() else ():
+        try:
+            rec = load(path)
+        except (ValueError, OSError):
+            continue
+        if not (pair and rec.pair and not same_models(rec.pair, pair)):
+            found[path.name] = rec
+    return found
+
+
 def find_calibration(temperature: float = 0.0, assets_dir: str | Path = ASSETS,
                      pair: str | None = None) -> Calibration | None:
     """The ``calibration-*.json`` under ``assets_dir/acceptance`` nearest in temperature (measured for
     ``pair`` when both name one), or None (the dynamic tree then uses the identity).  Unreadable files are
     skipped."""
-    folder = acceptance_folder(assets_dir)
-    found = []
-    for path in sorted(folder.glob("calibration-*.json")) if folder.is_dir() else ():
-        try:
-            cal = Calibration.load(path)
-        except (ValueError, OSError):
-            continue
-        if not (pair and cal.pair and not same_models(cal.pair, pair)):
-            found.append(cal)
+    found = _measured(assets_dir, "calibration-*.json", Calibration.load, pair).values()
     return min(found, key=lambda c: abs(c.temperature - float(temperature)), default=None)
 
 
 def find_ngram_acceptance(kind: str, temperature: float, assets_dir: str | Path = ASSETS,
                           pair: str | None = None) -> NgramAcceptance | None:
     """The measured acceptance of copied tokens (``ngram-*.json`` under ``assets_dir/acceptance``) for prompts
-    of ``kind`` at ``temperature`` (``kind`` "": every kind's table at the nearest temperature, pooled): same kind first, then the nearest temperature (measured for ``pair`` when
-    both name one); None without any (the proposers then use :func:`sequoia.core.ngram.ngram_prior`).
-    Unreadable files are skipped."""
-    folder = acceptance_folder(assets_dir)
-    found = {}
-    for path in sorted(folder.glob("ngram-*.json")) if folder.is_dir() else ():
-        try:
-            acc = NgramAcceptance.load(path)
-        except (ValueError, OSError):
-            continue
-        if not (pair and acc.pair and not same_models(acc.pair, pair)):
-            found[path.name] = acc
-    if not kind:  # no known kind: every kind's table at the nearest temperature, pooled
+    of ``kind`` at ``temperature``: same kind first, then the nearest temperature (measured for ``pair`` when
+    both name one); ``kind`` "" (not known): every kind's table at the nearest temperature, pooled.  None
+    without any (the proposers then use :func:`sequoia.core.ngram.ngram_prior`).  Unreadable files are skipped."""
+    found = _measured(assets_dir, "ngram-*.json", NgramAcceptance.load, pair)
+    if not kind:
         nearest = min((abs(a.temperature - float(temperature)) for a in found.values()), default=None)
         same = [a for a in found.values() if abs(a.temperature - float(temperature)) == nearest]
         return pool_ngram_acceptance(same) if same else None
