@@ -111,6 +111,14 @@ def choose_copies(trie: NgramTrie, profile: HardwareProfile, widths: tuple[int, 
     return sorted(kept - {0})
 
 
+def copies_alone(trie: NgramTrie, profile: HardwareProfile, settings: NgramSettings, max_depth: int,
+                 accept: Accept = ngram_prior) -> tuple[list[int], float]:
+    """The copies a step without the draft model verifies, and their predicted tokens per ms."""
+    chosen = choose_copies(trie, profile, (), settings.budget, max_depth, accept)
+    f = trie_acceptance(trie, accept)
+    return chosen, (1.0 + sum(f[v] for v in chosen)) / cost.step_ms(profile, (), len(chosen) + 1)
+
+
 def copies_draft(root_token: int, trie: NgramTrie, chosen: list[int]) -> Draft:
     """A tree of copied nodes only (no q anywhere: nothing was drafted)."""
     new_of = {0: 0}
@@ -152,7 +160,7 @@ class NgramProposer(Proposer):
     def propose(self, drafter: Drafter, generator) -> Draft:
         self._index.sync(drafter.context)
         trie = self._index.lookup(self.settings.length, self.settings.max_branches)
-        chosen = choose_copies(trie, self.profile, (), self.settings.budget, self.max_depth, self.accept)
+        chosen, _ = copies_alone(trie, self.profile, self.settings, self.max_depth, self.accept)
         return copies_draft(drafter.root_token, trie, chosen)
 
 
@@ -207,10 +215,12 @@ class NgramDynamicProposer(DynamicTreeProposer):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._index = self.settings.index()
+        self._root_cache: tuple[tuple, NgramTrie] | None = None
 
     def start(self) -> None:
         super().start()
         self._index = self.settings.index()
+        self._root_cache = None
 
     def wants_draft(self) -> bool:
         return True  # copies are free to find; a step without any is a plain target step anyway
@@ -234,14 +244,18 @@ class NgramDynamicProposer(DynamicTreeProposer):
         draft_ok = super().wants_draft()
         if not draft_ok or not len(self._index) or self._gate.ms <= 0.0:
             return draft_ok
-        s = self.settings
-        trie = self._index.lookup(s.length, s.max_branches)
+        trie = self._root_trie()
         if trie.size == 0:
             return True
-        chosen = choose_copies(trie, self.profile, (), s.budget, self.max_depth, self.accept)
-        f = trie_acceptance(trie, self.accept)
-        copies_rate = (1.0 + sum(f[v] for v in chosen)) / cost.step_ms(self.profile, (), len(chosen) + 1)
+        _, copies_rate = copies_alone(trie, self.profile, self.settings, self.max_depth, self.accept)
         return copies_rate <= self._gate.tokens / self._gate.ms
+
+    def _root_trie(self) -> NgramTrie:
+        """The context's own continuations, looked up once per context (wants_draft_model, then propose)."""
+        key = (len(self._index), tuple(self._index.tokens[-self.settings.max_ngram:]))  # the tail a lookup matches
+        if self._root_cache is None or self._root_cache[0] != key:
+            self._root_cache = (key, self._index.lookup(self.settings.length, self.settings.max_branches))
+        return self._root_cache[1]
 
     @property
     def max_nodes(self) -> int:
@@ -250,10 +264,10 @@ class NgramDynamicProposer(DynamicTreeProposer):
     def propose(self, drafter: Drafter, generator) -> Draft:
         s = self.settings
         self._index.sync(drafter.context)
-        trie = self._index.lookup(s.length, s.max_branches)
+        trie = self._root_trie()
         if drafter.root_q is None:  # the gate skipped the draft model: copies alone
-            return copies_draft(drafter.root_token, trie,
-                                choose_copies(trie, self.profile, (), s.budget, self.max_depth, self.accept))
+            chosen, _ = copies_alone(trie, self.profile, s, self.max_depth, self.accept)
+            return copies_draft(drafter.root_token, trie, chosen)
         g = _Growth(parents=[-1], depths=[0], tokens=[drafter.root_token], q_token=[1.0], f=[1.0],
                     q={0: drafter.root_q})
         st = _Step(g=g, raw_q={0: drafter.root_q}, sources=[ROOT], match_len=[0], copies_left=s.budget,
