@@ -11,6 +11,8 @@ token in the text view mean the same thing.
 
 from __future__ import annotations
 
+from sequoia.runtime.methods import METHOD_LABELS
+
 #: Node / token status colours shared by every view.
 COLORS = {
     "accepted": "#2ca02c",   # draft token accepted by the target
@@ -50,23 +52,6 @@ METHOD_COLORS = {
 }
 
 
-#: What a student reads for each sequoia.runtime.methods name and Hugging Face baseline (the bench's
-#: sequoia.tools.bench_report.METHOD_LABELS says the same).
-METHOD_LABELS = {
-    "ar": "Target alone",
-    "chain": "Chain",
-    "specinfer": "SpecInfer",
-    "kary": "k-ary tree",
-    "sequoia": "Sequoia",
-    "sequoia-auto": "Sequoia (auto)",
-    "sequoia-dynamic": "Sequoia (dynamic)",
-    "sequoia-ngram": "Sequoia + n-gram",
-    "ngram": "n-gram copies",
-    "file": "tree from a file",
-    "hf-generate": "Target alone (HF generate)",
-    "hf-assisted": "HF assisted",
-    "hf-prompt-lookup": "HF prompt lookup",
-}
 
 
 def method_label(name: str) -> str:

@@ -36,6 +36,24 @@ from .ngram_proposer import NgramDynamicProposer, NgramProposer, NgramSettings
 ENGINE_METHODS = ("ar", "chain", "specinfer", "kary", "sequoia", "sequoia-auto", "sequoia-dynamic", "file",
                   "ngram", "sequoia-ngram")
 
+#: What a reader sees for each method name here and each Hugging Face baseline (sequoia.runtime.runner.HF_METHODS):
+#: the bench's legends and key, the page's charts.
+METHOD_LABELS = {
+    "hf-generate": "Target alone (HF generate)",
+    "ar": "Target alone",
+    "hf-assisted": "HF assisted",
+    "hf-prompt-lookup": "HF prompt lookup",
+    "chain": "Chain",
+    "specinfer": "SpecInfer",
+    "kary": "k-ary tree",
+    "sequoia": "Sequoia",
+    "sequoia-auto": "Sequoia (auto)",
+    "sequoia-dynamic": "Sequoia (dynamic)",
+    "ngram": "n-gram copies",
+    "sequoia-ngram": "Sequoia + n-gram",
+    "file": "tree from a file",
+}
+
 #: Measured on the embedded pair (int8 draft, greedy, teacher-forced); used when
 #: no acceptance vector is given.  See assets/acceptance/ for measured files.
 DEFAULT_ACCEPTANCE = (0.797, 0.104, 0.048, 0.020, 0.010, 0.005)

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .bench_report import METHOD_LABELS, MethodSummary
+from ..runtime.methods import METHOD_LABELS
+from .bench_report import MethodSummary
 
 _COLORS = {"hf-generate": "#9e9e9e", "ar": "#616161", "hf-assisted": "#ff9800", "hf-prompt-lookup": "#1f3b8c",
            "chain": "#42a5f5", "specinfer": "#7e57c2", "sequoia": "#2e7d32", "sequoia-dynamic": "#00897b",

@@ -18,24 +18,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .._meta import read_json
+from ..runtime.methods import METHOD_LABELS
 from ..runtime.runner import RunResult
 from .bench import BENCH_METHODS, BenchResult
 
 FORMAT = "sequoia-bench/1"
 
-#: What a reader sees for each bench method (legends, the report's key); components.METHOD_LABELS agrees.
-METHOD_LABELS = {
-    "hf-generate": "Target alone (HF generate)",
-    "ar": "Target alone",
-    "hf-assisted": "HF assisted",
-    "hf-prompt-lookup": "HF prompt lookup",
-    "chain": "Chain",
-    "specinfer": "SpecInfer",
-    "sequoia": "Sequoia",
-    "sequoia-dynamic": "Sequoia (dynamic)",
-    "ngram": "n-gram copies",
-    "sequoia-ngram": "Sequoia + n-gram",
-}
 #: The Hugging Face drafting baselines whose better one, per prompt, ``vs_best_hf`` compares with.
 BEST_HF = ("hf-assisted", "hf-prompt-lookup")
 
