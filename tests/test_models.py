@@ -85,6 +85,21 @@ def test_load_model_from_local_dir(tiny_dirs, dtype, expected):
     assert model.config._attn_implementation == "sdpa"
 
 
+def test_loaded_head_sees_plain_strides_and_keeps_its_logits(tiny_dirs):
+    """A one-row prefill (logits_to_keep=1) hands the head rows with a stale batch stride (torch's slow path on
+    CPU); the loaded model's head gets them as a plain view, and the logits are those of the full forward."""
+    model = M.load_model(tiny_dirs["target"], "cpu", "fp32")
+    seen = []
+    model.get_output_embeddings().register_forward_pre_hook(lambda mod, args: seen.append(args[0].stride()))
+    ids = torch.arange(1, 12)[None]                                       # [1, 11]
+    with torch.no_grad():
+        full = model(input_ids=ids).logits[0, -1]
+        last = model(input_ids=ids, logits_to_keep=1).logits[0, -1]
+    hidden = model.config.hidden_size
+    assert seen[-1] == (hidden, hidden, 1)            # without the fix: (11 * hidden, hidden, 1)
+    torch.testing.assert_close(last, full)
+
+
 def test_load_model_bad_dtype_and_missing_dir(tiny_dirs, tmp_path):
     with pytest.raises(ValueError, match="unknown dtype"):
         M.load_model(tiny_dirs["target"], "cpu", "int3")
