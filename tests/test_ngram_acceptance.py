@@ -7,11 +7,14 @@ from dataclasses import replace
 
 import pytest
 
-from sequoia.core.config import SamplingConfig
-from sequoia.core.ngram import NgramAcceptance, fit_ngram_acceptance, ngram_prior
+from sequoia.core.config import GenerationConfig, SamplingConfig
+from sequoia.core.ngram import NgramAcceptance, RequestAcceptance, fit_ngram_acceptance, ngram_prior
+from sequoia.core.profile import HardwareProfile
 from sequoia.core.trace import ACCEPTED, DRAFT, NGRAM, REJECTED, ROOT, UNREACHED, StepRecord
 from sequoia.core.tree import Tree
+from sequoia.runtime.engine import SpeculativeEngine
 from sequoia.runtime.finder import find_ngram_acceptance
+from sequoia.runtime.methods import make_method
 from sequoia.runtime.ngram_acceptance import ngram_records
 
 
@@ -124,3 +127,56 @@ def test_finder_takes_same_kind_then_nearest_temperature(tmp_path):
     assert (pick("chat", 0.7).prompt_set, pick("chat", 0.7).temperature) == ("chat", 0.0)
     assert pick("rag", 0.0).temperature == 0.0                            # no such kind: nearest temperature
     assert pick("code", 0.0, pair="other / pair") is None
+
+
+# ------------------------------------------------------------------ a request's own evidence
+#: Costs of the same proportions as the embedded pair on a CPU (as in test_dynamic).
+CPU_LIKE = HardwareProfile.hand_made(target=lambda n: 100.0 + 4.0 * n, draft=lambda w: 17.0 + 1.5 * w)
+
+def test_request_acceptance_counts_what_the_table_counts():
+    own = RequestAcceptance()   # on the prior
+    own.observe(_record(PARENTS, STATUS, SOURCES, MATCH))
+    # a (n=3, depth 1) accepted; b (n=3, depth 2 in its branch) rejected; c (n=1) unreached: 1 hit of 3.
+    assert own.hits == 1
+    assert own.expected == pytest.approx(ngram_prior(3, 1) + ngram_prior(3, 2) + ngram_prior(1, 1))
+    assert own.ratio == pytest.approx((1 + 5) / (own.expected + 5))
+
+
+def test_request_acceptance_depth_restarts_below_a_draft_node():
+    # root -> draft x (accepted) -> copy y (n=2, accepted) -> copy z (n=2, rejected)
+    rec = _record((-1, 0, 1, 2), (ACCEPTED, ACCEPTED, ACCEPTED, REJECTED), (ROOT, DRAFT, NGRAM, NGRAM),
+                  (0, 0, 2, 2))
+    seen = []
+    own = RequestAcceptance(base=lambda n, d: seen.append((n, d)) or 0.5)
+    own.observe(rec)
+    assert seen == [(2, 1), (2, 2)] and own.hits == 1 and own.expected == 1.0
+
+
+def test_request_acceptance_moves_prices_with_the_outcomes():
+    table = lambda n, d: 0.6
+    quoting, fresh = RequestAcceptance(table), RequestAcceptance(table)
+    hit = _record((-1, 0, 1), (ACCEPTED,) * 3, (ROOT, NGRAM, NGRAM), (0, 4, 4))
+    miss = _record((-1, 0, 1), (ACCEPTED, REJECTED, UNREACHED), (ROOT, NGRAM, NGRAM), (0, 4, 4))
+    assert quoting(4, 1) == fresh(4, 1) == 0.6          # no evidence yet: the table
+    for _ in range(10):
+        quoting.observe(hit)
+        fresh.observe(miss)
+    assert quoting(4, 1) == pytest.approx(0.6 * 25 / 17)  # 20 hits of 12 expected
+    assert RequestAcceptance(lambda n, d: 0.9, hits=20.0, expected=12.0)(4, 1) == 1.0   # capped
+    assert fresh(4, 1) == pytest.approx(0.6 * 5 / (10 * 0.6 + 5))   # 0 hits of 6 expected: 0.27
+    fresh.reset()
+    assert fresh(4, 1) == 0.6
+
+
+def test_ngram_proposers_price_by_the_request(tiny_pairs):
+    pair = tiny_pairs["random"]
+    ids = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4, 5, 6, 3, 4]
+    for method in ("ngram", "sequoia-ngram"):
+        proposer = make_method(method, profile=CPU_LIKE)
+        records = list(SpeculativeEngine(pair).generate(ids, proposer, GenerationConfig(max_new_tokens=12)))
+        assert any(r.source(v) == NGRAM for r in records for v in range(1, r.tree.n_nodes))
+        assert proposer._priced.expected > 0           # it learnt from the request's copies
+        fixed = make_method(method, profile=CPU_LIKE)
+        fixed.adapt = False
+        fixed.start()
+        assert fixed._priced is fixed.accept

@@ -7,7 +7,10 @@ verification, so both methods price it with the one cost model
 (:func:`sequoia.core.cost.step_ms`): trie nodes are taken best-first by their
 estimated acceptance f(v) = product along the path of ``accept(match length,
 depth)`` (default :func:`~sequoia.core.ngram.ngram_prior`), as many as
-maximise (1 + sum f) / step_ms.
+maximise (1 + sum f) / step_ms.  During a request, ``accept`` is scaled by how
+the request's own copies have fared (:class:`~sequoia.core.ngram.RequestAcceptance`,
+``adapt=True``): a table cannot tell an answer that quotes its passage from
+fresh code.
 
 ``sequoia-ngram`` grows the draft model's dynamic tree
 (:class:`~sequoia.runtime.dynamic.DynamicTreeProposer`) in the same tree, and
@@ -43,7 +46,7 @@ import numpy as np
 import torch
 
 from ..core import cost
-from ..core.ngram import NgramIndex, NgramTrie, ngram_prior
+from ..core.ngram import NgramIndex, NgramTrie, RequestAcceptance, ngram_prior
 from ..core.profile import HardwareProfile
 from ..core.sampling import without_tokens
 from ..core.trace import DRAFT, NGRAM, ROOT, StepRecord
@@ -143,12 +146,19 @@ class NgramProposer(Proposer):
     accept: Accept = ngram_prior        # acceptance of a copied token by (match length, depth)
     mode: str = "without_replacement"   # unused: every child is a fixed proposal
     name: str = "ngram"
+    adapt: bool = True                  # scale ``accept`` by the request's own outcomes (RequestAcceptance)
 
     def __post_init__(self) -> None:
         self._index = self.settings.index()
+        self._priced = _pricing(self.accept, self.adapt)
 
     def start(self) -> None:
         self._index = self.settings.index()
+        self._priced = _pricing(self.accept, self.adapt)
+
+    def observe(self, record: StepRecord) -> None:
+        if isinstance(self._priced, RequestAcceptance):
+            self._priced.observe(record)
 
     def wants_draft_model(self) -> bool:
         return False
@@ -160,8 +170,13 @@ class NgramProposer(Proposer):
     def propose(self, drafter: Drafter, generator) -> Draft:
         self._index.sync(drafter.context)
         trie = self._index.lookup(self.settings.length, self.settings.max_branches)
-        chosen, _ = copies_alone(trie, self.profile, self.settings, self.max_depth, self.accept)
+        chosen, _ = copies_alone(trie, self.profile, self.settings, self.max_depth, self._priced)
         return copies_draft(drafter.root_token, trie, chosen)
+
+
+def _pricing(accept: Accept, adapt: bool) -> Accept:
+    """What prices copies during one request: ``accept``, scaled by the request's outcomes when ``adapt``."""
+    return RequestAcceptance(accept) if adapt else accept
 
 
 @dataclass
@@ -211,22 +226,27 @@ class NgramDynamicProposer(DynamicTreeProposer):
     settings: NgramSettings = field(default_factory=NgramSettings)
     accept: Accept = ngram_prior        # acceptance of a copied token by (match length, depth)
     name: str = "sequoia-ngram"
+    adapt: bool = True                  # scale ``accept`` by the request's own outcomes (RequestAcceptance)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self._index = self.settings.index()
         self._root_cache: tuple[tuple, NgramTrie] | None = None
+        self._priced = _pricing(self.accept, self.adapt)
 
     def start(self) -> None:
         super().start()
         self._index = self.settings.index()
         self._root_cache = None
+        self._priced = _pricing(self.accept, self.adapt)
 
     def wants_draft(self) -> bool:
         return True  # copies are free to find; a step without any is a plain target step anyway
 
     def observe(self, record: StepRecord) -> None:
         super().observe(record)
+        if isinstance(self._priced, RequestAcceptance):
+            self._priced.observe(record)
         # Keep the index current between steps, so wants_draft_model can look the copies up before the draft
         # runs (propose syncs with the drafter's context anyway, which also catches a missed step).
         if len(self._index):
@@ -247,7 +267,7 @@ class NgramDynamicProposer(DynamicTreeProposer):
         trie = self._root_trie()
         if trie.size == 0:
             return True
-        _, copies_rate = copies_alone(trie, self.profile, self.settings, self.max_depth, self.accept)
+        _, copies_rate = copies_alone(trie, self.profile, self.settings, self.max_depth, self._priced)
         return copies_rate <= self._gate.tokens / self._gate.ms
 
     def _root_trie(self) -> NgramTrie:
@@ -266,7 +286,7 @@ class NgramDynamicProposer(DynamicTreeProposer):
         self._index.sync(drafter.context)
         trie = self._root_trie()
         if drafter.root_q is None:  # the gate skipped the draft model: copies alone
-            chosen, _ = copies_alone(trie, self.profile, s, self.max_depth, self.accept)
+            chosen, _ = copies_alone(trie, self.profile, s, self.max_depth, self._priced)
             return copies_draft(drafter.root_token, trie, chosen)
         g = _Growth(parents=[-1], depths=[0], tokens=[drafter.root_token], q_token=[1.0], f=[1.0],
                     q={0: drafter.root_q})
@@ -342,10 +362,10 @@ class NgramDynamicProposer(DynamicTreeProposer):
         g = st.g
         n_pend, f_pend = st.pending()
         chosen = choose_copies(trie, self.profile, widths, st.copies_left, self.max_depth - g.depths[anchor],
-                               self.accept, scale=g.f[anchor], base_tokens=1.0 + sum(g.f[1:]) + f_pend,
+                               self._priced, scale=g.f[anchor], base_tokens=1.0 + sum(g.f[1:]) + f_pend,
                                base_nodes=g.size + 1 + n_pend)
         if chosen:
-            f = [g.f[anchor] * x for x in trie_acceptance(trie, self.accept)]
+            f = [g.f[anchor] * x for x in trie_acceptance(trie, self._priced)]
             st.grafts.append(_Graft(anchor=anchor, trie=trie, chosen=chosen, f=f, node_of={0: anchor}))
             st.copies_left -= len(chosen)
 
