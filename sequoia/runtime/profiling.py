@@ -16,7 +16,6 @@ embedded pair on 2 CPU cores), for measuring in the background of the app.
 
 from __future__ import annotations
 
-import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -156,8 +155,8 @@ def _measure_overheads(pair, curves: HardwareProfile, steps: int, gen: torch.Gen
 def describe_device(device: torch.device) -> str:
     if device.type == "cuda":
         return f"cuda: {torch.cuda.get_device_name(device)}"
-    cpu = platform.processor() or platform.machine()
-    return f"cpu: {cpu}, {torch.get_num_threads()} threads"
+    # The CPU kind decides whether a tree pays at all (bf16 matmuls or not), so every figure names it.
+    return machine_fingerprint().describe()
 
 
 def _verify_inputs(n: int, ctx: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
