@@ -103,11 +103,11 @@ def load_model(name_or_path: str | Path, device: str | torch.device | None = Non
     if dev.type == "cpu":  # on CUDA device_map already placed it; moving a dispatched model can raise
         model = model.to(dev)
     model.eval().requires_grad_(False)
-    dense_rows_for_head(model)
+    plain_head_rows(model)
     return model
 
 
-def dense_rows_for_head(model) -> None:
+def plain_head_rows(model) -> None:
     """Give the output head its input rows with plain strides; a no-op for heads that are not ``nn.Linear``.
 
     Why: ``logits_to_keep=1`` (a prefill that wants one row of logits) hands the
