@@ -31,17 +31,20 @@ from sequoia.core.tree import Tree  # noqa: E402
 from sequoia.runtime.acceptance import load_prompts  # noqa: E402
 from sequoia.runtime.drafter import StaticTreeProposer  # noqa: E402
 from sequoia.runtime.engine import SpeculativeEngine  # noqa: E402
+from sequoia.runtime.finder import find_calibration  # noqa: E402
+from sequoia.runtime.methods import make_method  # noqa: E402
 from sequoia.runtime.models import load_pair  # noqa: E402
 from sequoia.runtime.runner import run_method, warmup  # noqa: E402
 
 
-def measure(engine, prompts, tree, config) -> tuple[float, float, int]:
+def measure(engine, prompts, tree, config, proposer=None) -> tuple[float, float, int]:
     """(ms per token, tokens per step, tokens) over all prompts, through the bench's runner.
 
     The prediction prices decoding steps, so the steps' time is compared (the run's prefill is left out).
+    ``proposer`` replaces the static tree (the dynamic tree, which has no single shape to predict).
     """
     seconds, tokens, steps = 0.0, 0, 0
-    proposer = StaticTreeProposer(tree)
+    proposer = proposer or StaticTreeProposer(tree)
     warmup(engine, engine.pair, prompts[0], [("tree", proposer)], tokens=2)
     for ids in prompts:
         run = run_method(engine, engine.pair, "tree", ids, config, proposer)
@@ -63,6 +66,8 @@ def main(argv=None) -> int:
     ap.add_argument("--chains", default="2,4")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--dynamic", action="store_true",
+                    help="also time the dynamic tree (the page's default method) under the same profile")
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
     if args.threads:
@@ -93,6 +98,20 @@ def main(argv=None) -> int:
         rows.append(row)
         print(f"| {label} | {tree.size} | {pred.ms_per_token:.0f} | {ms:.0f} | {row['relative_error']:+.0%} "
               f"| {pred.expected_tokens:.2f} | {per_step:.2f} |", flush=True)
+    if args.dynamic:  # no fixed shape, so no prediction: its measured speed beside the static trees
+        dyn = make_method("sequoia-dynamic", acceptance=acc, profile=profile,
+                          calibration=find_calibration(args.temperature))
+        t0 = time.perf_counter()
+        ms, per_step, tokens = measure(engine, prompts, None, config, dyn)
+        rows.append({"tree": "dynamic tree", "nodes": None, "predicted_ms_per_token": None,
+                     "measured_ms_per_token": ms, "relative_error": None, "predicted_tokens_per_step": None,
+                     "measured_tokens_per_step": per_step, "tokens": tokens, "wall_s": time.perf_counter() - t0})
+        print(f"| dynamic tree | - | - | {ms:.0f} | - | - | {per_step:.2f} |", flush=True)
+    best = min(rows, key=lambda r: r["measured_ms_per_token"])
+    print(f"\nfastest measured: {best['tree']} ({best['measured_ms_per_token']:.0f} ms/token)", flush=True)
+    for row in [rows[1]] + rows[len(trees):]:  # the automatic choices: the optimizer's tree, the dynamic tree
+        print(f"{row['tree']}: {best['measured_ms_per_token'] / row['measured_ms_per_token']:.0%} of its speed",
+              flush=True)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({
