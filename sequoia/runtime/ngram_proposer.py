@@ -223,7 +223,7 @@ class _Step:
 class NgramDynamicProposer(DynamicTreeProposer):
     """``sequoia-ngram``: copied branches anywhere in the draft model's dynamic tree, one cost model."""
 
-    # Matches of one token are left to the draft model here: on held-out code and chat (AVX-512-BF16 CPU, T=0.6)
+    # Matches of one token are left to the draft model here: on held-out code (AVX-512-BF16 CPU, T=0.6)
     # they took the draft's likely tokens as copies and the steps made 4.9 tokens instead of 5.8.
     settings: NgramSettings = field(default_factory=lambda: NgramSettings(min_ngram=2))
     accept: Accept = ngram_prior        # acceptance of a copied token by (match length, depth)
