@@ -52,8 +52,6 @@ METHOD_COLORS = {
 }
 
 
-
-
 def method_label(name: str) -> str:
     """The page's name for a method (the name itself when unknown)."""
     return METHOD_LABELS.get(name, name)
