@@ -21,6 +21,7 @@ import gradio as gr
 from sequoia.core.config import MAX_NEW_TOKENS, GenerationConfig, SamplingConfig, check_acceptance_length, check_budget
 from sequoia.core.cost import baseline_ms
 from sequoia.core.trace import StepRecord
+from sequoia.runtime.dynamic import MAX_DEPTH
 from sequoia.runtime.methods import make_method
 
 from . import inspector_view, serving, stats_view, text_view, tree_view
@@ -139,8 +140,10 @@ def make_proposer(ctx: AppContext, method: str, budget, depth, acceptance,
 def _dynamic(ctx: AppContext, budget: int, depth: int, acceptance, temperature: float,
              name: str = "sequoia-dynamic") -> tuple[object, str]:
     """The dynamic tree (``name``: alone, or with copied branches) under the server's profile and the shipped
-    calibration (identity without one)."""
-    method = make_method(name, budget=budget, depth=depth, acceptance=acceptance,
+    calibration (identity without one).  It grows as deep as pays, up to ``MAX_DEPTH`` or ``depth`` if that is
+    larger: the depth slider's default (8) suits the static trees, while the dynamic tree capped there (budget 32)
+    took 61 target calls for five held-out code prompts where it takes 54 (:data:`sequoia.runtime.dynamic.MAX_DEPTH`)."""
+    method = make_method(name, budget=budget, depth=max(depth, MAX_DEPTH), acceptance=acceptance,
                          profile=ctx.profile, calibration=ctx.calibration(temperature),
                          copy_acceptance=ctx.copy_acceptance(temperature))
     notes = []
@@ -339,7 +342,8 @@ def build(ctx: AppContext) -> None:
             with gr.Row():
                 budget = gr.Slider(1, cap, value=min(32, cap), step=1, label="budget (draft tokens / step)")
                 depth = gr.Slider(1, 32, value=8, step=1, label="depth")
-            gr.Markdown("<small>Sequoia: tree size and depth limit · auto: the largest it may pick · chain: "
+            gr.Markdown("<small>Sequoia: tree size and depth limit · auto: the largest it may pick · dynamic: at most "
+                        f"budget tokens, as deep as pays (up to {MAX_DEPTH}, or depth if larger) · chain: "
                         "length min(budget, depth) · SpecInfer: (budget ÷ depth) chains of depth tokens</small>")
             with gr.Row():
                 temperature = gr.Slider(0, 2, value=0, step=0.05, label="temperature (0 = greedy)")

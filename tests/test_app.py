@@ -17,6 +17,7 @@ from components.context import (
     default_acceptance_label,
     parse_acceptance,
 )
+from sequoia.runtime.dynamic import MAX_DEPTH
 from sequoia.runtime.methods import DEFAULT_ACCEPTANCE
 
 CODE = DEFAULT_ACCEPTANCE_LABEL
@@ -303,6 +304,9 @@ def test_dynamic_method_uses_the_profile_and_says_when_it_drafts_nothing(ctx, tm
 
     method, note = live_tab.make_proposer(ctx, "Sequoia (dynamic)", 8, 3, DEFAULT_ACCEPTANCE)
     assert method.name == "sequoia-dynamic" and "until this machine's profile is measured" in note
+    # the depth slider (a static tree's depth) caps the dynamic tree only above the dynamic tree's own cap
+    assert method.max_depth == MAX_DEPTH and method.budget == 8
+    assert live_tab.make_proposer(ctx, "Sequoia (dynamic)", 8, 30, DEFAULT_ACCEPTANCE)[0].max_depth == 30
     ctx.profile = HardwareProfile.hand_made(lambda n: 100.0 * n, lambda w: 20.0)  # verification never cheap
     try:
         method, note = live_tab.make_proposer(ctx, "Sequoia (dynamic)", 8, 3, DEFAULT_ACCEPTANCE)

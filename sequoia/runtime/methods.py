@@ -29,8 +29,11 @@ from ..core.ngram import NgramAcceptance, ngram_prior
 from ..core.optimizer import choose_tree
 from ..core.tree import Tree
 from .drafter import StaticTreeProposer
-from .dynamic import DynamicTreeProposer
+from .dynamic import MAX_DEPTH, DynamicTreeProposer
 from .ngram_proposer import NgramDynamicProposer, NgramProposer, NgramSettings
+
+#: Deepest static tree the hardware-aware optimizer may choose (``sequoia-auto``) unless asked otherwise.
+STATIC_DEPTH = 16
 
 #: Every name make_method builds (the CLI's --method); the bench's subset is tools.bench.BENCH_METHODS.
 ENGINE_METHODS = ("ar", "chain", "specinfer", "kary", "sequoia", "sequoia-auto", "sequoia-dynamic", "file",
@@ -124,7 +127,8 @@ def _sequoia(acceptance, budget: int, depth: int | None) -> StaticTreeProposer:
 def _auto(name, acceptance, profile, budget, depth) -> StaticTreeProposer:
     """Let the hardware-aware optimizer choose budget and depth."""
     # Without a measured profile: a stand-in under which no tree pays (the root-only tree), as for sequoia-dynamic.
-    choice = choose_tree(acceptance, profile or conservative_profile(), max_budget=budget, max_depth=depth or 16)
+    choice = choose_tree(acceptance, profile or conservative_profile(), max_budget=budget,
+                         max_depth=depth or STATIC_DEPTH)
     return StaticTreeProposer(choice.tree, name="sequoia-auto")
 
 
@@ -135,4 +139,4 @@ def _dynamic(acceptance, profile, budget, depth, calibration):
     if isinstance(calibration, (str, bytes)) or hasattr(calibration, "__fspath__"):
         calibration = Calibration.load(calibration)
     return DynamicTreeProposer(calibration=calibration or Calibration.identity(), acceptance=acceptance,
-                               profile=profile or conservative_profile(), budget=budget, max_depth=depth or 16)
+                               profile=profile or conservative_profile(), budget=budget, max_depth=depth or MAX_DEPTH)

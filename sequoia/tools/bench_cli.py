@@ -15,6 +15,7 @@ import torch
 
 from .._meta import ASSETS, pair_name, write_json
 from ..runtime.finder import ProfileChoice, find_ngram_acceptance, list_acceptance
+from ..runtime.methods import STATIC_DEPTH
 from ..runtime.runner import process_clock
 from .bench import BENCH_METHODS, WORKLOAD_METHODS, BenchConfig, load_prompt_sets
 from .bench import run_bench as bench
@@ -49,7 +50,9 @@ def add_bench_parser(sub) -> None:
     g.add_argument("--profile", default=None, help="hardware profile JSON (default: this machine's cached or "
                    "shipped one, else a quick one measured now and cached; OUT/profile.json keeps a copy)")
     g.add_argument("--max-budget", type=int, default=None, help="largest Sequoia tree the optimizer may pick")
-    g.add_argument("--max-depth", type=int, default=16)
+    g.add_argument("--max-depth", type=int, default=None,
+                   help="deepest tree: the optimizer's static choice (default 16) and the dynamic tree's cap "
+                        "(default 24)")
     g.add_argument("--sequoia-budget", type=int, default=None,
                    help="run the DP tree of exactly this budget instead of the optimizer's choice")
     p.add_argument("--threads", type=int, default=None,
@@ -118,7 +121,7 @@ def _profile(args, pair, out: Path) -> ProfileChoice:
 def _trees(args, pair, sets, config, profile):
     entries = list_acceptance(args.assets_dir, pair_name(pair))
     trees = choose_trees(sets, config.temperatures, entries, profile, max_budget=args.max_budget,
-                         max_depth=args.max_depth, fixed_budget=args.sequoia_budget)
+                         max_depth=args.max_depth or STATIC_DEPTH, fixed_budget=args.sequoia_budget)
     for t in trees:
         print(f"sequoia tree for {t.prompt_set} T={t.temperature:g}: {t.tree.size} tokens, depth {t.tree.depth}, "
               f"predicted {t.predicted_speedup:.2f}x (acceptance: {t.acceptance_source})", file=sys.stderr)

@@ -46,10 +46,11 @@ def choose_trees(prompt_sets: Sequence[PromptSet], temperatures: Sequence[float]
 
 def dynamic_proposers(prompt_sets: Sequence[PromptSet], temperatures: Sequence[float],
                       entries: Sequence[AcceptanceEntry], profile, assets_dir: str | Path = ASSETS,
-                      pair: str | None = None, budget: int | None = None, max_depth: int | None = 16) -> dict:
+                      pair: str | None = None, budget: int | None = None, max_depth: int | None = None) -> dict:
     """(prompt set, temperature) -> a ``sequoia-dynamic`` proposer: priced by ``profile``, with the
     calibration under ``assets_dir`` nearest in temperature (identity without one) and the acceptance
-    vector :func:`sequoia.runtime.finder.find_acceptance` picks from ``entries`` as its prior."""
+    vector :func:`sequoia.runtime.finder.find_acceptance` picks from ``entries`` as its prior; ``max_depth``
+    None: the proposer's own cap (:data:`sequoia.runtime.dynamic.MAX_DEPTH`)."""
     out = {}
     for s in prompt_sets:
         for temp in temperatures:
