@@ -251,6 +251,23 @@ def test_cli_rejects_bad_settings_before_loading_models(capsys):
     assert main(["bench", "--temperatures", "0,hot"]) == 2
 
 
+def test_the_cli_prices_every_method_that_takes_a_profile(tmp_path):
+    """``generate --method sequoia-ngram`` once ran under the stand-in profile (nothing pays): plain target steps."""
+    from sequoia.core.profile import HardwareProfile
+    from sequoia.runtime.methods import ENGINE_METHODS, PRICED_METHODS, make_method
+
+    prof = HardwareProfile.hand_made(lambda n: 100.0 + n, lambda w: 5.0)
+    tree = tmp_path / "tree.json"
+    Tree.chain(2).to_json(tree)
+
+    def uses_profile(name):
+        with_it, without = (make_method(name, profile=p, tree_path=str(tree)) for p in (prof, None))
+        return getattr(with_it, "profile", None) is prof or with_it.tree != without.tree  # auto: chosen at build
+
+    priced = {name for name in ENGINE_METHODS if uses_profile(name)}
+    assert priced == set(PRICED_METHODS)
+
+
 @pytest.mark.embedded
 @pytest.mark.slow
 def test_bench_on_the_embedded_pair_matches_target_greedy_in_fp32(embedded_pair_fp32):

@@ -38,6 +38,8 @@ STATIC_DEPTH = 16
 #: Every name make_method builds (the CLI's --method); the bench's subset is tools.bench.BENCH_METHODS.
 ENGINE_METHODS = ("ar", "chain", "specinfer", "kary", "sequoia", "sequoia-auto", "sequoia-dynamic", "file",
                   "ngram", "sequoia-ngram")
+#: The methods a hardware profile prices (without one they fall back to a stand-in under which nothing pays).
+PRICED_METHODS = ("sequoia-auto", "sequoia-dynamic", "ngram", "sequoia-ngram")
 
 #: What a reader sees for each method name here and each Hugging Face baseline (sequoia.runtime.runner.HF_METHODS):
 #: the bench's legends and key, the page's charts.

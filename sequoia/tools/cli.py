@@ -24,14 +24,12 @@ from ..core.stats import summarize
 from ..runtime.acceptance import MEASURING_WAYS, load_prompts, measure_acceptance
 from ..runtime.engine import SpeculativeEngine
 from ..runtime.finder import cache_profile, find_calibration, find_ngram_acceptance, find_profile
-from ..runtime.methods import ENGINE_METHODS, make_method
+from ..runtime.methods import ENGINE_METHODS, PRICED_METHODS, make_method
 from ..runtime.profiling import measure_profile
 from . import calibrate_cli
 from .bench_cli import add_bench_parser, main_bench
 from .common import add_model_args, expected_fingerprint, load_from_args, profile_for
 
-#: Methods that need a hardware profile; without --profile they find or measure this machine's.
-PRICED = ("sequoia-auto", "sequoia-dynamic")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -50,7 +48,7 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--width", type=int, default=2, help="branching of specinfer / kary trees")
     g.add_argument("--tree-file", default=None, help="tree JSON for --method file (as written by 'tree')")
     g.add_argument("--acceptance", default=None, help="acceptance-vector JSON (default: shipped vector)")
-    g.add_argument("--profile", default=None, help="hardware-profile JSON for sequoia-auto / sequoia-dynamic "
+    g.add_argument("--profile", default=None, help="hardware-profile JSON for sequoia-auto, sequoia-dynamic, ngram and sequoia-ngram "
                    "(default: this machine's cached or shipped one, else measured now and cached)")
     g.add_argument("--calibration", default=None, help="calibration JSON for sequoia-dynamic (default: the "
                    "shipped one nearest the temperature, else the identity)")
@@ -144,7 +142,7 @@ def _generate(args) -> int:
     if args.profile is not None:
         HardwareProfile.load(args.profile)
     pair = load_from_args(args)
-    if args.method in PRICED:
+    if args.method in PRICED_METHODS:  # without --profile: this machine's, found or measured now
         proposer = proposer_from_args(args, profile_for(pair, args.profile, args.cache_dir).profile)
     ids = pair.encode_prompt(args.prompt, chat=not args.no_chat)
     print(f"[{pair.draft_name} -> {pair.target_name} | {proposer.name}, up to {proposer.max_nodes - 1} draft "
