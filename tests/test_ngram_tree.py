@@ -177,3 +177,33 @@ def test_long_matches_skip_the_draft_model_and_stay_exact(tiny_pairs, tiny_targe
     assert copies_only, "some steps verify copies alone"
     for d in proposer.drafts:
         _check_tree(d)
+
+
+class _TopK:
+    """A drafter stand-in for pricing: children are the top of q."""
+
+    def sample(self, rows, k, mode, generator):
+        return torch.topk(rows, k, dim=-1).indices
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_draft_children_behind_copies_are_priced_at_the_drafts_own_probability(held):
+    """The draft agrees with a copy (q 0.9 on the copied token): its next choice is worth 0.08, not 0.8.
+
+    Priced at q without the copy (renormalised: 0.8) and at rank 0, the second choice drew draft chains
+    that the copy, verified first, left out of reach.
+    """
+    from sequoia.core.calibration import Calibration
+    from sequoia.core.sampling import without_tokens
+    from sequoia.runtime.dynamic import _Growth
+
+    cal = Calibration(knots=(0.0, 1.0), values=((0.0, 1.0), (0.0, 0.5)))   # rank 1: half of rank 0
+    prop = NgramDynamicProposer(profile=CHEAP, calibration=cal, budget=8, max_children=1)
+    q = torch.tensor([0.9, 0.08, 0.02])
+    g = _Growth(parents=[-1], depths=[0], tokens=[5], q_token=[1.0], f=[1.0],
+                q={0: without_tokens(q, torch.tensor([0]))})
+    if held:
+        g.held[0] = (0.9, 1)
+    (child,) = prop._add_children(g, [0], _TopK(), None)
+    assert g.tokens[child] == 1
+    assert g.f[child] == pytest.approx(0.08 * 0.5 if held else 0.8)

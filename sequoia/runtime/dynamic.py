@@ -109,6 +109,9 @@ class _Growth:
     f: list[float]                              # estimated acceptance of each node (root: 1)
     q: dict[int, torch.Tensor]                  # node -> [V] q over its children
     widths: list[int] = field(default_factory=lambda: [1])  # draft forward widths (begin first)
+    # node -> (the draft's probability of its fixed (copied) children's tokens, how many): its drawn children
+    # come from q without those tokens and are verified after them, so they are priced below them.
+    held: dict[int, tuple[float, int]] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -233,7 +236,13 @@ class DynamicTreeProposer(Proposer):
         k = min(self.max_children, self.budget - g.size, rows.shape[-1])
         top = torch.topk(rows, k, dim=-1).values                           # [m, k] sorted q
         f_u = torch.tensor([g.f[u] for u in frontier])                    # [m]
-        value = f_u[:, None] * self.calibration.accept(top, torch.arange(k)[None])
+        # Under fixed children the calibration sees the draft's own probability of a drawn token (q without
+        # the fixed tokens, times what they leave) at its rank behind them: the draft agreeing with a copy
+        # makes its next choice unlikely, not likely.
+        held = [g.held.get(u, (0.0, 0)) for u in frontier]
+        keep = torch.tensor([1.0 - m for m, _ in held])[:, None]          # [m, 1]
+        shift = torch.tensor([c for _, c in held])[:, None]               # [m, 1]
+        value = f_u[:, None] * self.calibration.accept(top.cpu() * keep, torch.arange(k)[None] + shift)
         value = torch.cummin(value, dim=-1).values                         # children are a prefix of ranks
         counts = self._best_prefix(g, value)                               # [m]
         if int(counts.max()) == 0:
@@ -242,7 +251,8 @@ class DynamicTreeProposer(Proposer):
         rows = rows[live.to(rows.device)]
         drawn = drafter.sample(rows, int(counts.max()), self.mode, generator)        # [m', kmax]
         q_drawn = rows.gather(-1, drawn)                                              # [m', kmax]
-        a = self.calibration.accept(q_drawn, torch.arange(drawn.shape[1])[None])
+        a = self.calibration.accept(q_drawn.cpu() * keep[live],
+                                    torch.arange(drawn.shape[1])[None] + shift[live])
         new = []
         for u, c, toks, qs, acc in zip(np.array(frontier)[live.numpy()].tolist(), counts[live].tolist(),
                                        drawn.tolist(), q_drawn.tolist(), a.tolist()):

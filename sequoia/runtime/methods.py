@@ -106,10 +106,10 @@ def make_method(
     if name == "sequoia-dynamic":
         return _dynamic(acceptance, profile, budget, depth, calibration)
     if name == "ngram":
-        check_budget(16 if budget is None else budget, depth)
-        return NgramProposer(profile=profile or conservative_profile(),
-                             settings=NgramSettings(budget=16 if budget is None else budget), max_depth=depth or 16,
-                             accept=_accept(copy_acceptance))
+        settings = NgramSettings() if budget is None else NgramSettings(budget=budget)
+        check_budget(settings.budget, depth)
+        return NgramProposer(profile=profile or conservative_profile(), settings=settings,
+                             max_depth=depth or settings.length, accept=_accept(copy_acceptance))
     if name == "sequoia-ngram":
         dyn = _dynamic(acceptance, profile, budget, depth, calibration)
         return NgramDynamicProposer(profile=dyn.profile, calibration=dyn.calibration, acceptance=dyn.acceptance,
