@@ -434,3 +434,11 @@ def test_every_bench_method_has_a_label_and_a_colour():
     assert len({_COLORS[m] for m in new} | {_COLORS[m] for m in ("hf-assisted", "sequoia", "sequoia-dynamic")}) == 6
     assert len({components.method_color(m) for m in (*new, "hf assisted", "sequoia")}) == 5
     assert {"hf-prompt-lookup", "sequoia-ngram"} <= set(BenchConfig().methods)  # in the default run
+
+
+def test_the_load_note_counts_the_benchs_own_threads():
+    """Load 2.0 on 2 cores is the bench itself, not a competitor (the note once said so at any load)."""
+    from sequoia.tools.bench_report import load_line
+
+    assert "no sign of competing" in load_line([1.2, 2.0, 1.9], cores=2)
+    assert "other processes were competing" in load_line([1.2, 3.4], cores=2)

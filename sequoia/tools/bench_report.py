@@ -13,6 +13,7 @@ easy each prompt is, which medians of tokens/s alone do not.
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -47,6 +48,16 @@ class MethodSummary:
     outside_frac: float | None        # of wall time spent outside steps (prefill, generator)
     mismatches: int | None            # T=0: prompts whose output differs from target-only greedy
     compared: int | None              # T=0: prompts compared
+
+
+def load_line(loads: list[float], cores: int) -> str:
+    """What the OS load averages after the runs say: the bench's own threads count in them, so only a load
+    above the core count means other processes were competing."""
+    loads = sorted(loads)
+    busy = ("above the core count: other processes were competing" if loads[-1] > cores + 0.5 else
+            f"within the {cores} cores, the bench's own threads included: no sign of competing processes")
+    return (f"OS 1-minute load average after each run: median {statistics.median(loads):.1f}, "
+            f"max {loads[-1]:.1f} ({busy}).")
 
 
 def summarize_runs(runs: list[RunResult]) -> list[MethodSummary]:
@@ -186,10 +197,9 @@ def markdown_report(result: BenchResult) -> str:
                  "ratios:", "", *combined, ""]
     methods = list(dict.fromkeys(r.method for r in result.runs))
     head += ["Methods: " + "; ".join(f"`{m}` {METHOD_LABELS.get(m, m)}" for m in methods) + ".", ""]
-    loads = sorted(r.load1 for r in result.runs if r.load1 is not None)
+    loads = [r.load1 for r in result.runs if r.load1 is not None]
     if loads:
-        head += [f"OS 1-minute load average after each run: median {statistics.median(loads):.1f}, "
-                 f"max {loads[-1]:.1f} (above the core count, other processes were competing).", ""]
+        head += [load_line(loads, os.cpu_count() or 1), ""]
     if result.trees:
         head += ["Sequoia trees (optimizer's choice):", ""]
         for t in result.trees:

@@ -31,7 +31,6 @@ from .bench_cli import add_bench_parser, main_bench
 from .common import add_model_args, expected_fingerprint, load_from_args, profile_for
 
 
-
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (exactly the target's greedy output)")
