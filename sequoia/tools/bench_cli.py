@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from .._meta import ASSETS, pair_name, write_json
+from ..runtime.dynamic import MAX_DEPTH
 from ..runtime.finder import ProfileChoice, find_ngram_acceptance, list_acceptance
 from ..runtime.methods import STATIC_DEPTH
 from ..runtime.runner import process_clock
@@ -51,8 +52,8 @@ def add_bench_parser(sub) -> None:
                    "shipped one, else a quick one measured now and cached; OUT/profile.json keeps a copy)")
     g.add_argument("--max-budget", type=int, default=None, help="largest Sequoia tree the optimizer may pick")
     g.add_argument("--max-depth", type=int, default=None,
-                   help="deepest tree: the optimizer's static choice (default 16) and the dynamic tree's cap "
-                        "(default 24)")
+                   help=f"deepest tree: the optimizer's static choice (default {STATIC_DEPTH}) and the dynamic "
+                        f"tree's cap (default {MAX_DEPTH})")
     g.add_argument("--sequoia-budget", type=int, default=None,
                    help="run the DP tree of exactly this budget instead of the optimizer's choice")
     p.add_argument("--threads", type=int, default=None,
