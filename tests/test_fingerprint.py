@@ -90,8 +90,18 @@ def test_a_profile_without_fingerprint_matches_no_machine():
 def test_cpu_facts_read_model_and_flags():
     text = "processor\t: 0\nmodel name\t: AMD EPYC 9B14\nflags\t\t: fpu sse avx2 fma avx512f avx512_bf16 amx_tile\n" \
            "processor\t: 1\nmodel name\t: AMD EPYC 9B14\nflags\t\t: fpu\n"
-    assert cpu_facts(text) == ("AMD EPYC 9B14", ("avx2", "avx512f", "avx512_bf16", "amx_tile"))
-    assert cpu_facts("") == ("", ())
+    assert cpu_facts(text, "AVX512") == ("AMD EPYC 9B14", ("avx2", "avx512f", "avx512_bf16", "amx_tile"))
+    assert cpu_facts("", "AVX512") == ("", ())
+
+
+def test_cpu_facts_leave_out_flags_the_kernels_are_told_not_to_use():
+    # ATEN_CPU_CAPABILITY=avx2 on an AVX-512 machine: its matmuls cost what an AVX2-only machine's do.
+    text = "model name\t: AMD EPYC 9B14\nflags\t\t: fpu avx2 avx512f avx512_bf16\n"
+    assert cpu_facts(text, "AVX2") == ("AMD EPYC 9B14", ("avx2",))
+    assert cpu_facts(text, "avx2") == ("AMD EPYC 9B14", ("avx2",))
+    assert cpu_facts(text, "DEFAULT") == ("AMD EPYC 9B14", ())
+    # The process's own capability by default (never more than the CPU has).
+    assert set(cpu_facts(text)[1]) <= {"avx2", "avx512f", "avx512_bf16"}
 
 
 def test_machine_fingerprint_with_and_without_a_pair():

@@ -1,7 +1,7 @@
 """This machine's :class:`~sequoia.core.profile.Fingerprint`: what its costs depend on.
 
-Read without measuring anything: CPU model and flags from ``/proc/cpuinfo``,
-whether oneDNN has bf16 kernels, torch's thread count, the GPU's properties
+Read without measuring anything: CPU model and flags from ``/proc/cpuinfo``
+(only those torch's kernels may use: see :func:`cpu_facts`), whether oneDNN has bf16 kernels, torch's thread count, the GPU's properties
 when the pair runs on CUDA, and each model's dtype and weight quantization.
 """
 
@@ -35,8 +35,23 @@ def machine_fingerprint(pair=None) -> Fingerprint:
                        torch_version=torch.__version__, **gpu, **models)
 
 
-def cpu_facts(cpuinfo: str | None = None) -> tuple[str, tuple[str, ...]]:
-    """(model name, matmul-relevant flags present) from /proc/cpuinfo text ("" and () where it is unreadable)."""
+#: The flags of CPU_FEATURES that torch's CPU kernels may use under each ATen capability (what
+#: ``torch.backends.cpu.get_cpu_capability()`` says); a capability not named here limits nothing.
+_CAPABILITY_FLAGS = {"DEFAULT": (), "AVX2": ("avx2",)}
+
+
+def cpu_facts(cpuinfo: str | None = None, capability: str | None = None) -> tuple[str, tuple[str, ...]]:
+    """(model name, matmul-relevant flags the kernels may use): from /proc/cpuinfo text ("" and () unreadable).
+
+    A flag the CPU has but torch's kernels are told not to use does not change a
+    matmul's cost, so it is left out: ``capability`` is ATen's CPU capability
+    ("AVX512", "AVX2", "DEFAULT"; None: this process's, which ``ATEN_CPU_CAPABILITY=avx2``
+    lowers).  With ``ONEDNN_MAX_CPU_ISA=AVX2`` too, an AVX-512 machine runs the
+    kernels of an AVX2-only one and fingerprints as one (oneDNN bf16 then reads
+    as unavailable: :func:`onednn_bf16`).
+    """
+    if capability is None:
+        capability = torch.backends.cpu.get_cpu_capability()
     if cpuinfo is None:
         try:
             cpuinfo = CPUINFO.read_text()
@@ -50,7 +65,8 @@ def cpu_facts(cpuinfo: str | None = None) -> tuple[str, tuple[str, ...]]:
             model = value.strip()
         elif key == "flags" and not flags:
             flags = set(value.split())
-    return model, tuple(f for f in CPU_FEATURES if f in flags)
+    usable = _CAPABILITY_FLAGS.get(capability.upper(), CPU_FEATURES)
+    return model, tuple(f for f in CPU_FEATURES if f in flags and f in usable)
 
 
 def onednn_bf16() -> bool:
