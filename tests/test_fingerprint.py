@@ -118,3 +118,23 @@ def test_machine_fingerprint_with_and_without_a_pair():
     pair.draft_quant, pair.target_quant = "int4", "int8"
     fp = machine_fingerprint(pair)
     assert (fp.draft_quant, fp.target_quant) == ("int4", "int8")
+
+
+def test_the_kernel_of_one_token_forwards_decides_a_match(monkeypatch):
+    # A profile measured before one-token forwards skipped oneDNN priced the target alone ~1.6x too dear.
+    routed = dataclasses.replace(AVX512, single_row_kernel="aten")
+    assert routed.mismatches(AVX512) == ["one-token forwards' kernel: unknown here, aten in the profile"]
+    assert routed.key() != AVX512.key()
+    assert Fingerprint.from_dict(routed.to_dict()) == routed
+    # Not loaded yet (profile --show): predicted from the machine and the target's dtype.
+    from types import SimpleNamespace
+
+    monkeypatch.setattr("sequoia.runtime.fingerprint.onednn_bf16", lambda: True)
+    stand_in = SimpleNamespace(device=torch.device("cpu"), dtype=torch.bfloat16, draft_dtype=torch.bfloat16,
+                               draft_quant="int4", target_quant="none", name="not loaded")
+    assert machine_fingerprint(stand_in).single_row_kernel == "aten"
+    stand_in.dtype = torch.float32
+    assert machine_fingerprint(stand_in).single_row_kernel == ""
+    # A loaded target says what it got (a tiny fp32 one: nothing).
+    pair = make_pair(tiny_model(1, vocab=64, hidden=16), tiny_model(0, vocab=64), 64)
+    assert machine_fingerprint(pair).single_row_kernel == ""

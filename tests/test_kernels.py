@@ -172,3 +172,66 @@ def test_a_fused_quantized_draft_decodes_to_the_target_greedy(scheme):
                                                     GenerationConfig(max_new_tokens=30)))
     assert [t for r in records for t in r.new_tokens] == expected
     assert sum(r.n_accepted for r in records) > 0   # the quantized copy of the target is accepted
+
+
+# ---------------------------------------------------------------------------- one-token forwards
+def _onednn_seen(model):
+    """Record torch.backends.mkldnn.enabled as the first decoder layer sees it, on every forward."""
+    seen = []
+    model.model.layers[0].register_forward_pre_hook(lambda m, a: seen.append(torch.backends.mkldnn.enabled))
+    return seen
+
+
+def test_one_token_forwards_run_without_onednn_and_wider_ones_with_it(monkeypatch):
+    monkeypatch.setattr(kernels, "single_row_kernel", lambda device_type, dtype: kernels.SINGLE_ROW_ATEN)
+    model = tiny_model(0).to(torch.bfloat16)
+    plain = tiny_model(0).to(torch.bfloat16)
+    assert kernels.route_single_rows(model) and not kernels.route_single_rows(model)   # installed once
+    seen = _onednn_seen(model)
+    before = torch.backends.mkldnn.enabled
+    ids = torch.tensor([[3, 5, 7]])
+    with torch.no_grad():
+        wide = model(input_ids=ids).logits
+        one = model(ids[:, :1]).logits                              # positional input_ids too
+        model(inputs_embeds=model.model.embed_tokens(ids[:, :1]))
+    assert seen == [before, False, False]
+    assert torch.backends.mkldnn.enabled == before
+    with torch.no_grad():   # the same model: same numbers within bf16 rounding (here the kernels agree exactly)
+        torch.testing.assert_close(wide, plain(input_ids=ids).logits, atol=0.05, rtol=0.05)
+        torch.testing.assert_close(one, plain(ids[:, :1]).logits, atol=0.05, rtol=0.05)
+
+
+def test_onednn_comes_back_after_a_failed_one_token_forward(monkeypatch):
+    monkeypatch.setattr(kernels, "single_row_kernel", lambda device_type, dtype: kernels.SINGLE_ROW_ATEN)
+    model = tiny_model(0).to(torch.bfloat16)
+    kernels.route_single_rows(model)
+    before = torch.backends.mkldnn.enabled
+
+    def fail(module, args):
+        raise RuntimeError(f"out of memory (oneDNN enabled: {torch.backends.mkldnn.enabled})")
+
+    model.model.layers[1].register_forward_pre_hook(fail)
+    with pytest.raises(RuntimeError, match="enabled: False"), torch.no_grad():
+        model(input_ids=torch.tensor([[3]]))
+    assert torch.backends.mkldnn.enabled == before
+
+
+def test_overlapping_one_token_forwards_restore_onednn_once_the_last_ends():
+    switch = kernels._OneDnnSwitch()
+    before = torch.backends.mkldnn.enabled
+    switch.enter()
+    switch.enter()       # a second thread's one-token forward begins inside the first
+    switch.leave()       # the first ends: the second still runs without oneDNN
+    assert torch.backends.mkldnn.enabled is False
+    switch.leave()
+    assert torch.backends.mkldnn.enabled == before
+
+
+def test_only_bf16_models_on_cpus_with_onednn_bf16_are_routed(monkeypatch):
+    assert not kernels.route_single_rows(tiny_model(0))             # fp32: torch's own kernels
+    monkeypatch.setattr("sequoia.runtime.fingerprint.onednn_bf16", lambda: False)
+    assert kernels.single_row_kernel("cpu", torch.bfloat16) == ""   # an AVX2-only CPU: nothing to skip
+    assert not kernels.route_single_rows(tiny_model(0).to(torch.bfloat16))
+    monkeypatch.setattr("sequoia.runtime.fingerprint.onednn_bf16", lambda: True)
+    assert kernels.single_row_kernel("cpu", torch.bfloat16) == kernels.SINGLE_ROW_ATEN
+    assert kernels.single_row_kernel("cuda", torch.bfloat16) == ""

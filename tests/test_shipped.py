@@ -57,12 +57,13 @@ def test_shipped_profiles_say_what_they_were_measured_on(path):
 
 
 def test_the_int4_draft_profile_measured_here_prices_a_deep_tree():
-    """The AVX-512-BF16 profile with the int4 draft (measured with the overheads): a draft level costs ~13%
-    of a target step and 16 tokens verify for ~1.4 steps, so the optimizer drafts a deep tree on code."""
+    """The AVX-512-BF16 profile with the int4 draft (measured with the overheads, one-token forwards without
+    oneDNN): a draft level costs ~21% of a target step and 16 tokens verify for ~2.5 steps, and the optimizer
+    still drafts a deep tree on code."""
     prof = HardwareProfile.load(PROFILES / "embedded-cpu-avx512bf16-bf16-int4.json")
-    assert prof.step_overhead_ms > 0 and prof.draft(1) < 0.2 * prof.target(1) and prof.target(17) < 2 * prof.target(1)
+    assert prof.step_overhead_ms > 0 and prof.draft(1) < 0.25 * prof.target(1) and prof.target(17) < 3 * prof.target(1)
     choice = choose_tree(AcceptanceVector.load(ACCEPTANCE / "embedded-code-greedy.json").values, prof)
-    assert choice.depth >= 6 and choice.speedup > 2.0
+    assert choice.depth >= 6 and choice.speedup > 1.6
 
 
 def test_the_two_cpu_kinds_choose_differently():

@@ -74,6 +74,9 @@ class Fingerprint:
     draft_dtype: str = ""
     draft_quant: str = "none"
     pair: str = ""
+    # "aten": the target's one-token forwards skip oneDNN (bf16 on a CPU whose oneDNN has bf16 kernels, where
+    # that is ~1.6x faster; see sequoia.runtime.kernels); "": torch's own choice.  It sets the target-alone cost.
+    single_row_kernel: str = ""
 
     def __post_init__(self) -> None:
         if self.device_kind not in ("cpu", "cuda"):
@@ -90,7 +93,8 @@ class Fingerprint:
         """The fields that decide a match (and the cache key): see :meth:`mismatches`."""
         out = {"device_kind": self.device_kind}
         if self.device_kind == "cpu":
-            out.update(cpu_features=list(self.cpu_features), onednn_bf16=self.onednn_bf16, threads=self.threads)
+            out.update(cpu_features=list(self.cpu_features), onednn_bf16=self.onednn_bf16, threads=self.threads,
+                       single_row_kernel=self.single_row_kernel)
         else:
             out.update(gpu_name=self.gpu_name, gpu_capability=self.gpu_capability)
         out.update(target_dtype=self.target_dtype, target_quant=self.target_quant,
@@ -162,7 +166,7 @@ _LABELS = {
     "device_kind": "device", "cpu_features": "CPU features", "onednn_bf16": "oneDNN bf16", "threads": "threads",
     "gpu_name": "GPU", "gpu_capability": "compute capability", "target_dtype": "target dtype",
     "target_quant": "target quantization", "draft_dtype": "draft dtype", "draft_quant": "draft quantization",
-    "pair": "model pair",
+    "pair": "model pair", "single_row_kernel": "one-token forwards' kernel",
 }
 
 

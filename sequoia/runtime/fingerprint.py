@@ -1,8 +1,10 @@
 """This machine's :class:`~sequoia.core.profile.Fingerprint`: what its costs depend on.
 
 Read without measuring anything: CPU model and flags from ``/proc/cpuinfo``
-(only those torch's kernels may use: see :func:`cpu_facts`), whether oneDNN has bf16 kernels, torch's thread count, the GPU's properties
-when the pair runs on CUDA, and each model's dtype and weight quantization.
+(only those torch's kernels may use: see :func:`cpu_facts`), whether oneDNN has
+bf16 kernels, torch's thread count, the GPU's properties when the pair runs on
+CUDA, each model's dtype and weight quantization, and the kernel of the
+target's one-token forwards (:func:`single_row_kernel`).
 """
 
 from __future__ import annotations
@@ -77,6 +79,17 @@ def onednn_bf16() -> bool:
         return False
 
 
+#: What the fingerprint calls one-row bf16 forwards that skip oneDNN
+#: (see :func:`sequoia.runtime.kernels.route_single_rows`).
+SINGLE_ROW_ATEN = "aten"
+
+
+def single_row_kernel(device_type: str, dtype: torch.dtype) -> str:
+    """The kernel a one-token forward of a ``dtype`` model on ``device_type`` gets here: "aten" or "" (torch's
+    own choice).  "aten" on CPUs whose oneDNN has bf16 kernels, for bf16 models."""
+    return SINGLE_ROW_ATEN if device_type == "cpu" and dtype == torch.bfloat16 and onednn_bf16() else ""
+
+
 def dtype_name(dtype) -> str:
     return DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
 
@@ -88,14 +101,19 @@ def _gpu_facts(device: torch.device) -> dict:
 
 
 def _model_facts(pair) -> dict:
-    """Dtypes and weight quantization of both models.
+    """Dtypes and weight quantization of both models, and the kernel of the target's one-token forwards.
 
     ``draft_quant`` / ``target_quant`` when the pair names them ("int8", "int4",
     "none"), else the older ``draft_int8`` flag.
     """
     draft_quant = getattr(pair, "draft_quant", None) or ("int8" if getattr(pair, "draft_int8", False) else "none")
+    target_dtype = getattr(pair, "dtype", None) or pair.target.dtype
+    target = getattr(pair, "target", None)
+    # A loaded target says what its one-row forwards get; a stand-in (models not loaded yet) is predicted.
+    kernel = getattr(target, "_single_row_kernel", "") if target is not None else \
+        single_row_kernel(torch.device(getattr(pair, "device", None) or "cpu").type, target_dtype)
     return dict(
-        target_dtype=dtype_name(getattr(pair, "dtype", None) or pair.target.dtype),
+        target_dtype=dtype_name(target_dtype), single_row_kernel=kernel,
         target_quant=getattr(pair, "target_quant", None) or "none",
         draft_dtype=dtype_name(getattr(pair, "draft_dtype", None) or pair.draft.dtype),
         draft_quant=draft_quant,
