@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -19,7 +21,7 @@ from test_engine import (  # noqa: F401  (small_vocab_pair is a fixture)
 from sequoia.core.calibration import Calibration, child_outcomes, fit_outcomes, fit_records
 from sequoia.core.config import GenerationConfig, SamplingConfig
 from sequoia.core.profile import HardwareProfile
-from sequoia.core.trace import StepRecord
+from sequoia.core.trace import DynamicInfo, StepRecord
 from sequoia.core.tree import Tree
 from sequoia.runtime.calibration import calibrate
 from sequoia.runtime.drafter import Draft
@@ -138,6 +140,22 @@ def test_one_hard_first_step_does_not_stop_the_draft():
     empty = _Gate()
     empty.observe(1, ms, ar_rate)
     assert not empty.wants_draft()
+
+
+def test_drafting_that_only_breaks_even_by_the_prediction_stops():
+    """The gate keeps drafting only while steps are predicted to beat the target alone by min_gain: steps
+    predicted 5% faster than it are within the cost model's error and are stopped, 20% faster go on."""
+    def observed(gain: float) -> bool:
+        dyn = _dynamic()
+        dyn.start()
+        ms = 4 * CPU_LIKE.target(1) / (1.0 + gain)       # four tokens a step, (1 + gain) x the target alone's rate
+        info = DynamicInfo(static_tree_parents=(-1,), added=(), pruned=(), predicted_tokens=4.0, predicted_ms=ms,
+                           widths=(1,))
+        for _ in range(6):
+            dyn.observe(SimpleNamespace(dynamic=info, n_new=4))
+        return dyn.wants_draft()
+
+    assert observed(0.2) and not observed(0.05)
 
 
 def test_seeds_make_sampling_reproducible(tiny_pairs):

@@ -68,15 +68,15 @@ def test_the_int4_draft_profile_measured_here_prices_a_deep_tree():
 
 def test_the_two_cpu_kinds_choose_differently():
     avx2 = HardwareProfile.load(PROFILES / "embedded-cpu-avx2-bf16-int8.json")
-    avx512 = HardwareProfile.load(PROFILES / "embedded-cpu-avx512bf16-bf16-int8.json")
+    avx512 = HardwareProfile.load(PROFILES / "embedded-cpu-avx512bf16-bf16-int4.json")   # its default draft
     assert not avx2.matches(avx512.fingerprint) and not avx512.matches(avx2.fingerprint)
     assert any("CPU features" in m for m in avx2.mismatches(avx512.fingerprint))
     vec = AcceptanceVector.load(ACCEPTANCE / "embedded-code-greedy.json")
     # AVX2 only: verifying 16 tokens costs ~11x one, no tree pays and the optimizer keeps the target alone.
     assert choose_tree(vec.values, avx2).budget == 0
-    # AVX-512-BF16: verification almost free up to 16 tokens, so a real tree pays.
+    # AVX-512-BF16: 16 tokens verify for ~2.5 one-token steps, so a real tree pays.
     choice = choose_tree(vec.values, avx512)
-    assert choice.budget >= 4 and choice.speedup > 1.3
+    assert choice.budget >= 4 and choice.speedup > 1.5
 
 
 def test_what_if_gpu_cost_model_picks_big_trees():

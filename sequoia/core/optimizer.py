@@ -36,7 +36,7 @@ class Choice:
     expected_tokens: float         # per step, bonus included
     ms_per_token: float            # predicted
     speedup: float                 # baseline_ms / ms_per_token
-    baseline_ms: float             # target alone: cost.baseline_ms (target(1) + step overhead) per token
+    baseline_ms: float             # target alone: cost.baseline_ms (target(1)) per token
     cost: StepCost
     # [max_budget+1, max_depth+1] predicted ms/token of the DP tree of every cell;
     # row 0 and column 0 (no draft tokens) hold the baseline.
@@ -101,7 +101,8 @@ def predicted_grid(dp: DPResult, profile: HardwareProfile) -> np.ndarray:
     # cost.step_ms, vectorised over cells: each level that forwards pays its forward and its overhead.
     level = profile.draft(np.maximum(widths, 1)) + profile.level_overhead_ms
     draft = np.where(widths > 0, level, 0.0)                # [B+1, D+1, D]
-    total = profile.step_overhead_ms + draft.sum(-1) + profile.target(sizes + 1)
+    overhead = np.where(sizes > 0, profile.step_overhead_ms, 0.0)   # cost.overhead_ms: trees only
+    total = overhead + draft.sum(-1) + profile.target(sizes + 1)
     return total / expected
 
 
@@ -134,7 +135,6 @@ def cell_shapes(dp: DPResult) -> tuple[np.ndarray, np.ndarray]:
 
 def _root_only(profile: HardwareProfile, grid: np.ndarray) -> Choice:
     baseline = baseline_ms(profile)
-    cost = StepCost(draft_ms=0.0, target_ms=float(profile.target(1)), expected_tokens=1.0,
-                    overhead_ms=profile.step_overhead_ms)
+    cost = StepCost(draft_ms=0.0, target_ms=float(profile.target(1)), expected_tokens=1.0, overhead_ms=0.0)
     return Choice(budget=0, depth=0, tree=Tree.root_only(), expected_tokens=1.0, ms_per_token=baseline,
                   speedup=1.0, baseline_ms=baseline, cost=cost, grid=grid)
