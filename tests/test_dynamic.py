@@ -158,6 +158,21 @@ def test_drafting_that_only_breaks_even_by_the_prediction_stops():
     assert observed(0.2) and not observed(0.05)
 
 
+def test_a_prior_that_does_not_pay_starts_with_a_plain_step():
+    """A perfect chain would pay here (so the gate may try), but the workload's prior tree is predicted only 3%
+    faster than the target alone: the first step skips the draft (and its prefill of the prompt), then the
+    gate checks.  A prior that pays drafts from the first step, as before."""
+    marginal = HardwareProfile.hand_made(target=lambda n: 100.0 + 45.0 * (n - 1), draft=lambda w: 30.0)
+    dyn = _dynamic(profile=marginal)
+    tokens, ms = dyn.gate_prior
+    assert dyn.can_pay and 1.0 < tokens / ms * marginal.target(1) < 1.0 + dyn.min_gain
+    dyn.start()
+    assert [dyn.wants_draft() for _ in range(2)] == [False, True]
+    paying = _dynamic()
+    paying.start()
+    assert paying.wants_draft()
+
+
 def test_seeds_make_sampling_reproducible(tiny_pairs):
     cfg = GenerationConfig(max_new_tokens=24, sampling=SamplingConfig(temperature=0.8), seed=5)
     method = _dynamic(budget=10)
