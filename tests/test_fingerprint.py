@@ -125,6 +125,7 @@ def test_the_kernel_of_one_token_forwards_decides_a_match(monkeypatch):
     routed = dataclasses.replace(AVX512, single_row_kernel="aten")
     assert routed.mismatches(AVX512) == ["one-token forwards' kernel: unknown here, aten in the profile"]
     assert routed.key() != AVX512.key()
+    assert "oneDNN bf16 (one-token forwards: aten), 2 threads" in routed.describe()
     assert Fingerprint.from_dict(routed.to_dict()) == routed
     # Not loaded yet (profile --show): predicted from the machine and the target's dtype.
     from types import SimpleNamespace

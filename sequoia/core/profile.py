@@ -132,6 +132,8 @@ class Fingerprint:
         else:
             best = self.cpu_features[-1] if self.cpu_features else "no avx2"
             bf16 = "oneDNN bf16" if self.onednn_bf16 else "no oneDNN bf16"
+            if self.single_row_kernel:
+                bf16 += f" (one-token forwards: {self.single_row_kernel})"
             machine = f"cpu {self.cpu_model or 'unknown model'}, {best}, {bf16}, {self.threads} threads"
         models = [f"{role} {_precision(dtype, quant)}" for role, dtype, quant in
                   (("target", self.target_dtype, self.target_quant), ("draft", self.draft_dtype, self.draft_quant))
