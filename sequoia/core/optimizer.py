@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .cost import StepCost, baseline_ms, draft_widths, step_cost
+from .cost import StepCost, baseline_ms, draft_widths, overhead_ms, step_cost
 from .dp import DPResult, check_acceptance, expected_tokens, optimal_tree
 from .profile import HardwareProfile
 from .tree import MAX_TREE_SIZE, Tree
@@ -135,6 +135,7 @@ def cell_shapes(dp: DPResult) -> tuple[np.ndarray, np.ndarray]:
 
 def _root_only(profile: HardwareProfile, grid: np.ndarray) -> Choice:
     baseline = baseline_ms(profile)
-    cost = StepCost(draft_ms=0.0, target_ms=float(profile.target(1)), expected_tokens=1.0, overhead_ms=0.0)
+    cost = StepCost(draft_ms=0.0, target_ms=float(profile.target(1)), expected_tokens=1.0,
+                    overhead_ms=overhead_ms(profile, 1))
     return Choice(budget=0, depth=0, tree=Tree.root_only(), expected_tokens=1.0, ms_per_token=baseline,
                   speedup=1.0, baseline_ms=baseline, cost=cost, grid=grid)

@@ -355,7 +355,7 @@ def route_single_rows(model: torch.nn.Module) -> bool:
     """
     params = next(model.parameters(), None)
     if params is None or getattr(model, "_single_row_kernel", "") or \
-            single_row_kernel(params.device.type, model_dtype(model)) != SINGLE_ROW_ATEN:
+            single_row_kernel(params.device.type, getattr(model, "dtype", None)) != SINGLE_ROW_ATEN:
         return False
     entered = threading.local()
 
@@ -378,12 +378,3 @@ def route_single_rows(model: torch.nn.Module) -> bool:
     model.register_forward_hook(after, with_kwargs=True, always_call=True)
     model._single_row_kernel = SINGLE_ROW_ATEN
     return True
-
-
-def model_dtype(model: torch.nn.Module) -> torch.dtype:
-    """The dtype the model computes in: its floating-point parameters' and buffers' (quantized layers keep bf16
-    scales; the int weights do not count)."""
-    for t in (*model.parameters(), *model.buffers()):
-        if t.is_floating_point():
-            return t.dtype
-    return torch.float32
