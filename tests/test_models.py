@@ -13,6 +13,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from sequoia.runtime.attention import FEW_QUERY
 from sequoia.runtime import embedded, kernels
 from sequoia.runtime import models as M
 from sequoia.runtime.embedded import EmbeddedModelError, Part
@@ -145,6 +146,7 @@ def test_load_pair_from_local_dirs(tiny_dirs):
     assert kernels.describe(pair.draft) in (expected, "int4+int8") and f"({expected})" in pair.draft_name
     assert pair.target_quant == "none" and kernels.describe(pair.target) == "none"
     assert pair.vocab_size == 1000 and pair.eos_token_ids == (1, 0)
+    assert pair.target.config._attn_implementation == pair.draft.config._attn_implementation == FEW_QUERY
     assert pair.encode_prompt("def x") == M.encode_prompt(pair.tokenizer, "def x")
     with pytest.raises(ValueError, match="empty"):
         pair.encode_prompt(" ")
