@@ -130,10 +130,12 @@ def _acceptance_panels(fig: go.Figure, s: RunStats) -> None:
 
 def _time_panels(fig: go.Figure, s: RunStats, records: Sequence[StepRecord]) -> None:
     steps = [r.step for r in records]
-    elapsed, rate = 0.0, []
-    for t, cum in zip(s.series_step_s, s.series_cum_tokens):
-        elapsed += t
-        rate.append(cum / elapsed if elapsed > 0 else 0.0)
+    # The decode rate so far: tokens and time after the prompt's forward (step 0, whose bar shows its time).
+    elapsed, made, rate = 0.0, 0, []
+    for r in records:
+        if not r.prompt_tokens:
+            elapsed, made = elapsed + r.total_s, made + r.n_new
+        rate.append(made / elapsed if elapsed > 0 else 0.0)
     fig.add_trace(go.Scatter(x=steps, y=rate, mode="lines", name="tokens/s",
                              line=dict(color="#9467bd"), showlegend=False), row=2, col=2)
     fig.update_xaxes(title_text="step", row=2, col=2)
@@ -158,9 +160,10 @@ def summary_markdown(records: Sequence[StepRecord]) -> str:
         by = dict(s.accepted_by_source)
         tail = (f" · accepted: {by.get(DRAFT, 0)} from the draft model, {by.get(NGRAM, 0)} copied from the "
                 f"context{tail}")
+    first = f" after the first (the prompt's forward: {s.first_token_s:.2f} s)" if s.first_token_s else ""
     return (f"**{s.new_tokens}** tokens in **{s.steps}** target calls · "
             f"**{s.tokens_per_step:.2f}** tokens/step · {s.mean_accepted:.2f} accepted drafts/step · "
-            f"**{s.tokens_per_s:.1f}** tokens/s · time {split}{tail}")
+            f"**{s.tokens_per_s:.1f}** tokens/s{first} · time {split}{tail}")
 
 
 def speedup_markdown(records: Sequence[StepRecord], target_tps: float | None, measured: bool = False) -> str:

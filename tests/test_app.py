@@ -173,7 +173,8 @@ def test_decode_api_returns_text_and_steps(ctx, pair):
     assert len(ids) == 8 and text == pair.tokenizer.decode(ids)
     assert {"parents", "accepted", "status", "q", "p", "bonus"} <= set(steps[0])
     _, steps = asyncio.run(live_tab.decode_api_fn(ctx)("abc", "sequoia", 6, 6, 0.0, 1.0, 4, 0, True, "1.0"))
-    assert steps[0]["parents"] == [-1, 0, 1, 2, 3, 4, 5]  # p = (1.0,): the optimal tree is a chain
+    assert steps[0]["parents"] == [-1]                     # step 0: the prompt's forward, no tree
+    assert steps[1]["parents"] == [-1, 0, 1, 2, 3, 4, 5]  # p = (1.0,): the optimal tree is a chain
     with pytest.raises(gr.Error, match="sum to at most 1"):
         asyncio.run(live_tab.decode_api_fn(ctx)("abc", "sequoia", 6, 6, 0.0, 1.0, 4, 0, True, "0.9, 0.9"))
 

@@ -62,8 +62,8 @@ def test_engine_runs_carry_a_time_split_and_hf_runs_do_not(greedy_result):
         else:
             assert r.steps >= 1 and r.draft_s >= 0 and r.verify_s > 0 and r.other_s >= 0
             assert r.outside_steps_s >= 0
-            # one forward per step plus the prefill of prompt[:-1]
-            assert r.target_calls == r.steps + 1
+            # one forward per step, step 0 being the prompt's
+            assert r.target_calls == r.steps
     ar = [r for r in greedy_result.runs if r.method == "ar"]
     assert all(r.tree_size == 0 for r in ar)
 
@@ -304,9 +304,10 @@ def test_process_clock_needs_one_thread_and_times_the_engine_steps(tiny_pairs):
         run = run_method(engine, engine.pair, "chain", [3, 5, 7], GenerationConfig(max_new_tokens=4),
                          make_method("chain", budget=2))
         assert time.perf_counter is not time.process_time
-        # every clock read is one tick: the engine reads 4 a step, the runner 2 around each of them (and the end)
-        assert run.draft_s + run.verify_s + run.other_s == 3 * run.steps
-        assert run.seconds == 5 * run.steps + 1
+        # every clock read is one tick: the engine reads 4 a step (3 in step 0, which drafts nothing), the runner
+        # 2 around each of them (and the end)
+        assert run.draft_s + run.verify_s + run.other_s == 3 * run.steps - 1
+        assert run.seconds == 5 * run.steps
         torch.set_num_threads(2)
         with pytest.raises(ValueError, match="one torch thread"):
             process_clock()

@@ -101,6 +101,22 @@ def test_tree_forward_matches_each_path_alone(tiny_target):
             torch.testing.assert_close(tree_logits[list(path)], alone, atol=2e-5, rtol=1e-4)
 
 
+def test_step_zero_is_the_prompts_forward(tiny_pairs, tiny_target):
+    """The prompt's forward gives the first token (no draft); trees start at step 1; one forward per step."""
+    from sequoia.runtime.baselines import count_forwards
+
+    engine = SpeculativeEngine(tiny_pairs["noisy"])
+    with count_forwards(tiny_target) as calls:
+        records = list(engine.generate(PROMPT, make_method("sequoia", budget=6), GenerationConfig(max_new_tokens=12)))
+    first = records[0]
+    assert first.step == 0 and first.tree.size == 0 and first.draft_s == 0.0 and first.dynamic is None
+    assert first.prompt_tokens == len(PROMPT) and list(first.new_tokens) == _hf_greedy(tiny_target, PROMPT, 1)
+    assert records[1].tree.size > 0 and all(r.prompt_tokens == 0 for r in records[1:])
+    assert calls[0] == len(records)
+    one = list(engine.generate(PROMPT[:1], make_method("chain", budget=3), GenerationConfig(max_new_tokens=1)))
+    assert len(one) == 1 and one[0].finished and one[0].prompt_tokens == 1   # a one-token prompt and answer
+
+
 # --------------------------------------------------------------- distribution
 def _exact_two_token_joint(model, prompt, sampling) -> torch.Tensor:
     """P(x1, x2) under the target alone.  # [V, V]"""
@@ -114,15 +130,33 @@ def _exact_two_token_joint(model, prompt, sampling) -> torch.Tensor:
     return p1[:, None] * p2
 
 
-def _empirical_joint(pair, method, sampling, n) -> torch.Tensor:
+def _empirical_joint(pair, method, sampling, n, prompt=None, each=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Counts of the 2nd and 3rd tokens over ``n`` seeds, and what the target alone gives them.  # [V, V] x 2
+
+    The first token comes from the prompt's forward (step 0, no draft), so the tokens that went through a
+    tree are the next ones: the expected joint of (x2, x3) is P(x2, x3 | prompt, x1) summed over the x1 drawn.
+    ``each(records)`` sees every run's step records.
+    """
+    prompt = SMALL_PROMPT if prompt is None else prompt
     vocab = pair.target.config.vocab_size
-    counts = torch.zeros(vocab, vocab)
+    counts, firsts = torch.zeros(vocab, vocab), torch.zeros(vocab)
     engine = SpeculativeEngine(pair)
     for seed in range(n):
-        cfg = GenerationConfig(max_new_tokens=2, sampling=sampling, seed=seed, stop_at_eos=False)
-        toks = [t for r in engine.generate(SMALL_PROMPT, method, cfg, with_texts=False) for t in r.new_tokens]
-        counts[toks[0], toks[1]] += 1
-    return counts
+        cfg = GenerationConfig(max_new_tokens=3, sampling=sampling, seed=seed, stop_at_eos=False)
+        records = list(engine.generate(prompt, method, cfg, with_texts=False))
+        if each is not None:
+            each(records)
+        toks = [t for r in records for t in r.new_tokens]
+        firsts[toks[0]] += 1
+        counts[toks[1], toks[2]] += 1
+    return counts, _exact_after_first(pair.target, prompt, sampling, firsts)
+
+
+def _exact_after_first(model, prompt, sampling, firsts: torch.Tensor) -> torch.Tensor:
+    """P(x2, x3) given the first tokens drawn: sum over x1 of (share of x1) * P(x2, x3 | prompt + [x1]).  # [V, V]"""
+    shares = firsts / firsts.sum()
+    return sum(share * _exact_two_token_joint(model, prompt + [x1], sampling)
+               for x1, share in enumerate(shares.tolist()) if share > 0)
 
 
 def _joint_pvalue(counts, exact) -> float:
@@ -152,8 +186,7 @@ def small_vocab_pair():
     ("specinfer", {"width": 2, "depth": 2}, SamplingConfig(temperature=0.7, top_p=0.9)),
 ])
 def test_sampled_output_matches_target_distribution(small_vocab_pair, name, kwargs, sampling):
-    exact = _exact_two_token_joint(small_vocab_pair.target, SMALL_PROMPT, sampling)
-    counts = _empirical_joint(small_vocab_pair, make_method(name, **kwargs), sampling, n=1000)
+    counts, exact = _empirical_joint(small_vocab_pair, make_method(name, **kwargs), sampling, n=1000)
     assert _joint_pvalue(counts, exact) > 1e-6
 
 
@@ -162,8 +195,7 @@ def test_distribution_test_catches_a_wrong_rule(small_vocab_pair, monkeypatch):
 
     monkeypatch.setattr(sampling_mod, "_residual", lambda p, q, x: p)
     sampling = SamplingConfig(temperature=1.0)
-    exact = _exact_two_token_joint(small_vocab_pair.target, SMALL_PROMPT, sampling)
-    counts = _empirical_joint(small_vocab_pair, make_method("chain", budget=2), sampling, n=1000)
+    counts, exact = _empirical_joint(small_vocab_pair, make_method("chain", budget=2), sampling, n=1000)
     assert _joint_pvalue(counts, exact) < 1e-6
 
 

@@ -114,9 +114,9 @@ def test_measure_profile_tiny_model():
     import sequoia
 
     assert prof.version == sequoia.__version__
-    # 3 + 2 grid points, then 1 untimed + 2 timed engine steps for the overheads
-    assert [s[0] for s in seen] == [i / 8 for i in range(1, 9)]  # progress(fraction, label)
-    assert seen[4][1] == "draft width=3" and seen[-1][1] == "overheads, step 3"
+    # 3 + 2 grid points, then 2 untimed + 2 timed engine steps for the overheads
+    assert [s[0] for s in seen] == [i / 9 for i in range(1, 10)]  # progress(fraction, label)
+    assert seen[4][1] == "draft width=3" and seen[-1][1] == "overheads, step 4"
     assert prof.step_overhead_ms >= 0.0 and prof.level_overhead_ms >= 0.0
     fp = prof.fingerprint
     assert fp is not None and fp.device_kind == "cpu" and fp.threads == torch.get_num_threads()
@@ -181,7 +181,7 @@ def test_quick_profile_uses_the_coarse_grid_and_measures_overheads(monkeypatch):
     prof = measure_profile(pair, context_len=8, quick=True, progress=lambda *a: seen.append(a))
     assert prof.target_n == hardware.QUICK_TARGET_GRID and prof.draft_width == hardware.QUICK_DRAFT_GRID
     assert prof.repeats == 2 and "quick" in prof.note
-    assert seen[-1][0] == 1.0 and len(seen) == 7 + 5 + 5
+    assert seen[-1][0] == 1.0 and len(seen) == 7 + 5 + 6   # grid points, then 2 untimed + 4 timed engine steps
     # With forwards priced at ~0, the real engine steps' whole time shows up as overhead.
     assert prof.step_overhead_ms > 0.0 and prof.level_overhead_ms > 0.0
 

@@ -113,7 +113,7 @@ def test_prior_grows_with_match_length_and_falls_with_depth():
 # ------------------------------------------------------------------ the methods on tiny models
 import torch  # noqa: E402
 from conftest import make_pair, tiny_model  # noqa: E402
-from test_engine import _exact_two_token_joint, _hf_greedy, _joint_pvalue  # noqa: E402
+from test_engine import _empirical_joint, _hf_greedy, _joint_pvalue  # noqa: E402
 
 from sequoia.core.config import GenerationConfig, SamplingConfig  # noqa: E402
 from sequoia.core.profile import HardwareProfile  # noqa: E402
@@ -174,7 +174,8 @@ def small_vocab_pair():
     return make_pair(tiny_model(3, vocab=8, init=0.2), target, 8)
 
 
-SMALL_REPEATING = [1, 5, 3, 1, 5, 3, 1, 5]
+# Whatever the first token x (drawn from the prompt's forward), "7 x" occurred before: the first tree has copies.
+SMALL_REPEATING = [7, 0, 7, 1, 7, 2, 7, 3, 7, 4, 7, 5, 7, 6, 7, 7]
 
 
 @pytest.mark.parametrize("name,sampling", [
@@ -183,19 +184,15 @@ SMALL_REPEATING = [1, 5, 3, 1, 5, 3, 1, 5]
     ("sequoia-ngram", SamplingConfig(temperature=0.7, top_p=0.9)),
 ])
 def test_sampled_output_matches_target_distribution(small_vocab_pair, name, sampling):
-    exact = _exact_two_token_joint(small_vocab_pair.target, SMALL_REPEATING, sampling)
     method = make_method(name, profile=CHEAP, budget=6)
-    counts = torch.zeros(8, 8)
-    engine = SpeculativeEngine(small_vocab_pair)
-    mixed = 0
-    for seed in range(1000):
-        cfg = GenerationConfig(max_new_tokens=2, sampling=sampling, seed=seed, stop_at_eos=False)
-        records = list(engine.generate(SMALL_REPEATING, method, cfg, with_texts=False))
-        toks = [t for r in records for t in r.new_tokens]
-        counts[toks[0], toks[1]] += 1
-        r0 = records[0]
-        mixed += bool(r0.sources) and NGRAM in r0.sources and (DRAFT in r0.sources or name == "ngram")
-    assert mixed > 500   # the first step really had copied children (and draft ones for sequoia-ngram)
+    mixed = []
+
+    def first_tree(records):   # step 0 is the prompt's forward; step 1 the first tree
+        r1 = records[1]
+        mixed.append(bool(r1.sources) and NGRAM in r1.sources and (DRAFT in r1.sources or name == "ngram"))
+
+    counts, exact = _empirical_joint(small_vocab_pair, method, sampling, 1000, SMALL_REPEATING, first_tree)
+    assert sum(mixed) > 500, sum(mixed)   # the first tree really had copied children (and drafted ones)
     assert _joint_pvalue(counts, exact) > 1e-6
 
 

@@ -101,13 +101,17 @@ def test_malformed_files_are_refused(tmp_path, body, message):
         NgramAcceptance.load(path)
 
 
+#: A repeating prompt the tiny target goes on repeating (its first token, from the prompt's forward, is 6).
+REPEATING = [2, 11, 6, 5] * 3 + [2, 11]
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.6])
 def test_ngram_decodes_record_every_copied_node(tiny_pairs, temperature):
     pair = tiny_pairs["random"]
-    ids = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4, 5, 6, 3, 4]    # a repeating prompt: every step finds matches
+    ids = REPEATING    # every step finds matches
     recs = ngram_records(pair, [ids], SamplingConfig(temperature), max_new_tokens=12)
     copied = [r for r in recs if r.tree.size]
-    assert copied and all(len(r.match_len) == r.tree.n_nodes for r in recs)
+    assert copied and all(len(r.match_len) == r.tree.n_nodes for r in recs[1:])   # step 0: the prompt's forward
     assert all((m > 0) == (r.source(v) == NGRAM) for r in copied for v, m in enumerate(r.match_len) if v)
     acc = fit_ngram_acceptance(recs, temperature)
     assert sum(map(sum, acc.counts)) >= len(copied) and acc.tokens == sum(r.n_new for r in recs)
@@ -170,7 +174,7 @@ def test_request_acceptance_moves_prices_with_the_outcomes():
 
 def test_ngram_proposers_price_by_the_request(tiny_pairs):
     pair = tiny_pairs["random"]
-    ids = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4, 5, 6, 3, 4]
+    ids = REPEATING
     for method in ("ngram", "sequoia-ngram"):
         proposer = make_method(method, profile=CPU_LIKE)
         records = list(SpeculativeEngine(pair).generate(ids, proposer, GenerationConfig(max_new_tokens=12)))

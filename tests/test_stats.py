@@ -67,3 +67,16 @@ def test_chain_gives_first_rank_only():
     recs = [StepRecord.fake(Tree.chain(2), acc, step=i) for i, acc in enumerate([(0, 1, 2), (0, 1), (0,)])]
     # parents: root x3, node 1 x2, node 2 never a parent (leaf) -> 5; accepts: 2 + 1 = 3
     assert empirical_acceptance(recs, 2) == (pytest.approx(3 / 5), 0.0)
+
+
+def test_the_decode_rate_leaves_out_the_prompts_forward():
+    import dataclasses
+
+    chain = Tree.chain(2)
+    prompt = dataclasses.replace(StepRecord.fake(Tree.root_only(), (0,)), prompt_tokens=50, verify_s=1.0)
+    steps = [prompt] + [StepRecord.fake(chain, (0, 1, 2), step=i) for i in (1, 2)]
+    s = summarize(steps)
+    assert s.first_token_s == pytest.approx(1.011) and s.new_tokens == 7
+    assert s.tokens_per_s == pytest.approx(6 / (2 * 0.031))          # 3 tokens a step in 31 ms
+    assert summarize(steps[1:]).tokens_per_s == pytest.approx(6 / (2 * 0.031))
+    assert summarize([prompt]).tokens_per_s == pytest.approx(1 / 1.011)   # only the prompt's forward so far

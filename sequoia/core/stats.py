@@ -45,7 +45,7 @@ class RunStats:
     draft_s: float
     verify_s: float
     other_s: float
-    tokens_per_s: float
+    tokens_per_s: float                        # decode rate: tokens after the prompt's forward over the time after it
     # Per-step series, for plots.  # [steps] each
     series_new: tuple[int, ...]
     series_accepted: tuple[int, ...]
@@ -53,6 +53,7 @@ class RunStats:
     series_step_s: tuple[float, ...]
     series_cum_tokens: tuple[int, ...]
     accepted_by_source: tuple[tuple[str, int], ...] = ()  # (source, accepted drafts kept), see accepted_by_source
+    first_token_s: float = 0.0                 # the prompt's forward (step 0), which also gave the first token
 
     @property
     def time_split(self) -> dict[str, float]:
@@ -140,6 +141,9 @@ def summarize(records: Iterable[StepRecord]) -> RunStats:
     verify_s = sum(r.verify_s for r in recs)
     other_s = sum(r.other_s for r in recs)
     total_s = draft_s + verify_s + other_s
+    first_s = sum(r.total_s for r in recs if r.prompt_tokens)
+    first_new = sum(r.n_new for r in recs if r.prompt_tokens)
+    decode_s = total_s - first_s
     cum, running = [], 0
     for n in news:
         running += n
@@ -157,11 +161,13 @@ def summarize(records: Iterable[StepRecord]) -> RunStats:
         draft_s=draft_s,
         verify_s=verify_s,
         other_s=other_s,
-        tokens_per_s=new_tokens / total_s if total_s > 0 else 0.0,
+        tokens_per_s=((new_tokens - first_new) / decode_s if decode_s > 0 else
+                      new_tokens / total_s if total_s > 0 else 0.0),
         series_new=news,
         series_accepted=accs,
         series_tree_size=tuple(r.tree.size for r in recs),
         series_step_s=tuple(r.total_s for r in recs),
         series_cum_tokens=tuple(cum),
         accepted_by_source=tuple(sorted(accepted_by_source(recs).items())),
+        first_token_s=first_s,
     )

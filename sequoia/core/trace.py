@@ -88,6 +88,7 @@ class StepRecord:
     checks: tuple[NodeCheck, ...] = ()  # what verification saw (only with generate(..., inspect=True))
     sources: tuple[str, ...] = ()     # [n_nodes] ROOT / DRAFT / NGRAM per node; () when every node is the draft's
     match_len: tuple[int, ...] = ()   # [n_nodes] n of the match that proposed each copied node (0: not copied)
+    prompt_tokens: int = 0            # prompt tokens this step's forward read: the prompt's length in step 0, else 0
 
     def source(self, node: int) -> str:
         """Who proposed ``node`` (ROOT for node 0, DRAFT when the record names no sources)."""
@@ -120,6 +121,7 @@ class StepRecord:
             "dynamic": self.dynamic.to_dict() if self.dynamic is not None else None,
             "sources": list(self.sources),
             "match_len": list(self.match_len),
+            "prompt_tokens": self.prompt_tokens,
         }
 
     @classmethod

@@ -158,8 +158,8 @@ class DynamicTreeProposer(Proposer):
 
         The prior is judged as an observed step is: where the workload's static tree is not predicted to beat
         the target alone by ``min_gain`` (chat on a CPU where verifying a few tokens costs 1.5-2 plain steps),
-        the first step is a plain target step, and the draft model's prefill of the prompt waits for the
-        first step that drafts.
+        the first step after the prompt's forward is a plain target step, and the draft model's prefill of the
+        prompt waits for the first step that drafts.
         """
         tokens, ms = self.gate_prior
         self._gate = _Gate()

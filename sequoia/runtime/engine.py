@@ -6,6 +6,13 @@ position ids; the walk in :func:`walk` accepts a path plus one bonus token
 (:mod:`sequoia.core.sampling`); both KV caches are compacted to the accepted path;
 the step is yielded as a :class:`~sequoia.core.trace.StepRecord`.
 
+Step 0 is the prompt's forward: the target prefills the whole prompt and the
+first token is drawn from its last row, exactly as the target alone draws it
+(a plain step, no draft).  Drafting starts at step 1, from a root the target
+chose: one target call fewer than prefilling all but the last prompt token and
+verifying a tree from there, and no tree spent on the first token of an answer,
+which a draft guesses worst (an opening fence or greeting it has no context for).
+
 Cache invariant between steps: the target cache holds every committed token
 but the last (the next root); the draft cache holds a prefix of them.
 
@@ -70,22 +77,32 @@ class SpeculativeEngine:
         gen = torch.Generator(device=self.device).manual_seed(config.seed)
         state = _State(list(prompt_ids), KVCache(self.pair.target.config),
                        Drafter(self.pair.draft, config.sampling, self.vocab_size))
-        self._prefill(state)
         proposer.start()
+        record = self._first_step(state, proposer, config, gen, with_texts, inspect)
         step = 0
         while True:
-            record = self._step(state, proposer, config, gen, step, with_texts, inspect)
             proposer.observe(record)
             yield record
             if record.finished or (should_stop is not None and should_stop()):
                 return
             step += 1
+            record = self._step(state, proposer, config, gen, step, with_texts, inspect)
 
     def _now(self) -> float:
         sync(self.device)
         return self.clock()
 
     # ------------------------------------------------------------------ a step
+    def _first_step(self, state, proposer, config, gen, with_texts, inspect) -> StepRecord:
+        """Step 0: the prompt's forward, whose last row gives the first token (a plain target step)."""
+        t0 = self._now()
+        logits = self._prefill(state)
+        t1 = self._now()
+        draft = _plain(state)
+        walk = walk_tree(draft, logits, config.sampling, proposer.mode, gen, inspect)
+        record = self._conclude(0, state, draft, logits, walk, config, proposer, with_texts, t0, t0, t1)
+        return dataclasses.replace(record, prompt_tokens=len(state.committed) - record.n_new)
+
     def _step(self, state, proposer, config, gen, step, with_texts, inspect=False) -> StepRecord:
         t0 = self._now()
         draft = self._draft(state, proposer, gen)
@@ -97,6 +114,10 @@ class SpeculativeEngine:
         state.target.keep(prefix, [prefix + v for v in walk.path])
         if draft.tree.size:
             state.drafter.commit(walk.path)
+        return self._conclude(step, state, draft, logits, walk, config, proposer, with_texts, t0, t1, t2)
+
+    def _conclude(self, step, state, draft, logits, walk, config, proposer, with_texts, t0, t1, t2) -> StepRecord:
+        """Commit the walk's tokens and make the step's record; t0..t2: start, drafted, verified."""
         new, reason = self._commit(state, draft, walk, config)
         record = self._record(step, draft, logits, walk, new, reason, config, proposer, with_texts)
         if walk.checks is not None:
@@ -108,7 +129,7 @@ class SpeculativeEngine:
     def _draft(self, state, proposer, gen) -> Draft:
         if not proposer.wants_draft():
             # No draft forward at all; the draft cache catches up at the next begin().
-            return Draft(tree=Tree.root_only(), tokens=[state.committed[-1]], q={}, q_token=[1.0])
+            return _plain(state)
         if proposer.wants_draft_model():
             state.drafter.begin(state.committed)
         else:  # proposals from the context alone (copied n-grams): no draft forward this step
@@ -127,17 +148,17 @@ class SpeculativeEngine:
         return out.logits[0, :, : self.vocab_size]
 
     @torch.inference_mode()
-    def _prefill(self, state) -> None:
-        ctx = state.committed[:-1]
-        if ctx:
-            # A plain causal forward, not a chain-shaped tree: a prompt may be far longer than any tree
-            # (MAX_TREE_SIZE).  Only the cache is wanted: logits_to_keep=1 skips the lm_head over the
-            # prompt (a row costs as much as a whole layer stack's worth of a token on a compute-bound CPU).
-            start = len(state.target)
-            ids = torch.tensor([ctx], dtype=torch.long, device=self.device)                  # [1, L]
-            pos = torch.arange(start, start + len(ctx), device=self.device)[None]           # [1, L]
-            self.pair.target(input_ids=ids, position_ids=pos, past_key_values=state.target.cache,
-                             use_cache=True, logits_to_keep=1)
+    def _prefill(self, state) -> torch.Tensor:
+        """Forward the whole prompt; the target's logits at its last token.  # [1, V]"""
+        # A plain causal forward, not a chain-shaped tree: a prompt may be far longer than any tree
+        # (MAX_TREE_SIZE).  logits_to_keep=1 skips the lm_head over all rows but the last (a row costs as
+        # much as a whole layer stack's worth of a token on a compute-bound CPU).
+        ctx = state.committed
+        ids = torch.tensor([ctx], dtype=torch.long, device=self.device)                      # [1, L]
+        pos = torch.arange(len(ctx), device=self.device)[None]                              # [1, L]
+        out = self.pair.target(input_ids=ids, position_ids=pos, past_key_values=state.target.cache,
+                               use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1:, : self.vocab_size]
 
     # ------------------------------------------------------------- bookkeeping
     def _commit(self, state, draft: Draft, walk: Walk, config: GenerationConfig):
@@ -189,6 +210,11 @@ class SpeculativeEngine:
         if limit and need > limit:
             raise ValueError(f"prompt + max_new_tokens + tree ({need} positions) exceeds the target's "
                              f"context of {limit}")
+
+
+def _plain(state) -> Draft:
+    """A step without draft tokens: the target alone at the last committed token."""
+    return Draft(tree=Tree.root_only(), tokens=[state.committed[-1]], q={}, q_token=[1.0])
 
 
 @dataclass

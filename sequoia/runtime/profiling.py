@@ -84,7 +84,7 @@ def measure_profile(
     if repeats < 1 or warmup < 0 or context_len < 1 or overhead_steps < 0:
         raise ValueError("need repeats >= 1, warmup >= 0, context_len >= 1 and overhead_steps >= 0")
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
-    n_overhead = overhead_steps + 1 if overhead_steps else 0  # one untimed step first
+    n_overhead = overhead_steps + 2 if overhead_steps else 0  # two untimed steps first (the prompt, the first tree)
     tick = Progress(len(target_grid) + len(draft_grid) + n_overhead, progress, "profiling")
     try:
         plan = _Plan(ctx=context_len, repeats=repeats, warmup=warmup, point_s=point_s)
@@ -121,7 +121,7 @@ def _measure_overheads(pair, curves: HardwareProfile, steps: int, gen: torch.Gen
                        tick: Progress) -> tuple[float, float]:
     """(step, level) overheads in ms: what real engine steps cost beyond the forwards ``curves`` predicts.
 
-    Runs the engine greedily for ``steps`` timed steps (after one untimed) with
+    Runs the engine greedily for ``steps`` timed steps (after two untimed) with
     a fixed chain of OVERHEAD_CHAIN draft tokens on a random prompt of the
     profile's context length, so every step forwards the same widths (1 per
     level) and verifies the same OVERHEAD_CHAIN + 1 tokens whatever is accepted.
@@ -136,15 +136,15 @@ def _measure_overheads(pair, curves: HardwareProfile, steps: int, gen: torch.Gen
     vocab = shared_vocab(pair)
     prompt = torch.randint(vocab, (curves.context_len,), generator=gen).tolist()
     tree = Tree.chain(OVERHEAD_CHAIN)
-    config = GenerationConfig(max_new_tokens=(steps + 1) * (OVERHEAD_CHAIN + 1), stop_at_eos=False)
+    config = GenerationConfig(max_new_tokens=(steps + 2) * (OVERHEAD_CHAIN + 1), stop_at_eos=False)
     records = []
     for record in SpeculativeEngine(pair).generate(prompt, StaticTreeProposer(tree, name="overheads"), config,
                                                   with_texts=False):
         records.append(record)
         tick(f"overheads, step {len(records)}")
-        if len(records) == steps + 1:
+        if len(records) == steps + 2:
             break
-    timed = records[1:] or records
+    timed = records[2:] or records   # step 0 is the prompt's forward, step 1 feeds the draft the prompt
     target = float(curves.target(tree.n_nodes))
     drafts = float(curves.draft(1)) * OVERHEAD_CHAIN
     step = statistics.median(1000.0 * (r.other_s + r.verify_s) - target for r in timed)

@@ -44,7 +44,7 @@ class RunResult:
     seconds: float                    # the whole call on the engine's clock, prefill included
     target_calls: int                 # target forwards, prefill included
     steps: int | None = None          # engine step records (None: a Hugging Face method)
-    tree_size: float | None = None    # mean draft tokens per step, from what each step drafted (engine methods)
+    tree_size: float | None = None    # mean draft tokens per step after step 0, from what each drafted (engine methods)
     draft_s: float | None = None      # summed over steps (engine methods)
     verify_s: float | None = None
     other_s: float | None = None
@@ -72,7 +72,8 @@ class RunResult:
 
     @property
     def outside_steps_s(self) -> float | None:
-        """Time outside the step records: prefill and generator overhead (engine methods)."""
+        """Time outside the step records: the generator's own overhead (engine methods; the prompt's forward
+        is step 0)."""
         if self.steps is None:
             return None
         return max(0.0, self.seconds - (self.draft_s + self.verify_s + self.other_s))
@@ -125,7 +126,7 @@ def iter_run(engine: SpeculativeEngine, pair, method: str, ids: list[int], gen: 
             try:
                 while True:
                     w0, t0 = time.perf_counter(), clock()
-                    rec = next(steps, None)  # the first call includes the prefill
+                    rec = next(steps, None)  # the first record is the prompt's forward
                     sync(pair.device)
                     seconds, wall = seconds + clock() - t0, wall + time.perf_counter() - w0
                     if rec is None:
@@ -140,7 +141,8 @@ def iter_run(engine: SpeculativeEngine, pair, method: str, ids: list[int], gen: 
                      wall_s=wall)
     if method in HF_METHODS:
         return base
-    return replace(base, steps=len(records), tree_size=sum(r.tree.size for r in records) / max(len(records), 1),
+    drafting = records[1:]   # step 0 is the prompt's forward, where nothing is drafted
+    return replace(base, steps=len(records), tree_size=sum(r.tree.size for r in drafting) / max(len(drafting), 1),
                    draft_s=sum(r.draft_s for r in records), verify_s=sum(r.verify_s for r in records),
                    other_s=sum(r.other_s for r in records))
 

@@ -45,7 +45,7 @@ class MethodSummary:
     draft_frac: float | None          # of the summed step time (engine methods)
     verify_frac: float | None
     other_frac: float | None
-    outside_frac: float | None        # of wall time spent outside steps (prefill, generator)
+    outside_frac: float | None        # of wall time spent outside steps (the generator's own overhead)
     mismatches: int | None            # T=0: prompts whose output differs from target-only greedy
     compared: int | None              # T=0: prompts compared
 
@@ -180,7 +180,7 @@ def markdown_report(result: BenchResult) -> str:
         "Medians over the prompts of each set.  *tokens/s*: absolute; *vs target alone*: tokens/s over "
         "`hf-generate` (target alone) on the same prompt; *vs assisted*: over `hf-assisted`; *vs best HF*: over "
         "the faster of `hf-assisted` and `hf-prompt-lookup` on that prompt; *tokens/call*: new tokens per target forward "
-        "(prefill included); the split is of the engine's step time; *greedy = target*: outputs equal to "
+        "(prefill included); the split is of the engine's step time (step 0, the prompt's forward, included); *greedy = target*: outputs equal to "
         "target-only greedy at T=0.", "",
     ]
     if result.profile_reason:
