@@ -219,6 +219,9 @@ def _copied_words(record: StepRecord, i: int) -> str:
 def step_title(record: StepRecord, note: str = "") -> str:
     """What one step committed, in words that agree with ``record.new_tokens``."""
     name = method_label(record.method)
+    if record.prompt_tokens:
+        return f"step {record.step} · {name} · the prompt's forward ({record.prompt_tokens} tokens) gives the " \
+               f"first token (nothing drafted){note}"
     if record.tree.size == 0:
         return f"step {record.step} · {name} · 1 token from the target (nothing drafted){note}"
     n_kept, bonus_kept = kept(record)

@@ -114,6 +114,10 @@ def test_tree_figure_root_only_tree():
     rec = StepRecord.fake(Tree.root_only(), (0,))
     nodes = _nodes(tree_view.figure(rec))
     assert nodes == {0: "root", 1: tree_view.TARGET_TOKEN}  # nothing drafted: the target's token, not a bonus
+    assert "1 token from the target" in tree_view.figure(rec).layout.title.text
+    prompt = replace(rec, prompt_tokens=42)       # step 0: the prompt's forward
+    assert "the prompt's forward (42 tokens)" in tree_view.figure(prompt).layout.title.text
+    assert "the prompt's forward: 0.03 s" in stats_view.summary_markdown([prompt])
 
 
 def test_tree_figure_hides_labels_on_big_trees():
