@@ -101,10 +101,11 @@ def test_lookup_is_fast_on_an_8k_context():
     assert time.perf_counter() - t0 < 5.0
 
 
-def test_prior_grows_with_match_length_and_falls_with_depth():
+def test_prior_grows_with_the_context_matched():
+    """A node at depth d of a branch found by an n-token match has matched n + d - 1 tokens of context."""
     assert ngram_prior(4, 1) > ngram_prior(2, 1) > ngram_prior(1, 1)
-    assert ngram_prior(3, 1) > ngram_prior(3, 4) == ngram_prior(3, 9)
-    assert ngram_prior(9, 1) == ngram_prior(4, 1)
+    assert ngram_prior(3, 4) > ngram_prior(3, 1) and ngram_prior(1, 4) == ngram_prior(4, 1) == ngram_prior(2, 3)
+    assert ngram_prior(9, 1) == ngram_prior(3, 9) == ngram_prior(1, 30) < 1.0
     with pytest.raises(ValueError):
         NgramIndex(max_n=1, min_n=2)
     assert isinstance(NgramIndex(tokens=[1, 1]).lookup(2), NgramTrie)

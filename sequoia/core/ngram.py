@@ -40,23 +40,21 @@ from .._meta import named_errors, read_json, require, write_json
 from .config import SamplingConfig
 from .trace import ACCEPTED, NGRAM, StepRecord
 
-#: A prior acceptance of a copied token, by the match length that proposed it (index n - 1, the last entry for
-#: longer matches) and its depth in its branch (index depth - 1, the last entry for deeper ones).  Hand-set,
-#: not measured: longer matches and the first tokens of a branch are likelier (prompt lookup's experience on
-#: summaries and RAG answers); the default where nothing is measured, and what :class:`NgramAcceptance`
-#: shrinks sparse measured cells toward.
-NGRAM_PRIOR = (
-    (0.15, 0.10, 0.08, 0.06),   # n = 1
-    (0.35, 0.30, 0.25, 0.20),   # n = 2
-    (0.55, 0.50, 0.45, 0.40),   # n = 3
-    (0.70, 0.65, 0.60, 0.55),   # n >= 4
-)
+#: A prior acceptance of a copied token given its parent was accepted, by the length of context it has
+#: matched: the n-gram match that proposed its branch plus the branch's tokens above it, which the target
+#: accepted (a node at depth d of a branch found by an n-token match has matched n + d - 1 tokens; index
+#: m - 1, the last entry for longer).  Hand-set from the measured tables (assets/acceptance/ngram-*.json,
+#: session 8): single-token matches are accepted ~0.1 of the time at depth 1 but 0.5-1.0 at depths 4 and
+#: more, four-token matches 0.7-1.0 at any depth; the default where nothing is measured, and what
+#: :class:`NgramAcceptance` shrinks sparse measured cells toward.  (Until session 8 the prior fell with depth,
+#: which every table contradicts; it priced a copy that had run 12 tokens at ~0.001 of reaching the 13th.)
+NGRAM_PRIOR = (0.15, 0.35, 0.55, 0.70, 0.80, 0.85)
 
 
 def ngram_prior(match_len: int, depth: int) -> float:
     """Prior probability that a copied token is accepted given its parent was (see :data:`NGRAM_PRIOR`)."""
-    row = NGRAM_PRIOR[min(max(match_len, 1), len(NGRAM_PRIOR)) - 1]
-    return row[min(max(depth, 1), len(row)) - 1]
+    matched = max(match_len, 1) + max(depth, 1) - 1
+    return NGRAM_PRIOR[min(matched, len(NGRAM_PRIOR)) - 1]
 
 
 #: The format tag of an :class:`NgramAcceptance` file.
