@@ -130,13 +130,8 @@ def _acceptance_panels(fig: go.Figure, s: RunStats) -> None:
 
 def _time_panels(fig: go.Figure, s: RunStats, records: Sequence[StepRecord]) -> None:
     steps = [r.step for r in records]
-    # The decode rate so far: tokens and time after the prompt's forward (step 0, whose bar shows its time).
-    elapsed, made, rate = 0.0, 0, []
-    for r in records:
-        if not r.prompt_tokens:
-            elapsed, made = elapsed + r.total_s, made + r.n_new
-        rate.append(made / elapsed if elapsed > 0 else 0.0)
-    fig.add_trace(go.Scatter(x=steps, y=rate, mode="lines", name="tokens/s",
+    # The decode rate so far (after the prompt's forward, step 0, whose bar shows its time).
+    fig.add_trace(go.Scatter(x=steps, y=list(s.series_rate), mode="lines", name="tokens/s",
                              line=dict(color="#9467bd"), showlegend=False), row=2, col=2)
     fig.update_xaxes(title_text="step", row=2, col=2)
     parts = (("draft", "draft_s", "#ff7f0e"), ("verify", "verify_s", "#1f77b4"), ("other", "other_s", "#c7c7c7"))

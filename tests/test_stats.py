@@ -78,5 +78,6 @@ def test_the_decode_rate_leaves_out_the_prompts_forward():
     s = summarize(steps)
     assert s.first_token_s == pytest.approx(1.011) and s.new_tokens == 7
     assert s.tokens_per_s == pytest.approx(6 / (2 * 0.031))          # 3 tokens a step in 31 ms
+    assert s.series_rate == pytest.approx((0.0, 3 / 0.031, 6 / 0.062))  # the running rate, step 0 left out
     assert summarize(steps[1:]).tokens_per_s == pytest.approx(6 / (2 * 0.031))
     assert summarize([prompt]).tokens_per_s == pytest.approx(1 / 1.011)   # only the prompt's forward so far

@@ -52,6 +52,7 @@ class RunStats:
     series_tree_size: tuple[int, ...]
     series_step_s: tuple[float, ...]
     series_cum_tokens: tuple[int, ...]
+    series_rate: tuple[float, ...] = ()        # the decode rate (as tokens_per_s) up to each step
     accepted_by_source: tuple[tuple[str, int], ...] = ()  # (source, accepted drafts kept), see accepted_by_source
     first_token_s: float = 0.0                 # the prompt's forward (step 0), which also gave the first token
 
@@ -141,9 +142,12 @@ def summarize(records: Iterable[StepRecord]) -> RunStats:
     verify_s = sum(r.verify_s for r in recs)
     other_s = sum(r.other_s for r in recs)
     total_s = draft_s + verify_s + other_s
-    first_s = sum(r.total_s for r in recs if r.prompt_tokens)
-    first_new = sum(r.n_new for r in recs if r.prompt_tokens)
-    decode_s = total_s - first_s
+    # The decode rate: tokens and time after the prompt's forward (step 0), up to each step.
+    decode_s, decoded, rate = 0.0, 0, []
+    for r in recs:
+        if not r.prompt_tokens:
+            decode_s, decoded = decode_s + r.total_s, decoded + r.n_new
+        rate.append(decoded / decode_s if decode_s > 0 else 0.0)
     cum, running = [], 0
     for n in news:
         running += n
@@ -161,13 +165,13 @@ def summarize(records: Iterable[StepRecord]) -> RunStats:
         draft_s=draft_s,
         verify_s=verify_s,
         other_s=other_s,
-        tokens_per_s=((new_tokens - first_new) / decode_s if decode_s > 0 else
-                      new_tokens / total_s if total_s > 0 else 0.0),
+        tokens_per_s=rate[-1] if decode_s > 0 else new_tokens / total_s if total_s > 0 else 0.0,
         series_new=news,
         series_accepted=accs,
         series_tree_size=tuple(r.tree.size for r in recs),
         series_step_s=tuple(r.total_s for r in recs),
         series_cum_tokens=tuple(cum),
+        series_rate=tuple(rate),
         accepted_by_source=tuple(sorted(accepted_by_source(recs).items())),
-        first_token_s=first_s,
+        first_token_s=total_s - decode_s,
     )

@@ -95,13 +95,14 @@ class SpeculativeEngine:
     # ------------------------------------------------------------------ a step
     def _first_step(self, state, proposer, config, gen, with_texts, inspect) -> StepRecord:
         """Step 0: the prompt's forward, whose last row gives the first token (a plain target step)."""
+        n_prompt = len(state.committed)
         t0 = self._now()
         logits = self._prefill(state)
         t1 = self._now()
         draft = _plain(state)
         walk = walk_tree(draft, logits, config.sampling, proposer.mode, gen, inspect)
         record = self._conclude(0, state, draft, logits, walk, config, proposer, with_texts, t0, t0, t1)
-        return dataclasses.replace(record, prompt_tokens=len(state.committed) - record.n_new)
+        return dataclasses.replace(record, prompt_tokens=n_prompt)
 
     def _step(self, state, proposer, config, gen, step, with_texts, inspect=False) -> StepRecord:
         t0 = self._now()

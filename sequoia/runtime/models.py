@@ -18,9 +18,9 @@ from huggingface_hub import constants
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..core.config import MAX_PROMPT_TOKENS
+from .attention import use_few_query_attention
 from .embedded import EMBEDDED, ProgressFn, default_cache_dir, ensure_converted, is_converted
 from .fingerprint import cpu_facts
-from .attention import use_few_query_attention
 from .kernels import check_scheme, default_draft_scheme, quantize_weights, route_single_rows
 
 EMBEDDED_NAME = "embedded"

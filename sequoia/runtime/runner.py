@@ -141,7 +141,7 @@ def iter_run(engine: SpeculativeEngine, pair, method: str, ids: list[int], gen: 
                      wall_s=wall)
     if method in HF_METHODS:
         return base
-    drafting = records[1:]   # step 0 is the prompt's forward, where nothing is drafted
+    drafting = [r for r in records if not r.prompt_tokens]   # the prompt's forward (step 0) drafts nothing
     return replace(base, steps=len(records), tree_size=sum(r.tree.size for r in drafting) / max(len(drafting), 1),
                    draft_s=sum(r.draft_s for r in records), verify_s=sum(r.verify_s for r in records),
                    other_s=sum(r.other_s for r in records))

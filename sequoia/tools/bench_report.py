@@ -180,8 +180,8 @@ def markdown_report(result: BenchResult) -> str:
         "Medians over the prompts of each set.  *tokens/s*: absolute; *vs target alone*: tokens/s over "
         "`hf-generate` (target alone) on the same prompt; *vs assisted*: over `hf-assisted`; *vs best HF*: over "
         "the faster of `hf-assisted` and `hf-prompt-lookup` on that prompt; *tokens/call*: new tokens per target forward "
-        "(prefill included); the split is of the engine's step time (step 0, the prompt's forward, included); *greedy = target*: outputs equal to "
-        "target-only greedy at T=0.", "",
+        "(prefill included); the split is of the engine's step time (step 0, the prompt's forward, included); "
+        "*greedy = target*: outputs equal to target-only greedy at T=0.", "",
     ]
     if result.profile_reason:
         head += [f"Hardware profile: {result.profile_reason}.", ""]
