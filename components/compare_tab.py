@@ -85,7 +85,8 @@ def choose_methods(ctx: AppContext, methods=None, include_hf: bool = True) -> li
 
 def _row(name: str, run: RunResult) -> compare_view.CompareRow:
     return compare_view.CompareRow(name, tokens=run.new_tokens, seconds=run.seconds,
-                                   target_calls=run.target_calls, token_ids=run.tokens)
+                                   target_calls=run.target_calls, token_ids=run.tokens,
+                                   first_token_s=run.first_token_s)
 
 
 def _hf_row(ctx: AppContext, method: CompareMethod, req) -> compare_view.CompareRow | str:

@@ -4,7 +4,8 @@ A :class:`CompareRow` is one method's run; rows are built from step records
 (:func:`row_from_records`) or from a plain (token ids, seconds) result such
 as Hugging Face assisted generation.  ``figure(rows)`` draws four bar panels
 (latency, tokens/s, tokens per target call, speedup over the reference) and
-``table(rows)`` the same numbers plus the "identical output" flag.
+``table(rows)`` the same numbers plus the time to the first token (the
+prompt's forward, which every method pays alike) and the "identical output" flag.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from sequoia.core.trace import StepRecord
 from . import method_color
 
 REFERENCE = "target only"
-HEADERS = ["method", "tokens", "latency (s)", "tokens/s", "target calls", "tokens/call", "speedup", "identical"]
+HEADERS = ["method", "tokens", "latency (s)", "first token (s)", "tokens/s", "target calls", "tokens/call", "speedup",
+           "identical"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,7 @@ class CompareRow:
     target_calls: int | None = None   # target forwards (None when the method does not report them)
     token_ids: tuple[int, ...] = ()   # [tokens] the output, for identity checks
     identical: bool | None = None     # output == reference output (None: not compared)
+    first_token_s: float | None = None  # time to the first output: the prompt's forward, alike for every method
 
     @property
     def tokens_per_s(self) -> float:
@@ -45,7 +48,9 @@ def row_from_records(method: str, records: Sequence[StepRecord], seconds: float 
     """One method's row from its step records (``seconds`` defaults to the summed step times)."""
     ids = tuple(t for r in records for t in r.new_tokens)
     secs = sum(r.total_s for r in records) if seconds is None else seconds
-    return CompareRow(method=method, tokens=len(ids), seconds=secs, target_calls=len(records), token_ids=ids)
+    first = records[0].total_s if records and records[0].prompt_tokens else None
+    return CompareRow(method=method, tokens=len(ids), seconds=secs, target_calls=len(records), token_ids=ids,
+                      first_token_s=first)
 
 
 def mark_identical(rows: Sequence[CompareRow], reference: str = REFERENCE) -> list[CompareRow]:
@@ -105,7 +110,8 @@ def table(rows: Sequence[CompareRow], reference: str = REFERENCE) -> list[list]:
     for r, s in zip(rows, speedups(rows, reference)):
         per_call = r.tokens_per_call
         out.append([
-            r.method, r.tokens, round(r.seconds, 3), round(r.tokens_per_s, 2),
+            r.method, r.tokens, round(r.seconds, 3),
+            round(r.first_token_s, 3) if r.first_token_s is not None else "–", round(r.tokens_per_s, 2),
             r.target_calls if r.target_calls is not None else "–",
             round(per_call, 2) if per_call is not None else "–",
             round(s, 2) if s is not None else "–", _flag(r),

@@ -68,6 +68,39 @@ def test_engine_runs_carry_a_time_split_and_hf_runs_do_not(greedy_result):
     assert all(r.tree_size == 0 for r in ar)
 
 
+def test_every_run_times_its_first_output(greedy_result):
+    """Step 0 (the prompt's forward) for engine methods, generate's first streamed tokens for HF methods."""
+    for r in greedy_result.runs:
+        assert 0 < r.first_token_s <= r.seconds
+        assert 1 <= r.first_tokens <= r.new_tokens
+        if r.method in ("hf-generate", "ar") or not r.method.startswith("hf-"):
+            assert r.first_tokens == 1      # a plain forward of the prompt gives one token
+        if r.new_tokens > r.first_tokens:
+            rate = (r.new_tokens - r.first_tokens) / (r.seconds - r.first_token_s)
+            assert r.decode_tokens_per_s == pytest.approx(rate)
+    summary = summarize_runs(greedy_result.runs)
+    assert all(s.first_token_s > 0 and s.decode_tokens_per_s > 0 for s in summary)
+    assert all(s.decode_speedup > 0 for s in summary)
+
+
+def test_decode_ratios_leave_out_the_first_output():
+    """The same 5 s prompt forward for both: end to end 10 / 6 s, after the first token 5 / 1 s."""
+    def run(method, secs, first=5.0):
+        return RunResult(method, "s", 0, 0.0, 3, (1,) * 11, secs, 11, first_token_s=first, first_tokens=1)
+
+    by = {s.method: s for s in summarize_runs([run("hf-generate", 10.0), run("sequoia-ngram", 6.0)])}
+    s = by["sequoia-ngram"]
+    assert s.speedup == pytest.approx(10 / 6) and s.decode_speedup == pytest.approx(5.0)
+    assert s.first_token_s == 5.0 and s.decode_tokens_per_s == pytest.approx(10.0)
+    assert math.isnan(s.decode_vs_best_hf)            # neither HF drafting baseline ran
+    head, *_, row = markdown_table(list(by.values())).strip().splitlines()
+    assert "| first token (s) | decode tokens/s | decode vs target |" in head and "| 5.00 | 10.00 | 5.00x |" in row
+    # runs from a bench file that predates the field: no decode figures, the table says "-"
+    old = summarize_runs([run("hf-generate", 10.0, None), run("sequoia-ngram", 6.0, None)])
+    assert all(math.isnan(x.first_token_s) and math.isnan(x.decode_speedup) for x in old)
+    assert "| - | - | - |" in markdown_table(old)
+
+
 def test_tree_size_is_what_the_steps_drafted(greedy_result):
     """sequoia-dynamic drafts its own trees (at most its budget of 8), not the static tree of its budget."""
     chain = [r for r in greedy_result.runs if r.method == "chain"]

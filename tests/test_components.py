@@ -234,7 +234,8 @@ def test_compare_rows_flags_and_figure():
     assert compare_view.speedups(rows) == [1.0, 2.0, 1.25]
     tab = compare_view.table(rows)
     assert len(tab[0]) == len(compare_view.HEADERS)
-    assert tab[1][-1] == "✓ identical" and tab[2][-1] == "✗ differs" and tab[2][4] == "–"
+    assert tab[1][-1] == "✓ identical" and tab[2][-1] == "✗ differs" and tab[2][5] == "–"
+    assert tab[0][3] == "–" and tab[2][3] == "–"   # these records have no prompt's forward; the HF row no time
     fig = compare_view.figure(rows)
     assert len(fig.data) == 4 and list(fig.data[3].y) == [1.0, 2.0, 1.25]
     assert list(fig.data[2].y)[:2] == [pytest.approx(8 / 3)] * 2
@@ -243,7 +244,7 @@ def test_compare_rows_flags_and_figure():
 def test_compare_without_reference():
     rows = [compare_view.CompareRow("sequoia", 4, 1.0)]
     assert compare_view.mark_identical(rows)[0].identical is None
-    assert compare_view.table(rows)[0][6] == "–"
+    assert compare_view.table(rows)[0][7] == "–"
     assert len(compare_view.figure([]).data) == 0
 
 

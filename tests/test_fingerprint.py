@@ -139,3 +139,21 @@ def test_the_kernel_of_one_token_forwards_decides_a_match(monkeypatch):
     # A loaded target says what it got (a tiny fp32 one: nothing).
     pair = make_pair(tiny_model(1, vocab=64, hidden=16), tiny_model(0, vocab=64), 64)
     assert machine_fingerprint(pair).single_row_kernel == ""
+
+
+def test_the_kernel_of_many_token_forwards_decides_a_match(monkeypatch):
+    # A profile measured with plain weights priced verification 1.1-1.6x too dear for blocked ones.
+    blocked = dataclasses.replace(AVX512, single_row_kernel="aten", multi_row_kernel="onednn-blocked")
+    plain = dataclasses.replace(AVX512, single_row_kernel="aten")
+    assert blocked.mismatches(plain) == ["many-token forwards' kernel: unknown here, onednn-blocked in the profile"]
+    assert blocked.key() != plain.key()
+    assert "(one-token forwards: aten, wider ones: onednn-blocked)" in blocked.describe()
+    assert Fingerprint.from_dict(blocked.to_dict()) == blocked
+    from types import SimpleNamespace
+
+    monkeypatch.setattr("sequoia.runtime.fingerprint.onednn_bf16", lambda: True)
+    stand_in = SimpleNamespace(device=torch.device("cpu"), dtype=torch.bfloat16, draft_dtype=torch.bfloat16,
+                               draft_quant="int4", target_quant="none", name="not loaded")
+    assert machine_fingerprint(stand_in).multi_row_kernel == "onednn-blocked"
+    pair = make_pair(tiny_model(1, vocab=64, hidden=16), tiny_model(0, vocab=64), 64)
+    assert machine_fingerprint(pair).multi_row_kernel == ""

@@ -67,6 +67,35 @@ def test_dense_path_only_past_dense_rows_and_only_with_a_copy():
     assert bare.dense is None and torch.equal(bare(x), torch._weight_int8pack_mm(x, bare.weight, bare.scale) + bare.bias)
 
 
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_a_blocked_copy_replaces_the_plain_one_from_fewer_rows(scheme):
+    if scheme == "int4" and not kernels.int4_available():
+        pytest.skip("no int4 kernel in this torch")
+    lin = torch.nn.Linear(64, 48)
+    q = (Int4Linear if scheme == "int4" else Int8Linear).from_linear(lin, dense_rows=32)
+    x = torch.randn(16, 64, dtype=torch.bfloat16)
+    wide, few = torch.nn.functional.linear(x, q.dense) + q.bias, q(x[:4])   # the plain copy's product; the kernel's
+    assert q.block_copy(rows=8) and q.dense is None and q.dense_rows == 8
+    assert torch.equal(q(x), wide)                   # 16 rows: the blocked copy, equal to the plain one bit for bit
+    assert torch.equal(q(x[:4]), few)                # 4 rows: still the quantized kernel
+    assert not q.block_copy()                        # no plain copy left to block
+    bare = (Int4Linear if scheme == "int4" else Int8Linear).from_linear(lin, dense_rows=None)
+    assert not bare.block_copy() and bare(x).shape == (16, 48)
+
+
+def test_block_weights_blocks_a_quantized_models_copies(monkeypatch):
+    monkeypatch.setattr(kernels, "multi_row_kernel", lambda device_type, dtype: kernels.MULTI_ROW_BLOCKED)
+    model = quantize_weights(tiny_model(0), "int8")
+    plain = quantize_weights(tiny_model(0), "int8", dense_rows=kernels.BLOCKED_ROWS)   # plain copies from 8 rows
+    assert kernels.block_weights(model)
+    quant = [m for m in model.modules() if isinstance(m, (Int8Linear, Int4Linear))]
+    assert quant and all(m.dense is None and m._blocked and m.dense_rows == kernels.BLOCKED_ROWS for m in quant)
+    with torch.no_grad():
+        for n in (12, 3):      # 12 rows: the bf16 copies (blocked = plain, bit for bit); 3 rows: the int8 kernel
+            ids = torch.tensor([list(range(3, 3 + n))])
+            assert torch.equal(model(input_ids=ids).logits, plain(input_ids=ids).logits)
+
+
 def test_unknown_scheme_and_misfit_group_are_refused():
     with pytest.raises(ValueError, match="unknown weight quantization"):
         quantize_weights(_tiny(), "int3")
@@ -235,3 +264,46 @@ def test_only_bf16_models_on_cpus_with_onednn_bf16_are_routed(monkeypatch):
     monkeypatch.setattr("sequoia.runtime.fingerprint.onednn_bf16", lambda: True)
     assert kernels.single_row_kernel("cpu", torch.bfloat16) == kernels.SINGLE_ROW_ATEN
     assert kernels.single_row_kernel("cuda", torch.bfloat16) == ""
+
+
+# ---------------------------------------------------------------------------- many-row forwards
+def test_blocked_linears_equal_plain_ones_bit_for_bit(monkeypatch):
+    """Two or more rows through oneDNN's blocked copy, one row through the plain weight: the same numbers."""
+    monkeypatch.setattr(kernels, "multi_row_kernel", lambda device_type, dtype: kernels.MULTI_ROW_BLOCKED)
+    model = tiny_model(0).to(torch.bfloat16)
+    plain = tiny_model(0).to(torch.bfloat16)
+    head = model.lm_head.weight
+    assert kernels.block_weights(model) and not kernels.block_weights(model)     # installed once
+    blocked = [m for m in model.modules() if isinstance(m, kernels.BlockedLinear)]
+    assert len(blocked) == sum(isinstance(m, torch.nn.Linear) for m in plain.modules())
+    assert model.lm_head.weight is head                                        # parameters kept (tied stays tied)
+    assert model.state_dict().keys() == plain.state_dict().keys()
+    ids = torch.tensor([[3, 5, 7, 2, 9]])
+    with torch.no_grad():
+        for rows in (ids, ids[:, :1], ids[:, :2]):
+            assert torch.equal(model(input_ids=rows).logits, plain(input_ids=rows).logits)
+        x = torch.randn(2, 3, model.lm_head.in_features, dtype=torch.bfloat16)   # any leading shape
+        assert torch.equal(model.lm_head(x), plain.lm_head(x))
+
+
+def test_blocked_linears_run_while_a_one_token_forward_has_onednn_off(monkeypatch):
+    """Concurrent decodes share the process's oneDNN flag; a blocked product does not depend on it."""
+    layer = torch.nn.Linear(64, 48).to(torch.bfloat16)
+    blocked = kernels.BlockedLinear(layer)
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    want = blocked(x)
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
+    assert torch.equal(blocked(x), want)
+
+
+def test_only_bf16_cpu_models_get_blocked_weights(monkeypatch):
+    assert not kernels.block_weights(tiny_model(0))                           # fp32: plain weights
+    with pytest.raises(ValueError, match="bf16 CPU"):
+        kernels.BlockedLinear(torch.nn.Linear(4, 4))
+    monkeypatch.setattr("sequoia.runtime.fingerprint.onednn_bf16", lambda: False)
+    assert kernels.multi_row_kernel("cpu", torch.bfloat16) == ""              # an AVX2-only CPU: not measured
+    assert not kernels.block_weights(tiny_model(0).to(torch.bfloat16))
+    monkeypatch.setattr("sequoia.runtime.fingerprint.onednn_bf16", lambda: True)
+    assert kernels.multi_row_kernel("cpu", torch.bfloat16) == kernels.MULTI_ROW_BLOCKED
+    assert kernels.multi_row_kernel("cuda", torch.bfloat16) == ""
+    assert kernels.multi_row_kernel("cpu", torch.float32) == ""

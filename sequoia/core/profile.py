@@ -77,6 +77,9 @@ class Fingerprint:
     # "aten": the target's one-token forwards skip oneDNN (bf16 on a CPU whose oneDNN has bf16 kernels, where
     # that is ~1.6x faster; see sequoia.runtime.kernels); "": torch's own choice.  It sets the target-alone cost.
     single_row_kernel: str = ""
+    # "onednn-blocked": the target's many-row products (verification, prefill) read oneDNN's blocked weight
+    # copies (0.6-0.9x the plain cost for 2-32 tokens there); "": plain weights.  It sets the verification cost.
+    multi_row_kernel: str = ""
 
     def __post_init__(self) -> None:
         if self.device_kind not in ("cpu", "cuda"):
@@ -94,7 +97,7 @@ class Fingerprint:
         out = {"device_kind": self.device_kind}
         if self.device_kind == "cpu":
             out.update(cpu_features=list(self.cpu_features), onednn_bf16=self.onednn_bf16, threads=self.threads,
-                       single_row_kernel=self.single_row_kernel)
+                       single_row_kernel=self.single_row_kernel, multi_row_kernel=self.multi_row_kernel)
         else:
             out.update(gpu_name=self.gpu_name, gpu_capability=self.gpu_capability)
         out.update(target_dtype=self.target_dtype, target_quant=self.target_quant,
@@ -132,8 +135,10 @@ class Fingerprint:
         else:
             best = self.cpu_features[-1] if self.cpu_features else "no avx2"
             bf16 = "oneDNN bf16" if self.onednn_bf16 else "no oneDNN bf16"
-            if self.single_row_kernel:
-                bf16 += f" (one-token forwards: {self.single_row_kernel})"
+            kernels = [f"{what}: {k}" for what, k in (("one-token forwards", self.single_row_kernel),
+                                                        ("wider ones", self.multi_row_kernel)) if k]
+            if kernels:
+                bf16 += f" ({', '.join(kernels)})"
             machine = f"cpu {self.cpu_model or 'unknown model'}, {best}, {bf16}, {self.threads} threads"
         models = [f"{role} {_precision(dtype, quant)}" for role, dtype, quant in
                   (("target", self.target_dtype, self.target_quant), ("draft", self.draft_dtype, self.draft_quant))
@@ -169,6 +174,7 @@ _LABELS = {
     "gpu_name": "GPU", "gpu_capability": "compute capability", "target_dtype": "target dtype",
     "target_quant": "target quantization", "draft_dtype": "draft dtype", "draft_quant": "draft quantization",
     "pair": "model pair", "single_row_kernel": "one-token forwards' kernel",
+    "multi_row_kernel": "many-token forwards' kernel",
 }
 
 

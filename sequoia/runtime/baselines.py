@@ -2,16 +2,20 @@
 
 They run outside the engine loop (that is the point of a peer), so they yield
 no step records; what a comparison needs from them is the output tokens, the
-wall time and how many times the target model was called.
+wall time, how many times the target model was called, and when the first new
+tokens came out (a streamer on ``generate`` notes it): the time to the first
+token is mostly the prompt's forward, which every method pays alike.
 """
 
 from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from transformers.generation.streamers import BaseStreamer
 
 from ..core.config import GenerationConfig
 
@@ -22,6 +26,8 @@ class BaselineRun:
     tokens: tuple[int, ...]    # generated tokens (prompt excluded)
     seconds: float
     target_calls: int          # forwards of the target model
+    first_token_s: float | None = None   # from the call to the first new tokens generate handed out
+    first_tokens: int = 0      # how many came out then (assisted generation's first call verifies a draft)
 
     @property
     def tokens_per_s(self) -> float:
@@ -33,12 +39,13 @@ PROMPT_LOOKUP_TOKENS = 10
 
 
 def hf_generate(pair, prompt_ids: list[int], config: GenerationConfig, assisted: bool = False,
-                prompt_lookup: bool = False) -> BaselineRun:
+                prompt_lookup: bool = False, clock: Callable[[], float] = time.perf_counter) -> BaselineRun:
     """Run ``pair.target.generate`` (with ``assistant_model=pair.draft`` when ``assisted``; with
     ``prompt_lookup_num_tokens`` when ``prompt_lookup``: drafts copied from the prompt, no draft model).
 
     Hugging Face sampling draws from torch's global generator, so it is seeded
     here with ``config.seed``; the engine itself never touches global state.
+    ``clock`` times the call and its first tokens (the engine's clock, for comparable numbers).
     """
     if not prompt_ids:
         raise ValueError("the prompt is empty")
@@ -52,14 +59,34 @@ def hf_generate(pair, prompt_ids: list[int], config: GenerationConfig, assisted:
     ids = torch.tensor([prompt_ids], device=pair.device)
     torch.manual_seed(config.seed)
     with count_forwards(pair.target) as calls, torch.inference_mode():
-        start = time.perf_counter()
-        out = pair.target.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+        start = clock()
+        first = _FirstTokens(clock, start)
+        out = pair.target.generate(ids, attention_mask=torch.ones_like(ids), streamer=first, **kwargs)
         if pair.device.type == "cuda":
             torch.cuda.synchronize(pair.device)
-        seconds = time.perf_counter() - start
+        seconds = clock() - start
     tokens = _trim(out[0, len(prompt_ids):].tolist(), pair.eos_token_ids if config.stop_at_eos else ())
     name = "hf-assisted" if assisted else "hf-prompt-lookup" if prompt_lookup else "hf-generate"
-    return BaselineRun(name, tuple(tokens), seconds, calls[0])
+    return BaselineRun(name, tuple(tokens), seconds, calls[0], first.seconds, min(first.tokens, len(tokens)))
+
+
+class _FirstTokens(BaseStreamer):
+    """Notes when ``generate`` hands out its first new tokens, and how many (its first ``put`` is the prompt).
+
+    Tokens reach a streamer on the host (``.cpu()``), so on a GPU the time includes the wait for them.
+    """
+
+    def __init__(self, clock: Callable[[], float], start: float) -> None:
+        self.clock, self.start = clock, start
+        self.puts, self.seconds, self.tokens = 0, None, 0
+
+    def put(self, value: torch.Tensor) -> None:
+        self.puts += 1
+        if self.puts == 2:
+            self.seconds, self.tokens = self.clock() - self.start, int(value.numel())
+
+    def end(self) -> None:
+        pass
 
 
 def _generate_kwargs(pair, config: GenerationConfig) -> dict:

@@ -90,6 +90,17 @@ def single_row_kernel(device_type: str, dtype: torch.dtype) -> str:
     return SINGLE_ROW_ATEN if device_type == "cpu" and dtype == torch.bfloat16 and onednn_bf16() else ""
 
 
+#: What the fingerprint calls many-row bf16 products from oneDNN's blocked weight copies
+#: (see :func:`sequoia.runtime.kernels.block_weights`).
+MULTI_ROW_BLOCKED = "onednn-blocked"
+
+
+def multi_row_kernel(device_type: str, dtype: torch.dtype) -> str:
+    """How a bf16 model's many-row products (verification, prefill) run here: "onednn-blocked" or "" (plain
+    weights).  Blocked on CPUs whose oneDNN has bf16 kernels, for bf16 models (the only place measured)."""
+    return MULTI_ROW_BLOCKED if device_type == "cpu" and dtype == torch.bfloat16 and onednn_bf16() else ""
+
+
 def dtype_name(dtype) -> str:
     return DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
 
@@ -110,10 +121,13 @@ def _model_facts(pair) -> dict:
     target_dtype = getattr(pair, "dtype", None) or pair.target.dtype
     target = getattr(pair, "target", None)
     # A loaded target says what its one-row forwards get; a stand-in (models not loaded yet) is predicted.
+    device_type = torch.device(getattr(pair, "device", None) or "cpu").type
     kernel = getattr(target, "_single_row_kernel", "") if target is not None else \
-        single_row_kernel(torch.device(getattr(pair, "device", None) or "cpu").type, target_dtype)
+        single_row_kernel(device_type, target_dtype)
+    many = getattr(target, "_multi_row_kernel", "") if target is not None else \
+        multi_row_kernel(device_type, target_dtype)
     return dict(
-        target_dtype=dtype_name(target_dtype), single_row_kernel=kernel,
+        target_dtype=dtype_name(target_dtype), single_row_kernel=kernel, multi_row_kernel=many,
         target_quant=getattr(pair, "target_quant", None) or "none",
         draft_dtype=dtype_name(getattr(pair, "draft_dtype", None) or pair.draft.dtype),
         draft_quant=draft_quant,

@@ -21,7 +21,7 @@ from ..core.config import MAX_PROMPT_TOKENS
 from .attention import use_few_query_attention
 from .embedded import EMBEDDED, ProgressFn, default_cache_dir, ensure_converted, is_converted
 from .fingerprint import cpu_facts
-from .kernels import check_scheme, default_draft_scheme, quantize_weights, route_single_rows
+from .kernels import block_weights, check_scheme, default_draft_scheme, quantize_weights, route_single_rows
 
 EMBEDDED_NAME = "embedded"
 
@@ -287,8 +287,9 @@ def load_pair(draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME, device: s
     draft_dt = torch.bfloat16 if dq != "none" else dt
     draft_model = quantize_weights(load_model(paths["draft"], dev, draft_dt), dq, draft_dt)
     check_tokenizers_match(draft_tok, tok, draft_model, target_model)
-    for model in (target_model, draft_model):   # faster CPU kernels for few rows (kernels.py, attention.py)
+    for model in (target_model, draft_model):   # faster CPU kernels for few and many rows (kernels.py, attention.py)
         route_single_rows(model)
+        block_weights(model)
         use_few_query_attention(model)
     report(1.0, "models ready")
     return ModelPair(

@@ -7,6 +7,10 @@ The rule, the same for every caller and every method:
   clock (:class:`~sequoia.runtime.engine.SpeculativeEngine` ``clock``; wall time
   by default) after draining the GPU queue.  The engine's draft / verify /
   other split reads the same clock, so the split and the total agree.
+* **The first output is timed too** (``first_token_s``): for engine methods the
+  end of step 0 (the prompt's forward), for Hugging Face methods the first
+  new tokens ``generate`` hands its streamer.  The decode rate after it
+  (``decode_tokens_per_s``) is what a method does once the prompt is read.
 * **Warm-up is the caller's job**: call :func:`warmup` once before timing (a
   short untimed greedy run of every method to be timed), so first-call costs
   (allocator growth, kernel selection, lazy initialisation) land on no method.
@@ -53,6 +57,8 @@ class RunResult:
     agree_prefix: int | None = None   # leading tokens equal to the reference's
     load1: float | None = None        # the OS 1-minute load average after the run (a shared machine shows here)
     wall_s: float | None = None       # wall time of the call (differs from ``seconds`` on the process clock)
+    first_token_s: float | None = None  # from the call to its first new tokens: the prompt's forward, mostly
+    first_tokens: int = 0             # tokens out at that time (engine: 1; HF assisted: its first verified draft too)
 
     @property
     def new_tokens(self) -> int:
@@ -61,6 +67,15 @@ class RunResult:
     @property
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Tokens after the first output over the time after it: the decode rate, without the prompt's forward
+        (which every method pays alike, so on long prompts it shrinks every end-to-end ratio)."""
+        if self.first_token_s is None:
+            return None
+        rest = self.seconds - self.first_token_s
+        return (self.new_tokens - self.first_tokens) / rest if rest > 0 else None
 
     @property
     def ms_per_token(self) -> float:
@@ -81,9 +96,10 @@ class RunResult:
     def to_dict(self) -> dict:
         keys = ("method", "prompt_set", "prompt_index", "temperature", "prompt_tokens", "seconds", "target_calls",
                 "steps", "tree_size", "draft_s", "verify_s", "other_s", "reference", "matches_reference",
-                "agree_prefix", "load1", "wall_s")
+                "agree_prefix", "load1", "wall_s", "first_token_s", "first_tokens")
         out = {k: getattr(self, k) for k in keys}
         out.update(new_tokens=self.new_tokens, tokens_per_s=self.tokens_per_s,
+                   decode_tokens_per_s=self.decode_tokens_per_s,
                    tokens_per_call=self.tokens_per_call, tokens=list(self.tokens))
         return out
 
@@ -114,13 +130,15 @@ def iter_run(engine: SpeculativeEngine, pair, method: str, ids: list[int], gen: 
         raise ValueError(f"method {method!r} needs a proposer")
     records: list[StepRecord] = []
     seconds = wall = 0.0
+    first_s, first_n = None, 0
     with count_forwards(pair.target) as calls:
         if method in HF_METHODS:
             w0, t0 = time.perf_counter(), clock()
-            tokens = hf_generate(pair, ids, gen, assisted=method == "hf-assisted",
-                                 prompt_lookup=method == "hf-prompt-lookup").tokens
+            hf = hf_generate(pair, ids, gen, assisted=method == "hf-assisted",
+                             prompt_lookup=method == "hf-prompt-lookup", clock=clock)
             sync(pair.device)
             seconds, wall = clock() - t0, time.perf_counter() - w0
+            tokens, first_s, first_n = hf.tokens, hf.first_token_s, hf.first_tokens
         else:
             steps = engine.generate(ids, proposer, gen, with_texts=False)
             try:
@@ -131,6 +149,8 @@ def iter_run(engine: SpeculativeEngine, pair, method: str, ids: list[int], gen: 
                     seconds, wall = seconds + clock() - t0, wall + time.perf_counter() - w0
                     if rec is None:
                         break
+                    if not records:
+                        first_s, first_n = seconds, len(rec.new_tokens)
                     records.append(rec)
                     yield rec
             finally:
@@ -138,7 +158,7 @@ def iter_run(engine: SpeculativeEngine, pair, method: str, ids: list[int], gen: 
             tokens = tuple(t for r in records for t in r.new_tokens)
     base = RunResult(method=method, prompt_set="", prompt_index=0, temperature=gen.sampling.temperature,
                      prompt_tokens=len(ids), tokens=tuple(tokens), seconds=seconds, target_calls=calls[0],
-                     wall_s=wall)
+                     wall_s=wall, first_token_s=first_s, first_tokens=first_n)
     if method in HF_METHODS:
         return base
     drafting = [r for r in records if not r.prompt_tokens]   # the prompt's forward (step 0) drafts nothing

@@ -8,6 +8,13 @@ to the faster of ``hf-assisted`` and ``hf-prompt-lookup`` on that prompt (the
 better of Hugging Face's two kinds of drafting, prompt by prompt: the bar the
 combined ``sequoia-ngram`` is held to).  Per-prompt ratios cancel how long or
 easy each prompt is, which medians of tokens/s alone do not.
+
+tokens/s is end to end: the prompt's forward included, which every method pays
+alike (7-10 s for a 700-token prompt on a 2-core CPU), so on long prompts it
+caps every ratio.  ``first_token_s`` (time to the first output) and the decode
+rate after it (``decode_tokens_per_s``, with ``decode_speedup`` and
+``decode_vs_best_hf`` the same per-prompt ratios of it) show the two parts
+apart, as serving benchmarks report time to first token and time per token.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -48,6 +56,10 @@ class MethodSummary:
     outside_frac: float | None        # of wall time spent outside steps (the generator's own overhead)
     mismatches: int | None            # T=0: prompts whose output differs from target-only greedy
     compared: int | None              # T=0: prompts compared
+    first_token_s: float = math.nan   # median time to the first output (nan where no run timed it)
+    decode_tokens_per_s: float = math.nan  # median decode rate after the first output
+    decode_speedup: float = math.nan  # median per-prompt ratio of decode rates to hf-generate
+    decode_vs_best_hf: float = math.nan    # the same to the faster decode of BEST_HF
 
 
 def load_line(loads: list[float], cores: int) -> str:
@@ -77,20 +89,36 @@ def summarize_runs(runs: list[RunResult]) -> list[MethodSummary]:
             vs_best_hf=_median_ratio(rs, index, *BEST_HF),
             tokens_per_call=statistics.median(r.tokens_per_call for r in rs),
             new_tokens=sum(r.new_tokens for r in rs), **_split(rs), **_equality(rs),
+            first_token_s=_median(r.first_token_s for r in rs),
+            decode_tokens_per_s=_median(r.decode_tokens_per_s for r in rs),
+            decode_speedup=_median_ratio(rs, index, "hf-generate", rate=_decode),
+            decode_vs_best_hf=_median_ratio(rs, index, *BEST_HF, rate=_decode),
         ))
     return out
 
 
-def _median_ratio(rs: list[RunResult], index: dict, *others: str) -> float:
-    """Median over prompts of tokens/s relative to the fastest of methods ``others`` on the same prompt
-    (nan where any of them never ran there)."""
+def _decode(r: RunResult) -> float | None:
+    return r.decode_tokens_per_s
+
+
+def _median(values) -> float:
+    """Median of the values that are there (nan if none is: e.g. runs from a bench file without them)."""
+    have = [v for v in values if v is not None]
+    return statistics.median(have) if have else math.nan
+
+
+def _median_ratio(rs: list[RunResult], index: dict, *others: str,
+                  rate: Callable[[RunResult], float | None] = lambda r: r.tokens_per_s) -> float:
+    """Median over prompts of ``rate`` (tokens/s) relative to the fastest of methods ``others`` on the same
+    prompt (nan where any of them never ran there, or a rate is missing)."""
     ratios = []
     for r in rs:
         bases = [index.get((r.prompt_set, r.temperature, o, r.prompt_index)) for o in others]
-        if all(b is not None for b in bases):
-            best = max(b.tokens_per_s for b in bases)
-            if best > 0:
-                ratios.append(r.tokens_per_s / best)
+        if rate(r) is None or any(b is None or rate(b) is None for b in bases):
+            continue
+        best = max(rate(b) for b in bases)
+        if best > 0:
+            ratios.append(rate(r) / best)
     return statistics.median(ratios) if ratios else math.nan
 
 
@@ -137,8 +165,8 @@ def _finite(d: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------- Markdown
-_COLUMNS = ("prompts", "T", "method", "tokens/s", "vs target alone", "vs assisted", "tokens/call",
-            "draft / verify / other", "greedy = target")
+_COLUMNS = ("prompts", "T", "method", "tokens/s", "vs target alone", "vs assisted", "first token (s)",
+            "decode tokens/s", "decode vs target", "tokens/call", "draft / verify / other", "greedy = target")
 
 
 def markdown_table(summaries: list[MethodSummary], wall_column: bool = False) -> str:
@@ -158,6 +186,7 @@ def markdown_table(summaries: list[MethodSummary], wall_column: bool = False) ->
         cells = (f"{s.prompt_set} ({s.runs})", f"{s.temperature:g}", s.method, f"{s.tokens_per_s:.2f}",
                  *((f"{s.wall_tokens_per_s:.2f}",) if wall_column else ()),
                  _x(s.speedup), _x(s.vs_assisted), *((_x(s.vs_best_hf),) if best_column else ()),
+                 _num(s.first_token_s), _num(s.decode_tokens_per_s), _x(s.decode_speedup),
                  f"{s.tokens_per_call:.2f}", split, equal)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -166,7 +195,8 @@ def markdown_table(summaries: list[MethodSummary], wall_column: bool = False) ->
 def combined_lines(summaries: list[MethodSummary]) -> list[str]:
     """One line per (prompt set, temperature): ``sequoia-ngram`` over the better of prompt lookup and assisted."""
     return [f"- {s.prompt_set}, T={s.temperature:g}: {_x(s.vs_best_hf)} the better of HF prompt lookup and "
-            f"HF assisted, {_x(s.speedup)} the target alone ({s.tokens_per_s:.2f} tokens/s)"
+            f"HF assisted, {_x(s.speedup)} the target alone ({s.tokens_per_s:.2f} tokens/s); after the first "
+            f"token {_x(s.decode_vs_best_hf)} and {_x(s.decode_speedup)}"
             for s in summaries if s.method == "sequoia-ngram" and not math.isnan(s.vs_best_hf)]
 
 
@@ -179,7 +209,9 @@ def markdown_report(result: BenchResult) -> str:
         f"{result.seconds / 60:.1f} min in all (started {result.started}).", "",
         "Medians over the prompts of each set.  *tokens/s*: absolute; *vs target alone*: tokens/s over "
         "`hf-generate` (target alone) on the same prompt; *vs assisted*: over `hf-assisted`; *vs best HF*: over "
-        "the faster of `hf-assisted` and `hf-prompt-lookup` on that prompt; *tokens/call*: new tokens per target forward "
+        "the faster of `hf-assisted` and `hf-prompt-lookup` on that prompt; *first token*: time to the first "
+        "output (mostly the prompt's forward, alike for every method); *decode tokens/s*: the rate after it, "
+        "and *decode vs target* its per-prompt ratio to the target alone's; *tokens/call*: new tokens per target forward "
         "(prefill included); the split is of the engine's step time (step 0, the prompt's forward, included); "
         "*greedy = target*: outputs equal to target-only greedy at T=0.", "",
     ]
@@ -216,3 +248,7 @@ def write_markdown(result: BenchResult, path: str | Path) -> None:
 
 def _x(v: float) -> str:
     return "-" if math.isnan(v) else f"{v:.2f}x"
+
+
+def _num(v: float) -> str:
+    return "-" if math.isnan(v) else f"{v:.2f}"
