@@ -286,6 +286,21 @@ def test_blocked_linears_equal_plain_ones_bit_for_bit(monkeypatch):
         assert torch.equal(model.lm_head(x), plain.lm_head(x))
 
 
+def test_a_blocked_head_takes_a_prefills_last_row_without_a_batched_matmul():
+    """logits_to_keep=1 hands the head hidden[:, -1:, :], whose batch stride is the prompt's: a 3-D matmul
+    of it copies the whole weight first (1.3 s on the embedded target), a 2-D one does not."""
+    head = kernels.BlockedLinear(torch.nn.Linear(64, 256, bias=False).to(torch.bfloat16).requires_grad_(False))
+    hidden = torch.randn(1, 9, 64, dtype=torch.bfloat16)
+    last = hidden[:, -1:, :]
+    with torch.profiler.profile() as prof:
+        got = head(last)
+    assert got.shape == (1, 1, 256) and torch.equal(got, torch.nn.functional.linear(last.clone(), head.weight))
+    assert "aten::bmm" not in {e.key for e in prof.key_averages()}
+    with torch.profiler.profile() as prof:   # what the 3-D view costs where nothing flattens it
+        torch.nn.functional.linear(last, head.weight)
+    assert "aten::bmm" in {e.key for e in prof.key_averages()}
+
+
 def test_blocked_linears_run_while_a_one_token_forward_has_onednn_off(monkeypatch):
     """Concurrent decodes share the process's oneDNN flag; a blocked product does not depend on it."""
     layer = torch.nn.Linear(64, 48).to(torch.bfloat16)

@@ -10,8 +10,8 @@ token is mostly the prompt's forward, which every method pays alike.
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch

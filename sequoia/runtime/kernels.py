@@ -18,7 +18,9 @@ multiplies with a bf16 copy of its weights instead (dequantizing on every call
 measured slower than keeping the copy, and the packed int4 layout has no cheap
 unpacking): a prefill or a wide verification then costs what the bf16 model
 costs, a decode step what the small kernel costs, for the memory of one bf16
-copy (1 GB for the 0.5B draft).  ``dense_rows=None`` keeps no copy.
+copy (1 GB for the 0.5B draft).  ``dense_rows=None`` keeps no copy.  Where
+bf16 models get oneDNN-blocked weights (:func:`block_weights`, end of this
+module) that copy is blocked too and takes over from :data:`BLOCKED_ROWS` rows.
 
 The draft's precision changes speed and acceptance, never the output
 distribution: verification is against the target alone.
@@ -439,13 +441,17 @@ class BlockedLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         rows = x.numel() // self.in_features
-        if rows <= 1 or x.dtype != torch.bfloat16:   # one row (or an odd dtype): plain
-            return F.linear(x, self.weight, self.bias)
+        # Always 2-D: a prefill's head input is an odd-strided [1, 1, H] view that a 3-D matmul would
+        # multiply by copying the whole weight first (1.3 s on the target; see models.plain_head_rows).
         flat = x.reshape(rows, self.in_features)
-        if rows < PAD_ROWS:
-            flat = torch.cat([flat, flat.new_zeros(PAD_ROWS - rows, self.in_features)])
-        y = torch.ops.mkldnn._linear_pointwise(flat.contiguous(), self._blocked[0], self.bias, "none", [], "")
-        return y[:rows].reshape(*x.shape[:-1], self.out_features)
+        if rows <= 1 or x.dtype != torch.bfloat16:   # one row (or an odd dtype): the plain weight
+            y = F.linear(flat, self.weight, self.bias)
+        else:
+            if rows < PAD_ROWS:
+                flat = torch.cat([flat, flat.new_zeros(PAD_ROWS - rows, self.in_features)])
+            y = torch.ops.mkldnn._linear_pointwise(flat.contiguous(), self._blocked[0], self.bias, "none", [], "")
+            y = y[:rows]
+        return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bf16, oneDNN-blocked copy"
