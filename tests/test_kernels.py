@@ -12,10 +12,14 @@ from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 from sequoia.core.config import GenerationConfig
 from sequoia.runtime import kernels
 from sequoia.runtime.engine import SpeculativeEngine
+from sequoia.runtime.fingerprint import onednn_bf16
 from sequoia.runtime.kernels import FusedProjections, Int4Linear, Int8Linear, ProjectionPart, quantize_weights
 from sequoia.runtime.methods import make_method
 
 needs_int4 = pytest.mark.skipif(not kernels.int4_available(), reason="this torch has no CPU int4 kernel")
+
+# oneDNN-blocked bf16 weights are used only where oneDNN has bf16 kernels; elsewhere they are not built.
+needs_onednn_bf16 = pytest.mark.skipif(not onednn_bf16(), reason="oneDNN has no bf16 kernels on this CPU")
 
 
 def _tiny(seed: int = 3) -> Qwen2ForCausalLM:
@@ -67,6 +71,7 @@ def test_dense_path_only_past_dense_rows_and_only_with_a_copy():
     assert bare.dense is None and torch.equal(bare(x), torch._weight_int8pack_mm(x, bare.weight, bare.scale) + bare.bias)
 
 
+@needs_onednn_bf16
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
 def test_a_blocked_copy_replaces_the_plain_one_from_fewer_rows(scheme):
     if scheme == "int4" and not kernels.int4_available():
@@ -83,6 +88,7 @@ def test_a_blocked_copy_replaces_the_plain_one_from_fewer_rows(scheme):
     assert not bare.block_copy() and bare(x).shape == (16, 48)
 
 
+@needs_onednn_bf16
 def test_block_weights_blocks_a_quantized_models_copies(monkeypatch):
     monkeypatch.setattr(kernels, "multi_row_kernel", lambda device_type, dtype: kernels.MULTI_ROW_BLOCKED)
     model = quantize_weights(tiny_model(0), "int8")
@@ -267,6 +273,7 @@ def test_only_bf16_models_on_cpus_with_onednn_bf16_are_routed(monkeypatch):
 
 
 # ---------------------------------------------------------------------------- many-row forwards
+@needs_onednn_bf16
 def test_blocked_linears_equal_plain_ones_bit_for_bit(monkeypatch):
     """Two or more rows through oneDNN's blocked copy, one row through the plain weight: the same numbers."""
     monkeypatch.setattr(kernels, "multi_row_kernel", lambda device_type, dtype: kernels.MULTI_ROW_BLOCKED)
@@ -286,6 +293,7 @@ def test_blocked_linears_equal_plain_ones_bit_for_bit(monkeypatch):
         assert torch.equal(model.lm_head(x), plain.lm_head(x))
 
 
+@needs_onednn_bf16
 def test_a_blocked_head_takes_a_prefills_last_row_without_a_batched_matmul():
     """logits_to_keep=1 hands the head hidden[:, -1:, :], whose batch stride is the prompt's: a 3-D matmul
     of it copies the whole weight first (1.3 s on the embedded target), a 2-D one does not."""
@@ -301,6 +309,7 @@ def test_a_blocked_head_takes_a_prefills_last_row_without_a_batched_matmul():
     assert "aten::bmm" in {e.key for e in prof.key_averages()}
 
 
+@needs_onednn_bf16
 def test_blocked_linears_run_while_a_one_token_forward_has_onednn_off(monkeypatch):
     """Concurrent decodes share the process's oneDNN flag; a blocked product does not depend on it."""
     layer = torch.nn.Linear(64, 48).to(torch.bfloat16)

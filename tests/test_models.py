@@ -17,7 +17,7 @@ from sequoia.runtime.attention import FEW_QUERY
 from sequoia.runtime import embedded, kernels
 from sequoia.runtime import models as M
 from sequoia.runtime.embedded import EmbeddedModelError, Part
-from sequoia.runtime.fingerprint import cpu_facts
+from sequoia.runtime.fingerprint import cpu_facts, machine_fingerprint, onednn_bf16
 from sequoia.runtime.kernels import default_draft_scheme
 
 # "<|endoftext|>" is there because transformers loads a tokenizer saved beside a qwen2 config as a
@@ -167,6 +167,21 @@ def test_load_pair_from_local_dirs(tiny_dirs):
                     target_quant="int4")
     with pytest.raises(ValueError, match="unknown dtype"):
         M.load_pair(str(tiny_dirs["draft"]), str(tiny_dirs["target"]), device="cpu", dtype="q4")
+
+
+@pytest.mark.skipif(not onednn_bf16(), reason="oneDNN has no bf16 kernels on this CPU: nothing is blocked")
+def test_blocked_weights_unless_switched_off(tiny_dirs):
+    """bf16 CPU models get oneDNN-blocked copies where oneDNN has bf16 kernels, and the fingerprint says so."""
+    dirs = (str(tiny_dirs["draft"]), str(tiny_dirs["target"]))
+    pair = M.load_pair(*dirs, device="cpu", draft_quant="none")
+    one = M.load_pair(*dirs, device="cpu", draft_quant="none", blocked_weights=False)
+    assert any(isinstance(m, kernels.BlockedLinear) for m in pair.target.modules())
+    assert not any(isinstance(m, kernels.BlockedLinear) for m in one.target.modules())
+    assert machine_fingerprint(pair).multi_row_kernel == "onednn-blocked"
+    assert machine_fingerprint(one).multi_row_kernel == ""
+    ids = torch.tensor([[3, 5, 7, 9]])
+    with torch.no_grad():   # the same numbers either way (same kernel family, same sums)
+        assert torch.equal(pair.target(input_ids=ids).logits, one.target(input_ids=ids).logits)
 
 
 def test_load_pair_refuses_mismatched_tokenizers(tiny_dirs, tmp_path):

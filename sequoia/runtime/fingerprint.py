@@ -125,7 +125,7 @@ def _model_facts(pair) -> dict:
     kernel = getattr(target, "_single_row_kernel", "") if target is not None else \
         single_row_kernel(device_type, target_dtype)
     many = getattr(target, "_multi_row_kernel", "") if target is not None else \
-        multi_row_kernel(device_type, target_dtype)
+        multi_row_kernel(device_type, target_dtype) if getattr(pair, "blocked_weights", True) else ""
     return dict(
         target_dtype=dtype_name(target_dtype), single_row_kernel=kernel, multi_row_kernel=many,
         target_quant=getattr(pair, "target_quant", None) or "none",

@@ -257,7 +257,7 @@ def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list[int]:
 def load_pair(draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME, device: str | None = None,
               dtype: str = "auto", draft_int8: bool | None = None, cache_dir: str | Path | None = None,
               progress: ProgressFn | None = None, draft_quant: str | None = None,
-              target_quant: str = "none") -> ModelPair:
+              target_quant: str = "none", blocked_weights: bool = True) -> ModelPair:
     """Load and check a draft/target pair.
 
     ``draft_quant`` ("none" | "int8" | "int4", see :mod:`sequoia.runtime.kernels`) defaults to the
@@ -266,6 +266,9 @@ def load_pair(draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME, device: s
     the target the same way (off by default: verification of many tokens is dearer through the int
     kernels).  Quantized weights run on CPU only, with bf16 activations.  ``cache_dir`` holds the
     converted embedded models; None means :func:`sequoia.runtime.embedded.default_cache_dir`.
+    ``blocked_weights`` gives bf16 CPU models oneDNN-blocked weight copies for many-row products where
+    oneDNN has bf16 kernels (:func:`~sequoia.runtime.kernels.block_weights`: verification 0.6-0.9x the
+    cost, for a second copy of the weights in memory); False keeps one copy.
     """
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
@@ -289,7 +292,8 @@ def load_pair(draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME, device: s
     check_tokenizers_match(draft_tok, tok, draft_model, target_model)
     for model in (target_model, draft_model):   # faster CPU kernels for few and many rows (kernels.py, attention.py)
         route_single_rows(model)
-        block_weights(model)
+        if blocked_weights:
+            block_weights(model)
         use_few_query_attention(model)
     report(1.0, "models ready")
     return ModelPair(

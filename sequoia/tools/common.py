@@ -32,6 +32,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--target-quant", choices=SCHEMES, default="none",
                    help="weight-only quantization of the target; every baseline runs this same target (CPU, bf16)")
     g.add_argument("--no-int8", action="store_true", help="same as --draft-quant none")
+    g.add_argument("--no-blocked-weights", action="store_true",
+                   help="keep one copy of the weights (CPU, bf16): less memory, slower verification of trees")
     g.add_argument("--cache-dir", default=None, help="where the embedded pair is converted to and this machine's "
                    "measured profiles are cached (default ~/.cache/sequoia-studio)")
 
@@ -39,7 +41,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 def load_from_args(args):
     """The model pair the ``add_model_args`` options name."""
     return load_pair(args.draft, args.target, device=args.device, dtype=args.dtype,
-                     draft_quant=_draft_quant(args), target_quant=args.target_quant, cache_dir=args.cache_dir)
+                     draft_quant=_draft_quant(args), target_quant=args.target_quant, cache_dir=args.cache_dir,
+                     blocked_weights=not args.no_blocked_weights)
 
 
 def _draft_quant(args) -> str | None:
@@ -56,7 +59,8 @@ def expected_fingerprint(args) -> Fingerprint:
     dq = resolve_draft_quant(device, None, _draft_quant(args))
     # As load_pair stores them: a quantized draft runs with bf16 activations.
     stand_in = SimpleNamespace(device=device, dtype=dtype, draft_dtype=torch.bfloat16 if dq != "none" else dtype,
-                               draft_quant=dq, target_quant=args.target_quant, name="not loaded")
+                               draft_quant=dq, target_quant=args.target_quant, name="not loaded",
+                               blocked_weights=not args.no_blocked_weights)
     return replace(machine_fingerprint(stand_in), pair="")
 
 
