@@ -323,7 +323,7 @@ def _fusable(linears: list, scheme: str, group_size: int) -> bool:
 def describe(model: torch.nn.Module) -> str:
     """The weight scheme of ``model``'s linear layers: "int4", "int8", "none" or a mix like "int4+int8"."""
     kinds = {"int4" if isinstance(m, Int4Linear) else "int8" if isinstance(m, Int8Linear) else "none"
-             for m in model.modules() if isinstance(m, (Int4Linear, Int8Linear, torch.nn.Linear))}
+             for m in model.modules() if isinstance(m, (Int4Linear, Int8Linear, torch.nn.Linear, BlockedLinear))}
     return "+".join(sorted(kinds)) or "none"
 
 
