@@ -120,40 +120,30 @@ def test_machine_fingerprint_with_and_without_a_pair():
     assert (fp.draft_quant, fp.target_quant) == ("int4", "int8")
 
 
-def test_the_kernel_of_one_token_forwards_decides_a_match(monkeypatch):
-    # A profile measured before one-token forwards skipped oneDNN priced the target alone ~1.6x too dear.
-    routed = dataclasses.replace(AVX512, single_row_kernel="aten")
-    assert routed.mismatches(AVX512) == ["one-token forwards' kernel: unknown here, aten in the profile"]
-    assert routed.key() != AVX512.key()
-    assert "oneDNN bf16 (one-token forwards: aten), 2 threads" in routed.describe()
-    assert Fingerprint.from_dict(routed.to_dict()) == routed
+# A profile measured before one-token forwards skipped oneDNN priced the target alone ~1.6x too dear; one
+# measured with plain weights priced verification 1.1-1.6x too dear for oneDNN-blocked ones.
+KERNELS = [("single_row_kernel", "aten", "one-token forwards' kernel", "(one-token forwards: aten), 2 threads"),
+           ("multi_row_kernel", "onednn-blocked", "many-token forwards' kernel",
+            "(one-token forwards: aten, wider ones: onednn-blocked), 2 threads")]
+
+
+@pytest.mark.parametrize("field, value, label, described", KERNELS, ids=[k[0] for k in KERNELS])
+def test_the_kernels_of_the_targets_forwards_decide_a_match(monkeypatch, field, value, label, described):
+    base = AVX512 if field == "single_row_kernel" else dataclasses.replace(AVX512, single_row_kernel="aten")
+    measured = dataclasses.replace(base, **{field: value})
+    assert measured.mismatches(base) == [f"{label}: unknown here, {value} in the profile"]
+    assert measured.key() != base.key()
+    assert described in measured.describe()
+    assert Fingerprint.from_dict(measured.to_dict()) == measured
     # Not loaded yet (profile --show): predicted from the machine and the target's dtype.
     from types import SimpleNamespace
 
     monkeypatch.setattr("sequoia.runtime.fingerprint.onednn_bf16", lambda: True)
     stand_in = SimpleNamespace(device=torch.device("cpu"), dtype=torch.bfloat16, draft_dtype=torch.bfloat16,
                                draft_quant="int4", target_quant="none", name="not loaded")
-    assert machine_fingerprint(stand_in).single_row_kernel == "aten"
+    assert getattr(machine_fingerprint(stand_in), field) == value
     stand_in.dtype = torch.float32
-    assert machine_fingerprint(stand_in).single_row_kernel == ""
+    assert getattr(machine_fingerprint(stand_in), field) == ""
     # A loaded target says what it got (a tiny fp32 one: nothing).
     pair = make_pair(tiny_model(1, vocab=64, hidden=16), tiny_model(0, vocab=64), 64)
-    assert machine_fingerprint(pair).single_row_kernel == ""
-
-
-def test_the_kernel_of_many_token_forwards_decides_a_match(monkeypatch):
-    # A profile measured with plain weights priced verification 1.1-1.6x too dear for blocked ones.
-    blocked = dataclasses.replace(AVX512, single_row_kernel="aten", multi_row_kernel="onednn-blocked")
-    plain = dataclasses.replace(AVX512, single_row_kernel="aten")
-    assert blocked.mismatches(plain) == ["many-token forwards' kernel: unknown here, onednn-blocked in the profile"]
-    assert blocked.key() != plain.key()
-    assert "(one-token forwards: aten, wider ones: onednn-blocked)" in blocked.describe()
-    assert Fingerprint.from_dict(blocked.to_dict()) == blocked
-    from types import SimpleNamespace
-
-    monkeypatch.setattr("sequoia.runtime.fingerprint.onednn_bf16", lambda: True)
-    stand_in = SimpleNamespace(device=torch.device("cpu"), dtype=torch.bfloat16, draft_dtype=torch.bfloat16,
-                               draft_quant="int4", target_quant="none", name="not loaded")
-    assert machine_fingerprint(stand_in).multi_row_kernel == "onednn-blocked"
-    pair = make_pair(tiny_model(1, vocab=64, hidden=16), tiny_model(0, vocab=64), 64)
-    assert machine_fingerprint(pair).multi_row_kernel == ""
+    assert getattr(machine_fingerprint(pair), field) == ""
