@@ -211,8 +211,9 @@ def markdown_report(result: BenchResult) -> str:
         "`hf-generate` (target alone) on the same prompt; *vs assisted*: over `hf-assisted`; *vs best HF*: over "
         "the faster of `hf-assisted` and `hf-prompt-lookup` on that prompt; *first token*: time to the first "
         "output (mostly the prompt's forward, alike for every method); *decode tokens/s*: the rate after it, "
-        "and *decode vs target* its per-prompt ratio to the target alone's; *tokens/call*: new tokens per target forward "
-        "(prefill included); the split is of the engine's step time (step 0, the prompt's forward, included); "
+        "and *decode vs target* its per-prompt ratio to the target alone's; *tokens/call*: new tokens per "
+        "target forward (prefill included); the split is of the engine's step time (step 0, the prompt's "
+        "forward, included); "
         "*greedy = target*: outputs equal to target-only greedy at T=0.", "",
     ]
     if result.profile_reason:
