@@ -48,9 +48,7 @@ def row_from_records(method: str, records: Sequence[StepRecord], seconds: float 
     """One method's row from its step records (``seconds`` defaults to the summed step times)."""
     ids = tuple(t for r in records for t in r.new_tokens)
     secs = sum(r.total_s for r in records) if seconds is None else seconds
-    first = records[0].total_s if records and records[0].prompt_tokens else None
-    return CompareRow(method=method, tokens=len(ids), seconds=secs, target_calls=len(records), token_ids=ids,
-                      first_token_s=first)
+    return CompareRow(method=method, tokens=len(ids), seconds=secs, target_calls=len(records), token_ids=ids)
 
 
 def mark_identical(rows: Sequence[CompareRow], reference: str = REFERENCE) -> list[CompareRow]:

@@ -185,6 +185,7 @@ def test_compare_identical_at_greedy(ctx):
                                              progress=lambda f, desc: seen.append(f))
     assert [r.method for r in rows][:4] == ["target only", "chain", "specinfer", "sequoia"]
     assert all(r.identical for r in rows)
+    assert all(0 < r.first_token_s <= r.seconds for r in rows)   # every row, HF ones included, times it
     assert seen[0] == 0 and seen[-1] == 1.0
     md = compare_tab._notes_markdown(rows, notes, 0.0)
     assert "reproduce the target-only output" in md

@@ -235,7 +235,7 @@ def test_compare_rows_flags_and_figure():
     tab = compare_view.table(rows)
     assert len(tab[0]) == len(compare_view.HEADERS)
     assert tab[1][-1] == "✓ identical" and tab[2][-1] == "✗ differs" and tab[2][5] == "–"
-    assert tab[0][3] == "–" and tab[2][3] == "–"   # these records have no prompt's forward; the HF row no time
+    assert tab[0][3] == "–" and tab[2][3] == "–"   # no first-token time given (the tab takes it from RunResult)
     fig = compare_view.figure(rows)
     assert len(fig.data) == 4 and list(fig.data[3].y) == [1.0, 2.0, 1.25]
     assert list(fig.data[2].y)[:2] == [pytest.approx(8 / 3)] * 2

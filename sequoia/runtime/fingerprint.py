@@ -84,10 +84,15 @@ def onednn_bf16() -> bool:
 SINGLE_ROW_ATEN = "aten"
 
 
+def _onednn_bf16_model(device_type: str, dtype: torch.dtype) -> bool:
+    """A bf16 model on a CPU whose oneDNN has bf16 kernels: where both kernel choices below were measured."""
+    return device_type == "cpu" and dtype == torch.bfloat16 and onednn_bf16()
+
+
 def single_row_kernel(device_type: str, dtype: torch.dtype) -> str:
     """The kernel a one-token forward of a ``dtype`` model on ``device_type`` gets here: "aten" or "" (torch's
     own choice).  "aten" on CPUs whose oneDNN has bf16 kernels, for bf16 models."""
-    return SINGLE_ROW_ATEN if device_type == "cpu" and dtype == torch.bfloat16 and onednn_bf16() else ""
+    return SINGLE_ROW_ATEN if _onednn_bf16_model(device_type, dtype) else ""
 
 
 #: What the fingerprint calls many-row bf16 products from oneDNN's blocked weight copies
@@ -98,7 +103,7 @@ MULTI_ROW_BLOCKED = "onednn-blocked"
 def multi_row_kernel(device_type: str, dtype: torch.dtype) -> str:
     """How a bf16 model's many-row products (verification, prefill) run here: "onednn-blocked" or "" (plain
     weights).  Blocked on CPUs whose oneDNN has bf16 kernels, for bf16 models (the only place measured)."""
-    return MULTI_ROW_BLOCKED if device_type == "cpu" and dtype == torch.bfloat16 and onednn_bf16() else ""
+    return MULTI_ROW_BLOCKED if _onednn_bf16_model(device_type, dtype) else ""
 
 
 def dtype_name(dtype) -> str:
