@@ -159,7 +159,7 @@ def test_target_grid_stops_once_a_forward_costs_too_much(monkeypatch):
     """A compute-bound target (cost linear in n) is not profiled past stop_ratio x one token."""
     from sequoia.runtime import profiling as hardware
 
-    monkeypatch.setattr(hardware, "_forward_ms", lambda model, cache, ids, *a: 100.0 * ids.shape[1])
+    monkeypatch.setattr(hardware, "_forward_ms", lambda model, forward, cache, ids, *a: 100.0 * ids.shape[1])
     pair = make_pair(tiny_model(1, vocab=64, hidden=16), tiny_model(0, vocab=64), 64)
     seen = []
     prof = measure_profile(pair, context_len=4, target_grid=(1, 2, 4, 8, 16, 32), draft_grid=(1, 2), repeats=1,
@@ -175,7 +175,7 @@ def test_quick_profile_uses_the_coarse_grid_and_measures_overheads(monkeypatch):
     """The quick preset: coarse grids, 2 repeats; overheads = engine step time beyond the profiled forwards."""
     from sequoia.runtime import profiling as hardware
 
-    monkeypatch.setattr(hardware, "_forward_ms", lambda model, cache, ids, *a: 1e-3)  # forwards "free"
+    monkeypatch.setattr(hardware, "_forward_ms", lambda model, forward, cache, ids, *a: 1e-3)  # forwards "free"
     pair = make_pair(tiny_model(1, vocab=64, hidden=16), tiny_model(0, vocab=64), 64)
     seen = []
     prof = measure_profile(pair, context_len=8, quick=True, progress=lambda *a: seen.append(a))

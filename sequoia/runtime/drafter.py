@@ -32,6 +32,7 @@ from ..core.sampling import sample_children, warp
 from ..core.trace import NGRAM, DynamicInfo, StepRecord
 from ..core.tree import Tree
 from .kv_cache import KVCache
+from .lean import draft_forward
 
 
 @dataclass
@@ -103,6 +104,7 @@ class Drafter:
         self.root_token = 0
         self.root_q: torch.Tensor | None = None  # [V] set by begin(); None after skip()
         self.context: list[int] = []             # the committed tokens (prompt + generated), root last
+        self._run = draft_forward(model)   # the model's forward, with less plumbing where supported (lean.py)
 
     # ---------------------------------------------------------------- step API
     def begin(self, committed: list[int]) -> torch.Tensor:
@@ -191,9 +193,7 @@ class Drafter:
 
     @torch.inference_mode()
     def _forward(self, ids, pos, mask, keep: int = 0) -> torch.Tensor:
-        out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask,
-                         past_key_values=self.cache.cache, use_cache=True, logits_to_keep=keep)
-        return out.logits
+        return self._run(self.model, ids, pos, mask, self.cache.cache, keep)
 
 
 def _mask_dtype(model) -> torch.dtype:

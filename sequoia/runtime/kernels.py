@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import gc
 import threading
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -373,6 +374,19 @@ class _OneDnnSwitch:
 
 
 _SWITCH = _OneDnnSwitch()
+
+
+@contextmanager
+def single_row_scope(model: torch.nn.Module, rows: int):
+    """The kernel choice of :func:`route_single_rows` for code that runs ``model``'s layers itself, not its forward."""
+    if rows != 1 or getattr(model, "_single_row_kernel", "") != SINGLE_ROW_ATEN:
+        yield
+        return
+    _SWITCH.enter()
+    try:
+        yield
+    finally:
+        _SWITCH.leave()
 
 
 def route_single_rows(model: torch.nn.Module) -> bool:

@@ -32,6 +32,7 @@ from .drafter import StaticTreeProposer
 from .engine import SpeculativeEngine, sync
 from .fingerprint import machine_fingerprint
 from .kv_cache import KVCache
+from .lean import draft_forward, model_forward
 from .models import shared_vocab
 
 #: The quick profile's grids: enough points for the optimizer's range on a CPU.
@@ -88,12 +89,13 @@ def measure_profile(
     tick = Progress(len(target_grid) + len(draft_grid) + n_overhead, progress, "profiling")
     try:
         plan = _Plan(ctx=context_len, repeats=repeats, warmup=warmup, point_s=point_s)
-        target_ms = _time_grid(pair.target, target_grid, _verify_inputs, plan, gen, lambda n: tick(f"target n={n}"),
-                               stop_ratio)
+        target_ms = _time_grid(pair.target, model_forward, target_grid, _verify_inputs, plan, gen,
+                               lambda n: tick(f"target n={n}"), stop_ratio)
         for n in target_grid[len(target_ms):]:
             tick(f"target n={n} skipped (over {stop_ratio:g}x one token)")
         target_grid = target_grid[: len(target_ms)]
-        draft_ms = _time_grid(pair.draft, draft_grid, _level_inputs, plan, gen, lambda w: tick(f"draft width={w}"))
+        draft_ms = _time_grid(pair.draft, draft_forward(pair.draft), draft_grid, _level_inputs, plan, gen,
+                              lambda w: tick(f"draft width={w}"))
         curves = HardwareProfile(device="", dtype="", context_len=context_len, target_n=target_grid,
                                  target_ms=tuple(target_ms), draft_width=draft_grid, draft_ms=tuple(draft_ms))
         step_ms, level_ms = (_measure_overheads(pair, curves, overhead_steps, gen, tick) if overhead_steps
@@ -183,9 +185,11 @@ class _Plan:
 
 
 @torch.inference_mode()
-def _time_grid(model, grid, make_inputs, plan: _Plan, gen: torch.Generator,
+def _time_grid(model, forward: Callable[..., torch.Tensor], grid, make_inputs, plan: _Plan, gen: torch.Generator,
                on_point: Callable[[int], None], stop_ratio: float | None = None) -> list[float]:
-    """Median ms per grid point of one forward (+ softmax of its logits) after a prefill of ``plan.ctx`` tokens.
+    """Median ms per grid point of one ``forward`` (+ softmax of its logits) after a prefill of ``plan.ctx`` tokens.
+
+    ``forward`` is the one the engine runs for this model's role (:mod:`sequoia.runtime.lean`).
 
     With ``stop_ratio``, stops after the first point costing more than that times the first one
     (the list is then shorter than ``grid``; at least two points are measured).
@@ -199,10 +203,10 @@ def _time_grid(model, grid, make_inputs, plan: _Plan, gen: torch.Generator,
     for n in grid:
         ids = torch.randint(vocab, (1, n), generator=gen).to(device)  # [1, n]
         pos, mask = make_inputs(n, plan.ctx, model.dtype, device)
-        spent = sum(_forward_ms(model, cache, ids, pos, mask, plan.ctx, device) for _ in range(plan.warmup))
-        times = [_forward_ms(model, cache, ids, pos, mask, plan.ctx, device)]
+        spent = sum(_forward_ms(model, forward, cache, ids, pos, mask, plan.ctx, device) for _ in range(plan.warmup))
+        times = [_forward_ms(model, forward, cache, ids, pos, mask, plan.ctx, device)]
         while len(times) < plan.repeats and spent + sum(times) < plan.point_s * 1000.0:
-            times.append(_forward_ms(model, cache, ids, pos, mask, plan.ctx, device))
+            times.append(_forward_ms(model, forward, cache, ids, pos, mask, plan.ctx, device))
         out.append(statistics.median(times))
         on_point(n)
         if stop_ratio is not None and len(out) >= 2 and out[-1] > stop_ratio * out[0]:
@@ -210,12 +214,11 @@ def _time_grid(model, grid, make_inputs, plan: _Plan, gen: torch.Generator,
     return out
 
 
-def _forward_ms(model, cache: KVCache, ids, pos, mask, ctx: int, device) -> float:
+def _forward_ms(model, forward, cache: KVCache, ids, pos, mask, ctx: int, device) -> float:
     """One timed forward of ``ids`` on the cached context; the cache is cropped back to ``ctx`` after."""
     sync(device)
     t0 = time.perf_counter()
-    logits = model(input_ids=ids, position_ids=pos, attention_mask=mask,
-                   past_key_values=cache.cache, use_cache=True).logits
+    logits = forward(model, ids, pos, mask, cache.cache)
     torch.softmax(logits.float(), dim=-1)
     sync(device)
     ms = (time.perf_counter() - t0) * 1000.0
