@@ -113,7 +113,8 @@ def test_one_row_lean_forwards_take_the_one_row_kernel(monkeypatch):
     model = _few_query(_qwen2().to(torch.bfloat16))
     assert kernels.route_single_rows(model)
     seen = []
-    model.model.layers[0].mlp.down_proj.register_forward_pre_hook(lambda m, a: seen.append(torch.backends.mkldnn.enabled))
+    down = model.model.layers[0].mlp.down_proj
+    down.register_forward_pre_hook(lambda m, a: seen.append(torch.backends.mkldnn.enabled))
     before = torch.backends.mkldnn.enabled
     cache = DynamicCache(config=model.config)
     lean_forward(model, torch.tensor([[3, 5]]), torch.tensor([[0, 1]]), None, cache)

@@ -107,7 +107,7 @@ def lean_forward(model: torch.nn.Module, ids: torch.Tensor, pos: torch.Tensor, m
         x = base.embed_tokens(ids)
         cos, sin = base.rotary_emb(x, pos)
         cos, sin = cos[:, None], sin[:, None]                    # [b, 1, rows, head_dim]
-        for index, layer in enumerate(base.layers):
+        for index, layer in enumerate(base.layers[: model.config.num_hidden_layers]):   # as the model's forward
             attn = layer.self_attn
             h = _rms_norm(layer.input_layernorm, x)
             q, k, v = _products(attn, ("q_proj", "k_proj", "v_proj"), h)
