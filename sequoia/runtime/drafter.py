@@ -5,6 +5,8 @@ the committed tokens the draft has not seen (the last step's accepted tail
 and bonus), then forwards one *level* of the tree at a time with a tree
 attention mask, so a tree of depth d costs d draft forwards however wide it is.
 Leaves of the last level are never forwarded: nothing is drafted after them.
+Every draft forward goes through :func:`sequoia.runtime.lean.draft_forward`
+(the model's own numbers, with less plumbing where the model allows it).
 
 A :class:`Proposer` decides the tree shape (static trees take it from a
 :class:`~sequoia.core.tree.Tree`; dynamic policies decide as they go, see
