@@ -59,10 +59,7 @@ def few_query_attention(module: torch.nn.Module, query: torch.Tensor, key: torch
     scores = scores.view(b, kv_heads, group, w, length)
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     if attention_mask is None and causal and w > 1:
-        # Plain causal attention over a cache: query i sits at key position length - w + i.
-        rows = torch.arange(w, device=query.device)[:, None] + (length - w)
-        attention_mask = torch.arange(length, device=query.device)[None, :] <= rows     # [w, L]
-        attention_mask = attention_mask[None, None]
+        attention_mask = causal_mask(length - w, w, query.device)
     if attention_mask is not None:
         mask = attention_mask[:, :, None]                                               # [b|1, 1, 1, w, L]
         if mask.dtype == torch.bool:
@@ -73,6 +70,15 @@ def few_query_attention(module: torch.nn.Module, query: torch.Tensor, key: torch
     out = torch.matmul(probs, value.float())                                          # [b, kv, group * w, d]
     out = out.view(b, heads, w, value.shape[-1]).to(query.dtype)
     return out.transpose(1, 2).contiguous(), None
+
+
+def causal_mask(cached: int, rows: int, device=None) -> torch.Tensor:
+    """Plain causal attention of ``rows`` new tokens after ``cached`` ones.  # [1, 1, rows, cached + rows] bool
+
+    Query i sits at key position cached + i and sees every key up to it.
+    """
+    pos = torch.arange(cached + rows, device=device)
+    return (pos[None, :] <= pos[cached:, None])[None, None]
 
 
 def _register() -> None:

@@ -9,8 +9,9 @@ over 128 cached tokens, interleaved (8 rounds, medians): 1 / 4 / 16 rows
 97 int4 products alone take 16.6 ms called back to back, and that kernel is
 compute-bound (it runs twice as long on one thread), so what is left is glue.
 
-What it computes is the model's own forward, step by step: the embedding, the
-model's rotary module (so every rope variant it knows), each layer's norms,
+What it computes is the model's own forward, step by step, with the model's own
+modules and functions: the embedding, the rotary module (so every rope variant
+it knows) and its modeling file's ``apply_rotary_pos_emb``, each layer's norms,
 projections (a fused q|k|v or gate|up product taken whole rather than slice by
 slice: :class:`~sequoia.runtime.kernels.FusedProjections`), the activation, the
 cache update of the ``DynamicCache`` it is given, and attention through
@@ -29,11 +30,12 @@ forward everyone else runs.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 import torch
 
-from .attention import FEW_QUERY, few_query_attention
+from .attention import FEW_QUERY, causal_mask, few_query_attention
 from .kernels import ProjectionPart, single_row_scope
 
 #: Model classes whose decoder layers are exactly what :func:`lean_forward` computes.
@@ -48,6 +50,8 @@ def lean_support(model: torch.nn.Module) -> str:
     config = model.config
     if getattr(config, "_attn_implementation", None) != FEW_QUERY:
         return f"attention is {config._attn_implementation!r}, not few-query (CPU models only)"
+    if not hasattr(sys.modules[type(model).__module__], "apply_rotary_pos_emb"):
+        return f"{name}'s modeling file has no apply_rotary_pos_emb"
     if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
         return "a layer has sliding-window attention"
     if getattr(config, "use_sliding_window", False):
@@ -59,18 +63,6 @@ def lean_support(model: torch.nn.Module) -> str:
     return ""
 
 
-def _rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    # The Llama / Qwen2 RMSNorm: float32 statistics, cast back, then the weight.
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * h.to(x.dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def _products(module: torch.nn.Module, names: tuple[str, ...], x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The sibling projections ``names`` of ``x``: one fused product split, or each layer's own."""
     first = getattr(module, names[0])
@@ -78,17 +70,6 @@ def _products(module: torch.nn.Module, names: tuple[str, ...], x: torch.Tensor) 
         group = first._group[0]
         return group.fused(x).split(group.sizes, dim=-1)
     return tuple(getattr(module, name)(x) for name in names)
-
-
-def _causal_mask(cached: int, rows: int) -> torch.Tensor | None:
-    """The mask transformers builds for ``rows`` new tokens after ``cached`` ones.  # [1, 1, rows, cached + rows]
-
-    None where plain causal attention means it: one row, or no cache (query i is key i).
-    """
-    if rows == 1 or cached == 0:
-        return None
-    pos = torch.arange(cached + rows)
-    return (pos[None, :] <= pos[cached:, None])[None, None]
 
 
 @torch.inference_mode()
@@ -100,26 +81,26 @@ def lean_forward(model: torch.nn.Module, ids: torch.Tensor, pos: torch.Tensor, m
     ``mask`` is None (causal) or a 4-D mask over the cache and the new rows, as the model's forward takes it.
     """
     base = model.model
+    rotate = sys.modules[type(model).__module__].apply_rotary_pos_emb
     batch, rows = ids.shape
-    if mask is None:
-        mask = _causal_mask(cache.get_seq_length(), rows)
+    cached = cache.get_seq_length()
+    if mask is None and rows > 1 and cached:   # what transformers builds; None means causal from key 0
+        mask = causal_mask(cached, rows)
     with single_row_scope(model, ids.numel()):
         x = base.embed_tokens(ids)
         cos, sin = base.rotary_emb(x, pos)
-        cos, sin = cos[:, None], sin[:, None]                    # [b, 1, rows, head_dim]
         for index, layer in enumerate(base.layers[: model.config.num_hidden_layers]):   # as the model's forward
             attn = layer.self_attn
-            h = _rms_norm(layer.input_layernorm, x)
+            h = layer.input_layernorm(x)
             q, k, v = _products(attn, ("q_proj", "k_proj", "v_proj"), h)
             q = q.view(batch, rows, -1, attn.head_dim).transpose(1, 2)
             k = k.view(batch, rows, -1, attn.head_dim).transpose(1, 2)
             v = v.view(batch, rows, -1, attn.head_dim).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            q, k = rotate(q, k, cos, sin)
             k, v = cache.update(k, v, index)
             out, _ = few_query_attention(attn, q, k, v, mask, scaling=attn.scaling)
             x = x + attn.o_proj(out.reshape(batch, rows, -1))
-            h = _rms_norm(layer.post_attention_layernorm, x)
+            h = layer.post_attention_layernorm(x)
             gate, up = _products(layer.mlp, ("gate_proj", "up_proj"), h)
             x = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
         x = base.norm(x if keep == 0 else x[:, -keep:].contiguous())
