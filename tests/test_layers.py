@@ -1,4 +1,4 @@
-"""The layers of the library, checked: imports flow core -> runtime -> tools/app, never back, never in a cycle.
+"""The layers of the library, checked: imports flow core -> runners -> runtime -> tools/app, never back, never in a cycle.
 
 Read off the source with :mod:`ast` (nothing is imported), so a violation names
 the file and line.  Module-level and function-level imports both count: an
@@ -20,9 +20,10 @@ PACKAGES = ("sequoia", "components")
 #: What each layer may import from this project (by module-name prefix).
 ALLOWED = {
     "sequoia.core": ("sequoia.core", "sequoia._meta"),
-    "sequoia.runtime": ("sequoia.core", "sequoia.runtime", "sequoia._meta"),
-    "sequoia.tools": ("sequoia.core", "sequoia.runtime", "sequoia.tools", "sequoia._meta"),
-    "components": ("sequoia.core", "sequoia.runtime", "sequoia._meta", "components"),
+    "sequoia.runners": ("sequoia.core", "sequoia.runners", "sequoia._meta"),
+    "sequoia.runtime": ("sequoia.core", "sequoia.runners", "sequoia.runtime", "sequoia._meta"),
+    "sequoia.tools": ("sequoia.core", "sequoia.runners", "sequoia.runtime", "sequoia.tools", "sequoia._meta"),
+    "components": ("sequoia.core", "sequoia.runners", "sequoia.runtime", "sequoia._meta", "components"),
 }
 #: Third-party packages the pure core must never import.
 NOT_IN_CORE = ("transformers", "gradio", "accelerate", "gguf", "plotly", "networkx")

@@ -1,0 +1,1 @@
+"""Runners: the seam between the model-agnostic engine and each runtime (see base.py)."""
