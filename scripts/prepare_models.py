@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain script from anywhere
 
-from sequoia.runtime.embedded import EMBEDDED, EmbeddedModelError, default_cache_dir, is_converted, prepare  # noqa: E402
+from sequoia.runners.embedded import EMBEDDED, EmbeddedModelError, default_cache_dir, is_converted, prepare  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,9 +14,10 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from sequoia.runtime.attention import FEW_QUERY
-from sequoia.runtime import embedded, kernels
+from sequoia.runners import embedded
+from sequoia.runtime import kernels
 from sequoia.runtime import models as M
-from sequoia.runtime.embedded import EmbeddedModelError, Part
+from sequoia.runners.embedded import EmbeddedModelError, Part
 from sequoia.runtime.fingerprint import cpu_facts, machine_fingerprint, onednn_bf16
 from sequoia.runtime.kernels import default_draft_scheme
 

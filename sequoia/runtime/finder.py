@@ -29,7 +29,7 @@ from ..core.acceptance import AcceptanceVector
 from ..core.calibration import Calibration
 from ..core.ngram import NgramAcceptance, pool_ngram_acceptance
 from ..core.profile import Fingerprint, HardwareProfile
-from .embedded import default_cache_dir
+from ..runners.embedded import default_cache_dir
 from .fingerprint import machine_fingerprint
 from .methods import DEFAULT_ACCEPTANCE
 from .profiling import measure_profile

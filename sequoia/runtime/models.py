@@ -1,7 +1,7 @@
 """Loading a draft/target pair: devices, dtypes, the int8 CPU draft, tokenizer checks.
 
 ``"embedded"`` names the offline default pair (Qwen2.5-Coder 0.5B draft, 1.5B
-target, see :mod:`sequoia.runtime.embedded`); anything else is a Hugging Face hub id or
+target, see :mod:`sequoia.runners.embedded`); anything else is a Hugging Face hub id or
 a local directory.  Nothing is loaded at import time.
 """
 
@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from ..core.config import MAX_PROMPT_TOKENS
 from .attention import use_few_query_attention
-from .embedded import EMBEDDED, ProgressFn, default_cache_dir, ensure_converted, is_converted
+from ..runners.embedded import EMBEDDED, ProgressFn, default_cache_dir, ensure_converted, is_converted
 from .fingerprint import cpu_facts
 from .kernels import block_weights, check_scheme, default_draft_scheme, quantize_weights, route_single_rows
 
@@ -265,7 +265,7 @@ def load_pair(draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME, device: s
     ``draft_int8`` True / False is the older spelling of "int8" / "none".  ``target_quant`` quantizes
     the target the same way (off by default: verification of many tokens is dearer through the int
     kernels).  Quantized weights run on CPU only, with bf16 activations.  ``cache_dir`` holds the
-    converted embedded models; None means :func:`sequoia.runtime.embedded.default_cache_dir`.
+    converted embedded models; None means :func:`sequoia.runners.embedded.default_cache_dir`.
     ``blocked_weights`` gives bf16 CPU models oneDNN-blocked weight copies for many-row products where
     oneDNN has bf16 kernels (:func:`~sequoia.runtime.kernels.block_weights`: verification 0.6-0.9x the
     cost, for a second copy of the weights in memory); False keeps one copy.
