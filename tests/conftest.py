@@ -85,7 +85,15 @@ def perturbed(model, scale: float, seed: int):
     return out
 
 
+def runner(model, name: str = "tiny", role: str = "target"):
+    """``model`` behind the Hugging Face runner's plain path (a runner is passed through)."""
+    from sequoia.runners.hf.loading import wrap_model
+
+    return model if hasattr(model, "session") else wrap_model(model, name, role, plain=True)
+
+
 def make_pair(draft, target, vocab: int, eos=()) -> SimpleNamespace:
+    draft, target = runner(draft, "tiny-draft", "draft"), runner(target, "tiny-target")
     return SimpleNamespace(draft=draft, target=target, tokenizer=CharTokenizer(vocab), device=torch.device("cpu"),
                            dtype=torch.float32, eos_token_ids=tuple(eos), draft_name="tiny-draft",
                            target_name="tiny-target", vocab_size=vocab)
@@ -111,7 +119,8 @@ def app_pair(draft, target):
     """A real :class:`sequoia.runtime.models.ModelPair` of tiny models, so ``encode_prompt`` runs the library's code."""
     from sequoia.runtime.models import ModelPair
 
-    return ModelPair(draft=draft, target=target, tokenizer=ChatCharTokenizer(target.config.vocab_size),
+    return ModelPair(draft=runner(draft, "tiny-draft", "draft"), target=runner(target, "tiny-target"),
+                     tokenizer=ChatCharTokenizer(target.config.vocab_size),
                      draft_name="tiny-draft", target_name="tiny-target", device=torch.device("cpu"),
                      dtype=torch.float32, draft_int8=False, eos_token_ids=())
 

@@ -13,8 +13,8 @@ from test_engine import _hf_greedy
 from sequoia.core.config import GenerationConfig
 from sequoia.core.masks import verify_mask
 from sequoia.core.tree import Tree
-from sequoia.runtime import attention
-from sequoia.runtime.attention import FEW_QUERY, few_query_attention, use_few_query_attention
+from sequoia.runners.hf import attention
+from sequoia.runners.hf.attention import FEW_QUERY, few_query_attention, use_few_query_attention
 from sequoia.runtime.engine import SpeculativeEngine
 from sequoia.runtime.methods import make_method
 

@@ -270,7 +270,7 @@ def test_never_drafts_when_no_tree_can_pay(tiny_pairs, tiny_target):
     method = _dynamic(profile=linear)
     assert not method.can_pay and _dynamic().can_pay
     forwards = []  # counted, not timed: a busy machine makes any time bound flaky
-    hook = tiny_pairs["noisy"].draft.register_forward_hook(lambda *args: forwards.append(1))
+    hook = tiny_pairs["noisy"].draft.model.register_forward_hook(lambda *args: forwards.append(1))
     try:
         tokens, records = _run(tiny_pairs["noisy"], method, GenerationConfig(max_new_tokens=12))
     finally:

@@ -20,7 +20,7 @@ PROMPTS = [
 
 def _target_greedy(pair, ids, n):
     with torch.inference_mode():
-        out = pair.target.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+        out = pair.target.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                    max_new_tokens=n, do_sample=False, eos_token_id=list(pair.eos_token_ids),
                                    pad_token_id=pair.eos_token_ids[0])
     return out[0, len(ids):].tolist()

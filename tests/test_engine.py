@@ -149,7 +149,7 @@ def _empirical_joint(pair, method, sampling, n, prompt=None, each=None) -> tuple
         toks = [t for r in records for t in r.new_tokens]
         firsts[toks[0]] += 1
         counts[toks[1], toks[2]] += 1
-    return counts, _exact_after_first(pair.target, prompt, sampling, firsts)
+    return counts, _exact_after_first(pair.target.model, prompt, sampling, firsts)
 
 
 def _exact_after_first(model, prompt, sampling, firsts: torch.Tensor) -> torch.Tensor:

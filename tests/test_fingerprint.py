@@ -112,11 +112,15 @@ def test_machine_fingerprint_with_and_without_a_pair():
     fp = machine_fingerprint(pair)
     assert (fp.target_dtype, fp.target_quant, fp.draft_dtype, fp.draft_quant) == ("fp32", "none", "fp32", "none")
     assert fp.pair == "tiny-draft+tiny-target" and fp.cpu_features == machine.cpu_features
-    # The loader's int8 flag, and the newer per-model quantization names when a pair has them.
-    pair.dtype, pair.draft_dtype, pair.draft_int8 = torch.bfloat16, torch.bfloat16, True
-    assert machine_fingerprint(pair).describe().endswith("target bf16, draft int8")
-    pair.draft_quant, pair.target_quant = "int4", "int8"
-    fp = machine_fingerprint(pair)
+    assert fp.runtime == "hf"
+    # Not loaded yet (a stand-in): the loader's int8 flag, and the newer per-model quantization names.
+    from types import SimpleNamespace
+
+    stand_in = SimpleNamespace(device=torch.device("cpu"), dtype=torch.bfloat16, draft_dtype=torch.bfloat16,
+                               draft_int8=True, draft_name="d", target_name="t")
+    assert machine_fingerprint(stand_in).describe().endswith("target bf16, draft int8")
+    stand_in.draft_quant, stand_in.target_quant = "int4", "int8"
+    fp = machine_fingerprint(stand_in)
     assert (fp.draft_quant, fp.target_quant) == ("int4", "int8")
 
 
@@ -138,7 +142,7 @@ def test_the_kernels_of_the_targets_forwards_decide_a_match(monkeypatch, field, 
     # Not loaded yet (profile --show): predicted from the machine and the target's dtype.
     from types import SimpleNamespace
 
-    monkeypatch.setattr("sequoia.runtime.fingerprint.onednn_bf16", lambda: True)
+    monkeypatch.setattr("sequoia.runners.hf.cpu.onednn_bf16", lambda: True)
     stand_in = SimpleNamespace(device=torch.device("cpu"), dtype=torch.bfloat16, draft_dtype=torch.bfloat16,
                                draft_quant="int4", target_quant="none", name="not loaded")
     assert getattr(machine_fingerprint(stand_in), field) == value

@@ -128,18 +128,20 @@ def test_measure_profile_leaves_cache_length_stable(monkeypatch):
     """Every timed forward must see the same context: the cache is cropped back each time."""
     from sequoia.runtime import profiling as hardware
 
+    from sequoia.runners.hf.runner import HFSession
+
     lengths = []
-    real = hardware.KVCache.crop
+    real = HFSession.crop
 
     def spy(self, length):
         real(self, length)
-        lengths.append(len(self))
+        lengths.append((len(self), len(self.cache)))
 
-    monkeypatch.setattr(hardware.KVCache, "crop", spy)
+    monkeypatch.setattr(HFSession, "crop", spy)
     pair = make_pair(tiny_model(1, vocab=64, hidden=16), tiny_model(0, vocab=64), 64)
     measure_profile(pair, context_len=7, target_grid=(2, 5), draft_grid=(1,), repeats=1, warmup=1,
                     progress=lambda *a: None, overhead_steps=0)
-    assert lengths and set(lengths) == {7}
+    assert lengths and set(lengths) == {(7, 7)}
 
 
 def test_slow_points_stop_repeating(monkeypatch):
@@ -159,7 +161,7 @@ def test_target_grid_stops_once_a_forward_costs_too_much(monkeypatch):
     """A compute-bound target (cost linear in n) is not profiled past stop_ratio x one token."""
     from sequoia.runtime import profiling as hardware
 
-    monkeypatch.setattr(hardware, "_forward_ms", lambda model, forward, cache, ids, *a: 100.0 * ids.shape[1])
+    monkeypatch.setattr(hardware, "_forward_ms", lambda session, ids, *a: 100.0 * len(ids))
     pair = make_pair(tiny_model(1, vocab=64, hidden=16), tiny_model(0, vocab=64), 64)
     seen = []
     prof = measure_profile(pair, context_len=4, target_grid=(1, 2, 4, 8, 16, 32), draft_grid=(1, 2), repeats=1,

@@ -10,10 +10,11 @@ from conftest import make_pair, tiny_model
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
 from sequoia.core.config import GenerationConfig
-from sequoia.runtime import kernels
+from sequoia.runners.hf import kernels
+from sequoia.runners.hf.loading import wrap_model
 from sequoia.runtime.engine import SpeculativeEngine
 from sequoia.runtime.fingerprint import onednn_bf16
-from sequoia.runtime.kernels import FusedProjections, Int4Linear, Int8Linear, ProjectionPart, quantize_weights
+from sequoia.runners.hf.kernels import FusedProjections, Int4Linear, Int8Linear, ProjectionPart, quantize_weights
 from sequoia.runtime.methods import make_method
 
 needs_int4 = pytest.mark.skipif(not kernels.int4_available(), reason="this torch has no CPU int4 kernel")
@@ -217,36 +218,37 @@ def _onednn_seen(model):
     return seen
 
 
-def test_one_token_forwards_run_without_onednn_and_wider_ones_with_it(monkeypatch):
-    monkeypatch.setattr(kernels, "single_row_kernel", lambda device_type, dtype: kernels.SINGLE_ROW_ATEN)
+def test_one_token_forwards_run_without_onednn_and_wider_ones_with_it():
+    """Code that calls the model itself (Hugging Face generate) gets the one-row kernel inside the scope only."""
     model = tiny_model(0).to(torch.bfloat16)
     plain = tiny_model(0).to(torch.bfloat16)
-    assert kernels.route_single_rows(model) and not kernels.route_single_rows(model)   # installed once
     seen = _onednn_seen(model)
     before = torch.backends.mkldnn.enabled
     ids = torch.tensor([[3, 5, 7]])
-    with torch.no_grad():
+    with torch.no_grad(), kernels.single_rows_routed(model, kernels.SINGLE_ROW_ATEN):
         wide = model(input_ids=ids).logits
         one = model(ids[:, :1]).logits                              # positional input_ids too
         model(inputs_embeds=model.model.embed_tokens(ids[:, :1]))
     assert seen == [before, False, False]
     assert torch.backends.mkldnn.enabled == before
+    with torch.no_grad():
+        model(ids[:, :1])                                           # outside the scope: hooks removed
+    assert seen[-1] == before
     with torch.no_grad():   # the same model: same numbers within bf16 rounding (here the kernels agree exactly)
         torch.testing.assert_close(wide, plain(input_ids=ids).logits, atol=0.05, rtol=0.05)
         torch.testing.assert_close(one, plain(ids[:, :1]).logits, atol=0.05, rtol=0.05)
 
 
-def test_onednn_comes_back_after_a_failed_one_token_forward(monkeypatch):
-    monkeypatch.setattr(kernels, "single_row_kernel", lambda device_type, dtype: kernels.SINGLE_ROW_ATEN)
+def test_onednn_comes_back_after_a_failed_one_token_forward():
     model = tiny_model(0).to(torch.bfloat16)
-    kernels.route_single_rows(model)
     before = torch.backends.mkldnn.enabled
 
     def fail(module, args):
         raise RuntimeError(f"out of memory (oneDNN enabled: {torch.backends.mkldnn.enabled})")
 
     model.model.layers[1].register_forward_pre_hook(fail)
-    with pytest.raises(RuntimeError, match="enabled: False"), torch.no_grad():
+    with pytest.raises(RuntimeError, match="enabled: False"), torch.no_grad(), \
+            kernels.single_rows_routed(model, kernels.SINGLE_ROW_ATEN):
         model(input_ids=torch.tensor([[3]]))
     assert torch.backends.mkldnn.enabled == before
 
@@ -263,13 +265,15 @@ def test_overlapping_one_token_forwards_restore_onednn_once_the_last_ends():
 
 
 def test_only_bf16_models_on_cpus_with_onednn_bf16_are_routed(monkeypatch):
-    assert not kernels.route_single_rows(tiny_model(0))             # fp32: torch's own kernels
-    monkeypatch.setattr("sequoia.runtime.fingerprint.onednn_bf16", lambda: False)
+    assert kernels.single_row_kernel("cpu", torch.float32) == ""    # fp32: torch's own kernels
+    monkeypatch.setattr("sequoia.runners.hf.cpu.onednn_bf16", lambda: False)
     assert kernels.single_row_kernel("cpu", torch.bfloat16) == ""   # an AVX2-only CPU: nothing to skip
-    assert not kernels.route_single_rows(tiny_model(0).to(torch.bfloat16))
-    monkeypatch.setattr("sequoia.runtime.fingerprint.onednn_bf16", lambda: True)
+    assert wrap_model(tiny_model(0).to(torch.bfloat16), plain=False).single_row_kernel == ""
+    monkeypatch.setattr("sequoia.runners.hf.cpu.onednn_bf16", lambda: True)
     assert kernels.single_row_kernel("cpu", torch.bfloat16) == kernels.SINGLE_ROW_ATEN
     assert kernels.single_row_kernel("cuda", torch.bfloat16) == ""
+    assert wrap_model(tiny_model(0).to(torch.bfloat16), plain=False).single_row_kernel == kernels.SINGLE_ROW_ATEN
+    assert wrap_model(tiny_model(0).to(torch.bfloat16), plain=True).single_row_kernel == ""   # the GPU path
 
 
 # ---------------------------------------------------------------------------- many-row forwards
@@ -324,10 +328,10 @@ def test_only_bf16_cpu_models_get_blocked_weights(monkeypatch):
     assert not kernels.block_weights(tiny_model(0))                           # fp32: plain weights
     with pytest.raises(ValueError, match="bf16 CPU"):
         kernels.BlockedLinear(torch.nn.Linear(4, 4))
-    monkeypatch.setattr("sequoia.runtime.fingerprint.onednn_bf16", lambda: False)
+    monkeypatch.setattr("sequoia.runners.hf.cpu.onednn_bf16", lambda: False)
     assert kernels.multi_row_kernel("cpu", torch.bfloat16) == ""              # an AVX2-only CPU: not measured
     assert not kernels.block_weights(tiny_model(0).to(torch.bfloat16))
-    monkeypatch.setattr("sequoia.runtime.fingerprint.onednn_bf16", lambda: True)
+    monkeypatch.setattr("sequoia.runners.hf.cpu.onednn_bf16", lambda: True)
     assert kernels.multi_row_kernel("cpu", torch.bfloat16) == kernels.MULTI_ROW_BLOCKED
     assert kernels.multi_row_kernel("cuda", torch.bfloat16) == ""
     assert kernels.multi_row_kernel("cpu", torch.float32) == ""

@@ -8,11 +8,13 @@ from conftest import tiny_model
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from sequoia.core.masks import tree_attention_mask
-from sequoia.runtime import kernels
-from sequoia.runtime.attention import use_few_query_attention
+from sequoia.runners.hf import kernels
+from sequoia.runners.hf.attention import use_few_query_attention
 from sequoia.runtime.drafter import Drafter
-from sequoia.runtime.kernels import quantize_weights
-from sequoia.runtime.lean import draft_forward, lean_forward, lean_support, model_forward
+from sequoia.runners.hf.kernels import quantize_weights
+from sequoia.runners.hf.lean import draft_forward, lean_forward, lean_support, model_forward
+from sequoia.runners.hf.loading import wrap_model
+from sequoia.runners.hf.runner import HFRunner
 
 needs_int4 = pytest.mark.skipif(not kernels.int4_available(), reason="this torch has no CPU int4 kernel")
 
@@ -98,25 +100,24 @@ def test_models_it_does_not_compute_are_left_to_their_forward():
     assert draft_forward(_few_query(_qwen2())) is lean_forward
 
 
-def test_the_drafter_runs_the_lean_forward_where_supported():
-    model = _few_query(_qwen2())
-    drafter = Drafter(model, sampling=None, vocab_size=1000)
-    assert drafter._run is lean_forward
-    assert Drafter(_qwen2(), sampling=None, vocab_size=1000)._run is model_forward
+def test_a_draft_runner_runs_the_lean_forward_where_supported():
+    assert wrap_model(_few_query(_qwen2()), role="draft", plain=False).forward_fn is lean_forward
+    assert wrap_model(_few_query(_qwen2()), role="target", plain=False).forward_fn is model_forward
+    assert wrap_model(_few_query(_qwen2()), role="draft", plain=True).forward_fn is model_forward   # the GPU path
 
 
-def test_one_row_lean_forwards_take_the_one_row_kernel(monkeypatch):
-    """route_single_rows hooks the model's forward; the lean forward, which bypasses it, asks the same switch."""
-    monkeypatch.setattr(kernels, "single_row_kernel", lambda device_type, dtype: kernels.SINGLE_ROW_ATEN)
+def test_one_row_lean_forwards_take_the_runners_one_row_kernel():
+    """A runner whose one-row kernel is "aten" runs one-token forwards with oneDNN off, wider ones with it on."""
     model = _few_query(_qwen2().to(torch.bfloat16))
-    assert kernels.route_single_rows(model)
+    runner = HFRunner(model, "bf16", wrap_model(model).info, forward_fn=lean_forward,
+                      single_row_kernel=kernels.SINGLE_ROW_ATEN)
     seen = []
     down = model.model.layers[0].mlp.down_proj
     down.register_forward_pre_hook(lambda m, a: seen.append(torch.backends.mkldnn.enabled))
     before = torch.backends.mkldnn.enabled
-    cache = DynamicCache(config=model.config)
-    lean_forward(model, torch.tensor([[3, 5]]), torch.tensor([[0, 1]]), None, cache)
-    lean_forward(model, torch.tensor([[7]]), torch.tensor([[2]]), None, cache)
+    session = runner.session()
+    session.forward([3, 5])
+    session.forward([7])
     assert seen == [before, False]
     assert torch.backends.mkldnn.enabled == before
 
@@ -128,9 +129,10 @@ def test_a_profile_times_the_draft_with_the_forward_the_drafter_runs(monkeypatch
     from sequoia.runtime.profiling import measure_profile
 
     used = {}
-    monkeypatch.setattr(profiling, "_forward_ms",
-                        lambda model, forward, *a: used.setdefault(id(model), set()).add(forward) or 1.0)
+    monkeypatch.setattr(profiling, "_forward_ms", lambda session, *a: used.setdefault(
+        id(session.runner.model), set()).add(session.runner.forward_fn) or 1.0)
     draft, target = _few_query(tiny_model(0, vocab=64)), _few_query(tiny_model(1, vocab=64))
-    measure_profile(make_pair(draft, target, 64), context_len=4, target_grid=(1, 2), draft_grid=(1, 2), repeats=1,
+    pair = make_pair(wrap_model(draft, role="draft", plain=False), wrap_model(target, plain=False), 64)
+    measure_profile(pair, context_len=4, target_grid=(1, 2), draft_grid=(1, 2), repeats=1,
                     warmup=0, progress=lambda *a: None, overhead_steps=0)
     assert used == {id(draft): {lean_forward}, id(target): {model_forward}}   # the target verifies as everyone runs it

@@ -13,13 +13,14 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from sequoia.runtime.attention import FEW_QUERY
+from sequoia.runners.hf.attention import FEW_QUERY
 from sequoia.runners import embedded
-from sequoia.runtime import kernels
+from sequoia.runners.hf import kernels
 from sequoia.runtime import models as M
+from sequoia.runners.hf import loading as L
 from sequoia.runners.embedded import EmbeddedModelError, Part
 from sequoia.runtime.fingerprint import cpu_facts, machine_fingerprint, onednn_bf16
-from sequoia.runtime.kernels import default_draft_scheme
+from sequoia.runners.hf.kernels import default_draft_scheme
 
 # "<|endoftext|>" is there because transformers loads a tokenizer saved beside a qwen2 config as a
 # Qwen2Tokenizer, which adds that pad token when it is missing.
@@ -80,7 +81,7 @@ def test_resolve_dtype_and_device():
 
 @pytest.mark.parametrize("dtype, expected", [("fp32", torch.float32), ("bf16", torch.bfloat16)])
 def test_load_model_from_local_dir(tiny_dirs, dtype, expected):
-    model = M.load_model(tiny_dirs["target"], "cpu", dtype)
+    model = L.load_model(tiny_dirs["target"], "cpu", dtype)
     assert model.dtype == expected and model.device.type == "cpu"
     assert not model.training
     assert not any(p.requires_grad for p in model.parameters())
@@ -90,7 +91,7 @@ def test_load_model_from_local_dir(tiny_dirs, dtype, expected):
 def test_loaded_head_sees_plain_strides_and_keeps_its_logits(tiny_dirs):
     """A one-row prefill (logits_to_keep=1) hands the head rows with a stale batch stride (torch's slow path on
     CPU); the loaded model's head gets them as a plain view, and the logits are those of the full forward."""
-    model = M.load_model(tiny_dirs["target"], "cpu", "fp32")
+    model = L.load_model(tiny_dirs["target"], "cpu", "fp32")
     seen = []
     model.get_output_embeddings().register_forward_pre_hook(lambda mod, args: seen.append(args[0].stride()))
     ids = torch.arange(1, 12)[None]                                       # [1, 11]
@@ -104,19 +105,19 @@ def test_loaded_head_sees_plain_strides_and_keeps_its_logits(tiny_dirs):
 
 def test_load_model_bad_dtype_and_missing_dir(tiny_dirs, tmp_path):
     with pytest.raises(ValueError, match="unknown dtype"):
-        M.load_model(tiny_dirs["target"], "cpu", "int3")
+        L.load_model(tiny_dirs["target"], "cpu", "int3")
     with pytest.raises(M.ModelLoadError, match="no such directory"):
-        M.load_model(tmp_path / "nowhere", "cpu", "fp32")
+        L.load_model(tmp_path / "nowhere", "cpu", "fp32")
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(M.ModelLoadError, match=r"could not load model .*offline\? use 'embedded'"):
-        M.load_model(empty, "cpu", "fp32")
+        L.load_model(empty, "cpu", "fp32")
 
 
 def test_unknown_hub_id_offline_is_one_clear_error(monkeypatch):
-    monkeypatch.setattr(M, "_hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setattr(L, "_hub_reachable", lambda timeout=3.0: False)
     with pytest.raises(M.ModelLoadError, match=r"could not load model 'nobody-here/no-such-model'.*'embedded'"):
-        M.load_model("nobody-here/no-such-model", "cpu", "fp32")
+        L.load_model("nobody-here/no-such-model", "cpu", "fp32")
 
 
 def test_encode_prompt_chat_plain_and_errors(monkeypatch):
@@ -144,8 +145,8 @@ def test_load_pair_from_local_dirs(tiny_dirs):
     pair = M.load_pair(str(tiny_dirs["draft"]), str(tiny_dirs["target"]), device="cpu")
     expected = default_draft_scheme("cpu", cpu_facts()[1])
     assert pair.draft_quant == expected and pair.dtype == torch.bfloat16 and pair.draft_dtype == torch.bfloat16
-    assert kernels.describe(pair.draft) in (expected, "int4+int8") and f"({expected})" in pair.draft_name
-    assert pair.target_quant == "none" and kernels.describe(pair.target) == "none"
+    assert kernels.describe(pair.draft.model) in (expected, "int4+int8") and f"({expected})" in pair.draft_name
+    assert pair.target_quant == "none" and kernels.describe(pair.target.model) == "none"
     assert pair.vocab_size == 1000 and pair.eos_token_ids == (1, 0)
     assert pair.target.config._attn_implementation == pair.draft.config._attn_implementation == FEW_QUERY
     assert pair.encode_prompt("def x") == M.encode_prompt(pair.tokenizer, "def x")
@@ -154,11 +155,11 @@ def test_load_pair_from_local_dirs(tiny_dirs):
 
     plain = M.load_pair(str(tiny_dirs["draft"]), str(tiny_dirs["target"]), device="cpu", dtype="fp32",
                         draft_int8=False)
-    assert not plain.draft_int8 and plain.draft.dtype == plain.target.dtype == torch.float32
+    assert not plain.draft_int8 and plain.draft.model.dtype == plain.target.model.dtype == torch.float32
     assert plain.draft_quant == "none"
     int8 = M.load_pair(str(tiny_dirs["draft"]), str(tiny_dirs["target"]), device="cpu", draft_quant="int8",
                        target_quant="int8")
-    assert int8.draft_int8 and kernels.describe(int8.draft) == kernels.describe(int8.target) == "int8"
+    assert int8.draft_int8 and kernels.describe(int8.draft.model) == kernels.describe(int8.target.model) == "int8"
     assert int8.target_name.endswith("(int8)")
     with pytest.raises(ValueError, match="contradicts"):
         M.load_pair(str(tiny_dirs["draft"]), str(tiny_dirs["target"]), device="cpu", draft_int8=True,
@@ -176,13 +177,13 @@ def test_blocked_weights_unless_switched_off(tiny_dirs):
     dirs = (str(tiny_dirs["draft"]), str(tiny_dirs["target"]))
     pair = M.load_pair(*dirs, device="cpu", draft_quant="none")
     one = M.load_pair(*dirs, device="cpu", draft_quant="none", blocked_weights=False)
-    assert any(isinstance(m, kernels.BlockedLinear) for m in pair.target.modules())
-    assert not any(isinstance(m, kernels.BlockedLinear) for m in one.target.modules())
+    assert any(isinstance(m, kernels.BlockedLinear) for m in pair.target.model.modules())
+    assert not any(isinstance(m, kernels.BlockedLinear) for m in one.target.model.modules())
     assert machine_fingerprint(pair).multi_row_kernel == "onednn-blocked"
     assert machine_fingerprint(one).multi_row_kernel == ""
     ids = torch.tensor([[3, 5, 7, 9]])
     with torch.no_grad():   # the same numbers either way (same kernel family, same sums)
-        assert torch.equal(pair.target(input_ids=ids).logits, one.target(input_ids=ids).logits)
+        assert torch.equal(pair.target.model(input_ids=ids).logits, one.target.model(input_ids=ids).logits)
 
 
 def test_load_pair_refuses_mismatched_tokenizers(tiny_dirs, tmp_path):
@@ -289,8 +290,8 @@ def test_embedded_pair_loads_and_agrees_on_code(embedded_pair_fp32):
     code = pair.encode_prompt("def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + ",
                               chat=False)
     with torch.no_grad():
-        p = pair.target(torch.tensor([code])).logits[0].float()  # [L, V]
-        q = pair.draft(torch.tensor([code])).logits[0].float()
+        p = pair.target.model(torch.tensor([code])).logits[0].float()  # [L, V]
+        q = pair.draft.model(torch.tensor([code])).logits[0].float()
     assert p[-1].argmax() == q[-1].argmax()  # both continue "fibonacci(n - 2)"
     assert pair.tokenizer.decode([int(p[-1].argmax())]).strip() == "fibonacci"
     agree = (p[4:].argmax(-1) == q[4:].argmax(-1)).float().mean()

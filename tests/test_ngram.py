@@ -154,7 +154,7 @@ def test_greedy_output_equals_target_greedy(tiny_pairs, tiny_target, pair_name, 
 def test_ngram_never_runs_the_draft_model(tiny_pairs):
     pair = tiny_pairs["noisy"]
     calls = []
-    handle = pair.draft.register_forward_pre_hook(lambda *_: calls.append(1))
+    handle = pair.draft.model.register_forward_pre_hook(lambda *_: calls.append(1))
     try:
         list(SpeculativeEngine(pair).generate(REPEATING, make_method("ngram", profile=CHEAP),
                                               GenerationConfig(max_new_tokens=12)))

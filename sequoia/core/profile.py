@@ -75,11 +75,14 @@ class Fingerprint:
     draft_quant: str = "none"
     pair: str = ""
     # "aten": the target's one-token forwards skip oneDNN (bf16 on a CPU whose oneDNN has bf16 kernels, where
-    # that is ~1.6x faster; see sequoia.runtime.kernels); "": torch's own choice.  It sets the target-alone cost.
+    # that is ~1.6x faster; see sequoia.runners.hf.kernels); "": torch's own choice.  It sets the target-alone cost.
     single_row_kernel: str = ""
     # "onednn-blocked": the target's many-row products (verification, prefill) read oneDNN's blocked weight
     # copies (0.6-0.9x the plain cost for 2-32 tokens there); "": plain weights.  It sets the verification cost.
     multi_row_kernel: str = ""
+    # The runtime the models run on: "hf" (transformers / torch), "llamacpp", or "draft+target" when they differ.
+    # Profiles written before runtimes were named are Hugging Face ones.
+    runtime: str = "hf"
 
     def __post_init__(self) -> None:
         if self.device_kind not in ("cpu", "cuda"):
@@ -95,6 +98,8 @@ class Fingerprint:
     def _decisive(self) -> dict:
         """The fields that decide a match (and the cache key): see :meth:`mismatches`."""
         out = {"device_kind": self.device_kind}
+        if self.runtime != "hf":   # keys of Hugging Face profiles stay those they had before runtimes were named
+            out["runtime"] = self.runtime
         if self.device_kind == "cpu":
             out.update(cpu_features=list(self.cpu_features), onednn_bf16=self.onednn_bf16, threads=self.threads,
                        single_row_kernel=self.single_row_kernel, multi_row_kernel=self.multi_row_kernel)
@@ -112,6 +117,8 @@ class Fingerprint:
         """
         if self.device_kind != other.device_kind:
             return [f"device: {other.device_kind} here, {self.device_kind} in the profile"]
+        if self.runtime != other.runtime:
+            return [f"runtime: {other.runtime} here, {self.runtime} in the profile"]
         mine, theirs = self._decisive(), other._decisive()
         if not (self.pair and other.pair):
             mine.pop("pair"), theirs.pop("pair")
@@ -143,7 +150,8 @@ class Fingerprint:
         models = [f"{role} {_precision(dtype, quant)}" for role, dtype, quant in
                   (("target", self.target_dtype, self.target_quant), ("draft", self.draft_dtype, self.draft_quant))
                   if dtype or quant != "none"]
-        return machine + ("; " + ", ".join(models) if models else "")
+        runtime = "" if self.runtime == "hf" else f" ({self.runtime})"
+        return machine + ("; " + ", ".join(models) + runtime if models else runtime)
 
     def to_dict(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
@@ -174,7 +182,7 @@ _LABELS = {
     "gpu_name": "GPU", "gpu_capability": "compute capability", "target_dtype": "target dtype",
     "target_quant": "target quantization", "draft_dtype": "draft dtype", "draft_quant": "draft quantization",
     "pair": "model pair", "single_row_kernel": "one-token forwards' kernel",
-    "multi_row_kernel": "many-token forwards' kernel",
+    "multi_row_kernel": "many-token forwards' kernel", "runtime": "runtime",
 }
 
 

@@ -63,10 +63,13 @@ class RunnerInfo:
     """What a fingerprint, a profile and the page say about a runner."""
 
     runtime: str            # "hf" | "llamacpp"
-    weights: str            # the weight type as loaded: "bf16", "fp32", "int8", "int4", "Q4_K_M", "Q4_0", ...
+    weights: str            # the weight type as loaded: "bf16", "fp32", "fp16" (hf), "Q4_K_M", "Q4_0", ... (GGUF)
     device: str             # "cpu", "cuda:0", ...
     threads: int | None = None  # CPU threads the runtime uses (None: the runtime's default)
     kernels: str = ""       # free text: which kernels or options the runner chose
+    quant: str = "none"     # hf only: weight-only quantization of the linears ("none" | "int8" | "int4")
+    single_row_kernel: str = ""  # hf only: "aten" when one-token forwards skip oneDNN (see runners/hf/cpu.py)
+    multi_row_kernel: str = ""   # hf only: "onednn-blocked" when many-row products read blocked weight copies
 
 
 @runtime_checkable
@@ -78,6 +81,7 @@ class Runner(Protocol):
     device: torch.device        # where logits rows come back
     max_context: int | None     # positions the model supports (None: unknown)
     info: RunnerInfo
+    forward_calls: int          # session forwards so far (the bench counts target calls with it)
 
     def session(self) -> Session:
         """A fresh, empty cache.  A runtime with one cache per model may invalidate earlier sessions."""

@@ -18,6 +18,7 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from ..core.config import GenerationConfig
+from ..runners.hf.kernels import single_rows_routed
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ PROMPT_LOOKUP_TOKENS = 10
 
 def hf_generate(pair, prompt_ids: list[int], config: GenerationConfig, assisted: bool = False,
                 prompt_lookup: bool = False, clock: Callable[[], float] = time.perf_counter) -> BaselineRun:
-    """Run ``pair.target.generate`` (with ``assistant_model=pair.draft`` when ``assisted``; with
+    """Run the target model's ``generate`` (with the draft as ``assistant_model`` when ``assisted``; with
     ``prompt_lookup_num_tokens`` when ``prompt_lookup``: drafts copied from the prompt, no draft model).
 
     Hugging Face sampling draws from torch's global generator, so it is seeded
@@ -52,22 +53,33 @@ def hf_generate(pair, prompt_ids: list[int], config: GenerationConfig, assisted:
     kwargs = _generate_kwargs(pair, config)
     if assisted and prompt_lookup:
         raise ValueError("choose assisted generation or prompt lookup, not both")
+    target = hf_model(pair.target, "target")
     if assisted:
-        kwargs["assistant_model"] = pair.draft
+        kwargs["assistant_model"] = hf_model(pair.draft, "draft")
     if prompt_lookup:
         kwargs["prompt_lookup_num_tokens"] = PROMPT_LOOKUP_TOKENS
     ids = torch.tensor([prompt_ids], device=pair.device)
     torch.manual_seed(config.seed)
-    with count_forwards(pair.target) as calls, torch.inference_mode():
+    with count_forwards(target) as calls, torch.inference_mode(), \
+            single_rows_routed(target, pair.target.single_row_kernel):
         start = clock()
         first = _FirstTokens(clock, start)
-        out = pair.target.generate(ids, attention_mask=torch.ones_like(ids), streamer=first, **kwargs)
+        out = target.generate(ids, attention_mask=torch.ones_like(ids), streamer=first, **kwargs)
         if pair.device.type == "cuda":
             torch.cuda.synchronize(pair.device)
         seconds = clock() - start
     tokens = _trim(out[0, len(prompt_ids):].tolist(), pair.eos_token_ids if config.stop_at_eos else ())
     name = "hf-assisted" if assisted else "hf-prompt-lookup" if prompt_lookup else "hf-generate"
     return BaselineRun(name, tuple(tokens), seconds, calls[0], first.seconds, min(first.tokens, len(tokens)))
+
+
+def hf_model(runner, role: str):
+    """The transformers model behind a Hugging Face runner; a clear error for any other runtime."""
+    model = getattr(runner, "model", None)
+    if runner.info.runtime != "hf" or model is None:
+        raise ValueError(f"Hugging Face generate baselines need the hf backend; this pair's {role} runs on "
+                         f"{runner.info.runtime}")
+    return model
 
 
 class _FirstTokens(BaseStreamer):

@@ -5,8 +5,8 @@ the committed tokens the draft has not seen (the last step's accepted tail
 and bonus), then forwards one *level* of the tree at a time with a tree
 attention mask, so a tree of depth d costs d draft forwards however wide it is.
 Leaves of the last level are never forwarded: nothing is drafted after them.
-Every draft forward goes through :func:`sequoia.runtime.lean.draft_forward`
-(the model's own numbers, with less plumbing where the model allows it).
+Every draft forward is a :class:`~sequoia.runners.base.Session` forward of the
+draft runner (slots and parents: the runner builds the masks its runtime needs).
 
 A :class:`Proposer` decides the tree shape (static trees take it from a
 :class:`~sequoia.core.tree.Tree`; dynamic policies decide as they go, see
@@ -29,12 +29,10 @@ from dataclasses import dataclass
 import torch
 
 from ..core.config import SamplingConfig
-from ..core.masks import tree_attention_mask
 from ..core.sampling import sample_children, warp
 from ..core.trace import NGRAM, DynamicInfo, StepRecord
 from ..core.tree import Tree
-from .kv_cache import KVCache
-from .lean import draft_forward
+from ..runners.base import Runner
 
 
 @dataclass
@@ -91,38 +89,31 @@ class Proposer:
 
 
 class Drafter:
-    def __init__(self, model, sampling: SamplingConfig, vocab_size: int) -> None:
-        self.model = model
+    """The draft runner's session for one generation, grown level by level (see the module docstring)."""
+
+    def __init__(self, runner: Runner, sampling: SamplingConfig, vocab_size: int) -> None:
+        self.runner = runner
         self.sampling = sampling
         self.vocab_size = vocab_size
-        self.cache = KVCache(model.config)
-        self.device = next(model.parameters()).device
-        self._dtype = _mask_dtype(model)
-        self._slots: dict[int, int] = {}  # node -> cache position, this step
+        self.session = runner.session()
+        self.device = runner.device
+        self._slots: dict[int, int] = {}  # node -> cache slot, this step
         self._base = 0                    # cache length before the step's tree nodes
-        self._root_pos = 0                # absolute position of the root token
-        # [nodes, local slots] bool: node v attends to the tree slots of its forwarded ancestors.
-        self._anc = torch.zeros(0, 0, dtype=torch.bool)
         self.root_token = 0
         self.root_q: torch.Tensor | None = None  # [V] set by begin(); None after skip()
         self.context: list[int] = []             # the committed tokens (prompt + generated), root last
-        self._run = draft_forward(model)   # the model's forward, with less plumbing where supported (lean.py)
 
     # ---------------------------------------------------------------- step API
     def begin(self, committed: list[int]) -> torch.Tensor:
         """Feed committed tokens the cache lacks; return q at the root.  # [V]"""
-        start = len(self.cache)
+        start = len(self.session)
         pending = committed[start:]
         if not pending:
             raise RuntimeError("drafter: the root token must not be cached yet")
-        ids = torch.tensor([pending], dtype=torch.long, device=self.device)
-        pos = torch.arange(start, start + len(pending), device=self.device)[None]
-        # Only the root's logits are needed: skip the lm_head for the other pending tokens.
-        logits = self._forward(ids, pos, None, keep=1)[0, -1]
-        self._root_pos = len(committed) - 1
-        self._base = len(self.cache)
+        # Only the root's logits are needed: skip the output head for the other pending tokens.
+        logits = self.session.forward(pending, keep=1)[-1]
+        self._base = len(self.session)
         self._slots = {0: self._base - 1}
-        self._anc = torch.zeros(0, 0, dtype=torch.bool)
         self.root_token = committed[-1]
         self.root_q = self.probs(logits[None])[0]
         self.context = committed
@@ -133,37 +124,30 @@ class Drafter:
 
         The draft cache keeps lagging; the next ``begin`` feeds it every committed token it lacks.
         """
-        self._base = len(self.cache)
+        self._base = len(self.session)
         self._slots = {}
-        self._anc = torch.zeros(0, 0, dtype=torch.bool)
-        self._root_pos = len(committed) - 1
         self.root_token = committed[-1]
         self.root_q = None
         self.context = committed
 
     def expand(self, nodes: Sequence[int], parents: Sequence[int], depths: Sequence[int],
                tokens: Sequence[int]) -> torch.Tensor:
-        """Forward ``nodes`` (their ancestors already forwarded); return their q.  # [len(nodes), V]
+        """Forward ``nodes`` (their parents already forwarded); return their q.  # [len(nodes), V]
 
-        ``parents``, ``depths`` and ``tokens`` describe every node so far (at least up to max(nodes)).
+        ``parents`` and ``tokens`` describe every node so far (at least up to max(nodes)); ``depths``
+        is kept for callers that track it (a slot's position follows from its parent's).
         """
-        start = len(self.cache)
-        local = start - self._base
+        start = len(self.session)
         nodes = list(nodes)
-        ids = torch.tensor([[tokens[v] for v in nodes]], dtype=torch.long, device=self.device)
-        pos = torch.tensor([[self._root_pos + depths[v] for v in nodes]], device=self.device)
-        allowed = self._ancestor_rows(nodes, parents, local)           # [w, local + w]
+        logits = self.session.forward([tokens[v] for v in nodes], [self._slots[parents[v]] for v in nodes])
         for j, v in enumerate(nodes):
             self._slots[v] = start + j
-        mask = torch.ones(len(nodes), start + len(nodes), dtype=torch.bool)
-        mask[:, self._base:] = allowed
-        logits = self._forward(ids, pos, tree_attention_mask(mask, self._dtype, self.device))[0]
         return self.probs(logits)
 
     def commit(self, path: list[int]) -> None:
         """Compact the cache to the accepted path (nodes the draft forwarded)."""
         keep = [self._slots[v] for v in path[1:] if v in self._slots]
-        self.cache.keep(self._base, keep)
+        self.session.keep(self._base, keep)
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft distributions; at temperature 0 the raw softmax (children are its top-k)."""
@@ -175,33 +159,6 @@ class Drafter:
     def sample(self, q: torch.Tensor, k: int, mode: str, generator) -> torch.Tensor:
         """Children tokens for each row of q.  # [m, k]"""
         return sample_children(q, k, "topk" if self.sampling.greedy else mode, generator)
-
-    # ---------------------------------------------------------------- internals
-    def _ancestor_rows(self, nodes: list[int], parents: Sequence[int], local: int) -> torch.Tensor:
-        """Tree-slot visibility of the new nodes: their parent's row plus their own slot.  # [w, local + w]"""
-        w = len(nodes)
-        need = max(nodes) + 1
-        if self._anc.shape[0] < need or self._anc.shape[1] < local + w:
-            grown = torch.zeros(max(need, 2 * self._anc.shape[0]), max(local + w, 2 * self._anc.shape[1]),
-                                dtype=torch.bool)
-            grown[: self._anc.shape[0], : self._anc.shape[1]] = self._anc
-            self._anc = grown
-        idx = torch.tensor(nodes, dtype=torch.long)
-        # Row 0 (the root) stays empty: its slot lies in the committed prefix every node sees.
-        rows = self._anc[torch.tensor([parents[v] for v in nodes], dtype=torch.long)]
-        rows[torch.arange(w), local + torch.arange(w)] = True
-        self._anc[idx] = rows
-        return rows[:, : local + w]
-
-    @torch.inference_mode()
-    def _forward(self, ids, pos, mask, keep: int = 0) -> torch.Tensor:
-        return self._run(self.model, ids, pos, mask, self.cache.cache, keep)
-
-
-def _mask_dtype(model) -> torch.dtype:
-    # An int8 dynamic-quantized draft runs its activations (and so its masks) in fp32.
-    dtype = getattr(model, "dtype", torch.float32)
-    return dtype if dtype.is_floating_point else torch.float32
 
 
 @dataclass

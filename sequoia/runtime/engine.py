@@ -34,13 +34,12 @@ from dataclasses import dataclass
 import torch
 
 from ..core.config import MAX_PROMPT_TOKENS, GenerationConfig, SamplingConfig
-from ..core.masks import is_chain, verify_mask
 from ..core.sampling import sample_token, verify_children, verify_greedy, warp
 from ..core.checks import bonus_check, greedy_checks, sampled_checks, with_texts as checks_with_texts
 from ..core.trace import ACCEPTED, REJECTED, UNREACHED, NodeCheck, StepRecord
 from ..core.tree import Tree
+from ..runners.base import Session
 from .drafter import Draft, Drafter, Proposer
-from .kv_cache import KVCache
 from .models import shared_vocab
 
 _DISPLAY = SamplingConfig(temperature=1.0)  # at T=0, show the models' raw confidence
@@ -75,7 +74,7 @@ class SpeculativeEngine:
         """Yield one record per step; ``inspect`` also records what verification saw (``record.checks``)."""
         self._check_request(prompt_ids, proposer, config)
         gen = torch.Generator(device=self.device).manual_seed(config.seed)
-        state = _State(list(prompt_ids), KVCache(self.pair.target.config),
+        state = _State(list(prompt_ids), self.pair.target.session(),
                        Drafter(self.pair.draft, config.sampling, self.vocab_size))
         proposer.start()
         record = self._first_step(state, proposer, config, gen, with_texts, inspect)
@@ -137,29 +136,21 @@ class SpeculativeEngine:
             state.drafter.skip(state.committed)
         return proposer.propose(state.drafter, gen)
 
-    @torch.inference_mode()
-    def _verify_forward(self, state, tree: Tree, tokens: list[int], keep: int = 0) -> torch.Tensor:
-        """Target logits at every node (the last ``keep`` only, if given).  # [n_nodes, V]"""
-        prefix = len(state.target)
-        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
-        pos = tree.position_ids(prefix, self.device)[None]
-        mask = None if is_chain(tree) else verify_mask(tree, prefix, self.pair.target.dtype, self.device)
-        out = self.pair.target(input_ids=ids, position_ids=pos, attention_mask=mask,
-                               past_key_values=state.target.cache, use_cache=True, logits_to_keep=keep)
-        return out.logits[0, :, : self.vocab_size]
+    def _verify_forward(self, state, tree: Tree, tokens: list[int]) -> torch.Tensor:
+        """Target logits at every node, from one forward of the whole tree.  # [n_nodes, V]
 
-    @torch.inference_mode()
+        The root (the last committed token, not cached yet) hangs off the last cached slot; every other
+        node off its parent's slot in this same call.
+        """
+        start = len(state.target)
+        parents = [start - 1] + [start + p for p in tree.parents[1:]]
+        return state.target.forward(tokens, parents)[:, : self.vocab_size]
+
     def _prefill(self, state) -> torch.Tensor:
-        """Forward the whole prompt; the target's logits at its last token.  # [1, V]"""
-        # A plain causal forward, not a chain-shaped tree: a prompt may be far longer than any tree
-        # (MAX_TREE_SIZE).  logits_to_keep=1 skips the lm_head over all rows but the last (a row costs as
-        # much as a whole layer stack's worth of a token on a compute-bound CPU).
-        ctx = state.committed
-        ids = torch.tensor([ctx], dtype=torch.long, device=self.device)                      # [1, L]
-        pos = torch.arange(len(ctx), device=self.device)[None]                              # [1, L]
-        out = self.pair.target(input_ids=ids, position_ids=pos, past_key_values=state.target.cache,
-                               use_cache=True, logits_to_keep=1)
-        return out.logits[0, -1:, : self.vocab_size]
+        """Forward the whole prompt as a chain; the target's logits at its last token.  # [1, V]"""
+        # keep=1: no output head over all rows but the last (a row costs as much as a whole layer stack's
+        # worth of a token on a compute-bound CPU).
+        return state.target.forward(state.committed, keep=1)[:, : self.vocab_size]
 
     # ------------------------------------------------------------- bookkeeping
     def _commit(self, state, draft: Draft, walk: Walk, config: GenerationConfig):
@@ -206,7 +197,7 @@ class SpeculativeEngine:
             raise ValueError("the prompt is empty")
         if len(prompt_ids) > MAX_PROMPT_TOKENS:
             raise ValueError(f"the prompt has {len(prompt_ids)} tokens; the maximum is {MAX_PROMPT_TOKENS}")
-        limit = getattr(self.pair.target.config, "max_position_embeddings", None)
+        limit = self.pair.target.max_context
         need = len(prompt_ids) + config.max_new_tokens + proposer.max_nodes
         if limit and need > limit:
             raise ValueError(f"prompt + max_new_tokens + tree ({need} positions) exceeds the target's "
@@ -221,7 +212,7 @@ def _plain(state) -> Draft:
 @dataclass
 class _State:
     committed: list[int]
-    target: KVCache
+    target: Session                   # the target's cache: every committed token but the last
     drafter: Drafter
     n_new: int = 0
 

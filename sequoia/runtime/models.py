@@ -8,50 +8,43 @@ a local directory.  Nothing is loaded at import time.
 from __future__ import annotations
 
 import gc
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import torch
-from huggingface_hub import constants
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from ..core.config import MAX_PROMPT_TOKENS
-from .attention import use_few_query_attention
+from ..runners.base import Runner
 from ..runners.embedded import EMBEDDED, ProgressFn, default_cache_dir, ensure_converted, is_converted
-from .fingerprint import cpu_facts
-from .kernels import block_weights, check_scheme, default_draft_scheme, quantize_weights, route_single_rows
+from ..runners.hf.kernels import check_scheme
+from ..runners.hf.loading import (EMBEDDED_NAME, ModelLoadError, load_runner, load_tokenizer,  # noqa: F401
+                                  resolve_device, resolve_draft_quant, resolve_dtype)
 
-EMBEDDED_NAME = "embedded"
-
-_DTYPES = {
-    "fp32": torch.float32, "float32": torch.float32,
-    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-    "fp16": torch.float16, "float16": torch.float16,
-}
-
-
-class ModelLoadError(RuntimeError):
-    """A model or tokenizer could not be loaded (unknown id, missing directory, no network)."""
+#: The runtimes a pair can be loaded on (``--backend``, ``SEQUOIA_BACKEND``).
+BACKENDS = ("hf", "llamacpp")
 
 
 @dataclass
 class ModelPair:
-    """A draft (q) and target (p) sharing one tokenizer, ready for the engine."""
+    """A draft (q) and target (p) runner sharing one tokenizer, ready for the engine.
 
-    draft: PreTrainedModel
-    target: PreTrainedModel
+    The tokenizer lives here, at the edge: runners and the engine see token ids only.
+    """
+
+    draft: Runner
+    target: Runner
     tokenizer: PreTrainedTokenizerBase
     draft_name: str
     target_name: str
     device: torch.device
-    dtype: torch.dtype                  # the target's dtype
+    dtype: torch.dtype                  # the target's activations (float32 for a GGUF target)
     draft_int8: bool                    # the draft's Linear layers hold int8 weights (draft_quant == "int8")
     eos_token_ids: tuple[int, ...]      # any of these ends a generation (Qwen: <|im_end|> and <|endoftext|>)
     draft_dtype: torch.dtype = field(default=torch.float32)  # the draft's activations (and its masks)
     draft_quant: str = "none"           # weight-only quantization of the draft: "none" | "int8" | "int4"
     target_quant: str = "none"          # of the target (every baseline runs this same loaded target)
+    backend: str = "hf"                 # the target's runtime ("hf" | "llamacpp")
 
     @property
     def vocab_size(self) -> int:
@@ -65,130 +58,12 @@ class ModelPair:
 
 def shared_vocab(pair) -> int:
     """Logit columns both models share (embedding matrices are often padded beyond the tokenizer)."""
-    return min(int(m.config.vocab_size) for m in (pair.draft, pair.target))
-
-
-# ------------------------------------------------------------------ devices and dtypes
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    if device is None or device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"unknown device {device!r}: use 'cpu', 'cuda' or 'cuda:N'") from exc
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} requested but CUDA is not available here")
-    return dev
-
-
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """``"auto"`` is bf16 everywhere: on these CPUs bf16 decoding is faster than fp32 (memory-bound)."""
-    if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
-        return dtype
-    if dtype == "auto":
-        return torch.bfloat16
-    if isinstance(dtype, str) and dtype.lower() in _DTYPES:
-        return _DTYPES[dtype.lower()]
-    raise ValueError(f"unknown dtype {dtype!r}: use 'auto', 'fp32', 'bf16' or 'fp16'")
-
-
-# ------------------------------------------------------------------ loading
-def load_model(name_or_path: str | Path, device: str | torch.device | None = None,
-               dtype: str | torch.dtype = "auto") -> PreTrainedModel:
-    """A causal LM from a hub id or local directory, in eval mode with gradients off."""
-    dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
-    kwargs = {"device_map": str(dev)} if dev.type == "cuda" else {}
-    model = _from_pretrained(AutoModelForCausalLM, name_or_path, "model", dtype=dt,
-                             attn_implementation="sdpa", **kwargs)
-    if dev.type == "cpu":  # on CUDA device_map already placed it; moving a dispatched model can raise
-        model = model.to(dev)
-    model.eval().requires_grad_(False)
-    plain_head_rows(model)
-    return model
-
-
-def plain_head_rows(model) -> None:
-    """Give the output head its input rows with plain strides; a no-op for heads that are not ``nn.Linear``.
-
-    Why: ``logits_to_keep=1`` (a prefill that wants one row of logits) hands the
-    head ``hidden[:, -1:, :]``, a [1, 1, H] view whose batch stride is still
-    L * H.  torch (2.13, CPU) multiplies such a 3-D input through a batched
-    matmul that first copies the whole transposed weight: on the embedded target
-    (1536 x 151936 bf16) 1.3 s instead of 26 ms, on every prompt, whatever its
-    length (measured on a 2-vCPU AVX-512-BF16 EPYC; the same rows as a 2-D view
-    take the fast path).  ``Tensor.contiguous`` and ``clone`` keep the odd stride,
-    a 2-D view does not.  Hugging Face ``generate`` prefills the same way, so
-    every method run on the loaded model, baselines included, gets the fix.
-    """
-    head = model.get_output_embeddings()
-    if isinstance(head, torch.nn.Linear):
-        head.register_forward_pre_hook(_plain_rows)
-
-
-def _plain_rows(module, args):
-    x = args[0]
-    return (x.reshape(-1, x.shape[-1]).view(x.shape),) + tuple(args[1:])   # [..., H], standard strides
-
-
-def load_tokenizer(name_or_path: str | Path) -> PreTrainedTokenizerBase:
-    return _from_pretrained(AutoTokenizer, name_or_path, "tokenizer")
-
-
-def _from_pretrained(auto_class, name_or_path: str | Path, what: str, **kwargs):
-    """Local directory, else the local hub cache, else the hub; one short error for every failure.
-
-    Trying the cache first and probing the hub host once keeps an offline
-    machine from spending half a minute in the hub client's retries.
-    """
-    name = str(name_or_path)
-    local = Path(name).expanduser()
-    looks_local = isinstance(name_or_path, Path) or name.startswith((".", "/", "~")) or name.count("/") > 1
-    if looks_local and not local.is_dir():
-        raise ModelLoadError(f"could not load {what} {name!r}: no such directory")
-
-    def load(**extra):
-        return auto_class.from_pretrained(str(local) if local.is_dir() else name, trust_remote_code=False,
-                                          **kwargs, **extra)
-
-    errors = (OSError, ValueError, KeyError, ImportError)
-    if local.is_dir():
-        try:
-            return load()
-        except errors as exc:
-            raise ModelLoadError(_load_message(name, exc, what)) from exc
-    try:
-        return load(local_files_only=True)
-    except errors:
-        pass  # not cached: ask the hub
-    if not _hub_reachable():
-        raise ModelLoadError(f"could not load {what} {name!r}: it is not in the local Hugging Face cache and "
-                             f"the hub cannot be reached; offline? use '{EMBEDDED_NAME}' for the bundled pair")
-    try:
-        return load()
-    except errors as exc:
-        raise ModelLoadError(_load_message(name, exc, what)) from exc
-
-
-def _hub_reachable(timeout: float = 3.0) -> bool:
-    if constants.HF_HUB_OFFLINE:
-        return False
-    url = urlsplit(constants.ENDPOINT)
-    try:
-        socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
-    except OSError:
-        return False
-    return True
-
-
-def _load_message(name: str, exc: BaseException, what: str) -> str:
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return (f"could not load {what} {name!r}: {first[:300]}; "
-            f"offline? use '{EMBEDDED_NAME}' for the bundled Qwen2.5-Coder pair")
+    return min(int(r.vocab_size) for r in (pair.draft, pair.target))
 
 
 # ------------------------------------------------------------------ tokenizers
-def check_tokenizers_match(draft_tok, target_tok, draft_model=None, target_model=None) -> None:
+def check_tokenizers_match(draft_tok, target_tok, draft_model: Runner | None = None,
+                           target_model: Runner | None = None) -> None:
     """Raise ``ValueError`` unless draft and target share one vocabulary.
 
     Embedding matrices may be padded past the tokenizer (Qwen 0.5B and 7B pad
@@ -206,7 +81,7 @@ def check_tokenizers_match(draft_tok, target_tok, draft_model=None, target_model
                                  "speculative decoding needs one shared tokenizer")
     n = len(target_tok)
     for role, model in (("draft", draft_model), ("target", target_model)):
-        size = getattr(getattr(model, "config", None), "vocab_size", None)
+        size = getattr(model, "vocab_size", None)
         if size is not None and int(size) < n:
             raise ValueError(f"the {role} model has {size} output logits but the tokenizer has {n} tokens")
 
@@ -257,22 +132,24 @@ def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list[int]:
 def load_pair(draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME, device: str | None = None,
               dtype: str = "auto", draft_int8: bool | None = None, cache_dir: str | Path | None = None,
               progress: ProgressFn | None = None, draft_quant: str | None = None,
-              target_quant: str = "none", blocked_weights: bool = True) -> ModelPair:
-    """Load and check a draft/target pair.
+              target_quant: str = "none", blocked_weights: bool = True, plain: bool = False) -> ModelPair:
+    """Load and check a draft/target pair of Hugging Face runners.
 
-    ``draft_quant`` ("none" | "int8" | "int4", see :mod:`sequoia.runtime.kernels`) defaults to the
-    fastest draft measured for this kind of machine (:func:`~sequoia.runtime.kernels.default_draft_scheme`);
+    ``draft_quant`` ("none" | "int8" | "int4", see :mod:`sequoia.runners.hf.kernels`) defaults to the
+    fastest draft measured for this kind of machine (:func:`~sequoia.runners.hf.kernels.default_draft_scheme`);
     ``draft_int8`` True / False is the older spelling of "int8" / "none".  ``target_quant`` quantizes
     the target the same way (off by default: verification of many tokens is dearer through the int
     kernels).  Quantized weights run on CPU only, with bf16 activations.  ``cache_dir`` holds the
     converted embedded models; None means :func:`sequoia.runners.embedded.default_cache_dir`.
     ``blocked_weights`` gives bf16 CPU models oneDNN-blocked weight copies for many-row products where
-    oneDNN has bf16 kernels (:func:`~sequoia.runtime.kernels.block_weights`: verification 0.6-0.9x the
-    cost, for a second copy of the weights in memory); False keeps one copy.
+    oneDNN has bf16 kernels (:func:`~sequoia.runners.hf.kernels.block_weights`: verification 0.6-0.9x the
+    cost, for a second copy of the weights in memory); False keeps one copy.  ``plain`` runs both models
+    through their own forward with no CPU kernel choice (what a GPU runs; the draft unquantized).
     """
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    dq = resolve_draft_quant(dev, draft_int8, draft_quant)
+    dq = "none" if plain and draft_quant is None and draft_int8 is None else \
+        resolve_draft_quant(dev, draft_int8, draft_quant)
     tq = check_scheme(target_quant)
     if tq != "none" and (dev.type != "cpu" or dt != torch.bfloat16):
         raise ValueError("a quantized target runs on CPU in bf16 only (dtype='bf16')")
@@ -282,42 +159,24 @@ def load_pair(draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME, device: s
     tok = load_tokenizer(paths["target"])
     same = paths["draft"] == paths["target"] or _same_tokenizer_files(paths["draft"], paths["target"])
     draft_tok = tok if same else load_tokenizer(paths["draft"])
+    names = {"draft": _display_name(draft, "draft") + (f" ({dq})" if dq != "none" else ""),
+             "target": _display_name(target, "target") + (f" ({tq})" if tq != "none" else "")}
     report(0.88, "loading the target")
-    target_model = quantize_weights(load_model(paths["target"], dev, dt), tq, dt)
+    target_runner = load_runner(paths["target"], names["target"], dev, dt, tq, "target", blocked_weights, plain)
     report(0.95, "loading the draft")
     # The int kernels are fast with bf16 activations only, so a quantized draft runs in bf16 even beside an
     # fp32 target: the draft's precision affects speed and acceptance, never the output distribution.
     draft_dt = torch.bfloat16 if dq != "none" else dt
-    draft_model = quantize_weights(load_model(paths["draft"], dev, draft_dt), dq, draft_dt)
-    check_tokenizers_match(draft_tok, tok, draft_model, target_model)
-    for model in (target_model, draft_model):   # faster CPU kernels for few and many rows (kernels.py, attention.py)
-        route_single_rows(model)
-        if blocked_weights:
-            block_weights(model)
-        use_few_query_attention(model)
+    draft_runner = load_runner(paths["draft"], names["draft"], dev, draft_dt, dq, "draft", blocked_weights, plain)
+    check_tokenizers_match(draft_tok, tok, draft_runner, target_runner)
     report(1.0, "models ready")
     return ModelPair(
-        draft=draft_model, target=target_model, tokenizer=tok,
-        draft_name=_display_name(draft, "draft") + (f" ({dq})" if dq != "none" else ""),
-        target_name=_display_name(target, "target") + (f" ({tq})" if tq != "none" else ""),
-        device=dev, dtype=dt, draft_int8=dq == "int8", eos_token_ids=eos_token_ids(tok, target_model),
-        draft_dtype=draft_dt, draft_quant=dq, target_quant=tq,
+        draft=draft_runner, target=target_runner, tokenizer=tok,
+        draft_name=names["draft"], target_name=names["target"],
+        device=dev, dtype=dt, draft_int8=dq == "int8",
+        eos_token_ids=eos_token_ids(tok, target_runner.model),
+        draft_dtype=draft_dt, draft_quant=dq, target_quant=tq, backend="hf",
     )
-
-
-def resolve_draft_quant(device: torch.device, draft_int8: bool | None, draft_quant: str | None) -> str:
-    """The draft's weight quantization from the two ways of asking for it (see :func:`load_pair`)."""
-    if draft_quant is not None:
-        dq = check_scheme(draft_quant)
-        if draft_int8 is not None and draft_int8 != (dq == "int8"):
-            raise ValueError(f"draft_int8={draft_int8} contradicts draft_quant={draft_quant!r}")
-    elif draft_int8 is not None:
-        dq = "int8" if draft_int8 else "none"
-    else:
-        dq = default_draft_scheme(device.type, cpu_facts()[1])
-    if dq != "none" and device.type != "cpu":
-        raise ValueError(f"the {dq} draft runs on CPU only; pass draft_quant='none' on CUDA")
-    return dq
 
 
 def _resolve_paths(draft: str, target: str, cache_dir, report: ProgressFn) -> dict[str, str | Path]:

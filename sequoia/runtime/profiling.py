@@ -25,14 +25,12 @@ import torch
 
 from .._meta import Progress, ProgressFn, library_version, now_iso, pair_name
 from ..core.config import GenerationConfig
-from ..core.masks import tree_attention_mask, verify_mask
 from ..core.profile import DRAFT_GRID, TARGET_GRID, HardwareProfile
 from ..core.tree import Tree
 from .drafter import StaticTreeProposer
 from .engine import SpeculativeEngine, sync
 from .fingerprint import machine_fingerprint
-from .kv_cache import KVCache
-from .lean import draft_forward, model_forward
+from ..runners.base import Runner
 from .models import shared_vocab
 
 #: The quick profile's grids: enough points for the optimizer's range on a CPU.
@@ -89,12 +87,12 @@ def measure_profile(
     tick = Progress(len(target_grid) + len(draft_grid) + n_overhead, progress, "profiling")
     try:
         plan = _Plan(ctx=context_len, repeats=repeats, warmup=warmup, point_s=point_s)
-        target_ms = _time_grid(pair.target, model_forward, target_grid, _verify_inputs, plan, gen,
+        target_ms = _time_grid(pair.target, target_grid, _verify_parents, plan, gen,
                                lambda n: tick(f"target n={n}"), stop_ratio)
         for n in target_grid[len(target_ms):]:
             tick(f"target n={n} skipped (over {stop_ratio:g}x one token)")
         target_grid = target_grid[: len(target_ms)]
-        draft_ms = _time_grid(pair.draft, draft_forward(pair.draft), draft_grid, _level_inputs, plan, gen,
+        draft_ms = _time_grid(pair.draft, draft_grid, _level_parents, plan, gen,
                               lambda w: tick(f"draft width={w}"))
         curves = HardwareProfile(device="", dtype="", context_len=context_len, target_n=target_grid,
                                  target_ms=tuple(target_ms), draft_width=draft_grid, draft_ms=tuple(draft_ms))
@@ -102,9 +100,9 @@ def measure_profile(
                              else (0.0, 0.0))
     finally:
         tick.close()
-    device = torch.device(getattr(pair, "device", None) or next(pair.target.parameters()).device)
+    device = torch.device(getattr(pair, "device", None) or pair.target.device)
     return HardwareProfile(
-        device=describe_device(device), dtype=str(pair.target.dtype), context_len=context_len,
+        device=describe_device(device), dtype=str(pair.dtype), context_len=context_len,
         target_n=target_grid, target_ms=tuple(target_ms),
         draft_width=draft_grid, draft_ms=tuple(draft_ms),
         pair=pair_name(pair), date=now_iso(), version=library_version(), repeats=repeats,
@@ -161,19 +159,14 @@ def describe_device(device: torch.device) -> str:
     return machine_fingerprint().describe()
 
 
-def _verify_inputs(n: int, ctx: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Position ids [1, n] and mask [1, 1, n, ctx + n] of a tree of n nodes (a heap-shaped binary tree)."""
-    tree = Tree((-1,) + tuple((i - 1) // 2 for i in range(1, n)))
-    return tree.position_ids(ctx, device)[None], verify_mask(tree, ctx, dtype, device)
+def _verify_parents(n: int, ctx: int) -> list[int]:
+    """Parent slots of a tree of n nodes (a heap-shaped binary tree) verified after ``ctx`` cached tokens."""
+    return [ctx - 1] + [ctx + (i - 1) // 2 for i in range(1, n)]
 
 
-def _level_inputs(width: int, ctx: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Position ids [1, w] and mask [1, 1, w, ctx + w] of one tree level: each node sees the context and itself."""
-    allowed = torch.zeros(width, ctx + width, dtype=torch.bool)
-    allowed[:, :ctx] = True
-    allowed[:, ctx:] = torch.eye(width, dtype=torch.bool)
-    pos = torch.full((1, width), ctx, dtype=torch.long, device=device)
-    return pos, tree_attention_mask(allowed, dtype, device)
+def _level_parents(width: int, ctx: int) -> list[int]:
+    """Parent slots of one tree level of ``width`` nodes: each sees the context and itself."""
+    return [ctx - 1] * width
 
 
 @dataclass(frozen=True)
@@ -184,29 +177,25 @@ class _Plan:
     point_s: float    # stop repeating a point once this much wall time went into it (>= 1 timed run)
 
 
-@torch.inference_mode()
-def _time_grid(model, forward: Callable[..., torch.Tensor], grid, make_inputs, plan: _Plan, gen: torch.Generator,
-               on_point: Callable[[int], None], stop_ratio: float | None = None) -> list[float]:
-    """Median ms per grid point of one ``forward`` (+ softmax of its logits) after a prefill of ``plan.ctx`` tokens.
+def _time_grid(runner: Runner, grid, parents_of: Callable[[int, int], list[int]], plan: _Plan,
+               gen: torch.Generator, on_point: Callable[[int], None], stop_ratio: float | None = None) -> list[float]:
+    """Median ms per grid point of one session forward (+ softmax of its logits) after ``plan.ctx`` cached tokens.
 
-    ``forward`` is the one the engine runs for this model's role (:mod:`sequoia.runtime.lean`).
-
-    With ``stop_ratio``, stops after the first point costing more than that times the first one
-    (the list is then shorter than ``grid``; at least two points are measured).
+    The forward is the one the engine runs for this runner (a draft runner's sessions take its draft
+    forward).  With ``stop_ratio``, stops after the first point costing more than that times the first
+    one (the list is then shorter than ``grid``; at least two points are measured).
     """
-    device = next(model.parameters()).device
-    vocab = model.config.vocab_size
-    cache = KVCache(model.config)
-    prefill = torch.randint(vocab, (1, plan.ctx), generator=gen).to(device)  # [1, ctx]
-    model(input_ids=prefill, past_key_values=cache.cache, use_cache=True)
+    vocab = runner.vocab_size
+    session = runner.session()
+    session.forward(torch.randint(vocab, (plan.ctx,), generator=gen).tolist(), keep=1)
     out = []
     for n in grid:
-        ids = torch.randint(vocab, (1, n), generator=gen).to(device)  # [1, n]
-        pos, mask = make_inputs(n, plan.ctx, model.dtype, device)
-        spent = sum(_forward_ms(model, forward, cache, ids, pos, mask, plan.ctx, device) for _ in range(plan.warmup))
-        times = [_forward_ms(model, forward, cache, ids, pos, mask, plan.ctx, device)]
+        ids = torch.randint(vocab, (n,), generator=gen).tolist()
+        parents = parents_of(n, plan.ctx)
+        spent = sum(_forward_ms(session, ids, parents, plan.ctx, runner.device) for _ in range(plan.warmup))
+        times = [_forward_ms(session, ids, parents, plan.ctx, runner.device)]
         while len(times) < plan.repeats and spent + sum(times) < plan.point_s * 1000.0:
-            times.append(_forward_ms(model, forward, cache, ids, pos, mask, plan.ctx, device))
+            times.append(_forward_ms(session, ids, parents, plan.ctx, runner.device))
         out.append(statistics.median(times))
         on_point(n)
         if stop_ratio is not None and len(out) >= 2 and out[-1] > stop_ratio * out[0]:
@@ -214,13 +203,13 @@ def _time_grid(model, forward: Callable[..., torch.Tensor], grid, make_inputs, p
     return out
 
 
-def _forward_ms(model, forward, cache: KVCache, ids, pos, mask, ctx: int, device) -> float:
+def _forward_ms(session, ids: list[int], parents: list[int], ctx: int, device) -> float:
     """One timed forward of ``ids`` on the cached context; the cache is cropped back to ``ctx`` after."""
     sync(device)
     t0 = time.perf_counter()
-    logits = forward(model, ids, pos, mask, cache.cache)
+    logits = session.forward(ids, parents)
     torch.softmax(logits.float(), dim=-1)
     sync(device)
     ms = (time.perf_counter() - t0) * 1000.0
-    cache.crop(ctx)
+    session.crop(ctx)
     return ms

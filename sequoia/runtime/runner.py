@@ -15,8 +15,9 @@ The rule, the same for every caller and every method:
   short untimed greedy run of every method to be timed), so first-call costs
   (allocator growth, kernel selection, lazy initialisation) land on no method.
 
-Target forwards are counted by a forward pre-hook on the target, the same way
-for every method, prefill included.
+Target forwards are counted the same way for every method, prefill included:
+the target runner's ``forward_calls`` for engine methods, a forward pre-hook on
+the model for Hugging Face's ``generate``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch
 
 from ..core.config import GenerationConfig
 from ..core.trace import StepRecord
-from .baselines import count_forwards, hf_generate
+from .baselines import hf_generate
 from .drafter import Proposer
 from .engine import SpeculativeEngine, sync
 
@@ -131,33 +132,35 @@ def iter_run(engine: SpeculativeEngine, pair, method: str, ids: list[int], gen: 
     records: list[StepRecord] = []
     seconds = wall = 0.0
     first_s, first_n = None, 0
-    with count_forwards(pair.target) as calls:
-        if method in HF_METHODS:
-            w0, t0 = time.perf_counter(), clock()
-            hf = hf_generate(pair, ids, gen, assisted=method == "hf-assisted",
-                             prompt_lookup=method == "hf-prompt-lookup", clock=clock)
-            sync(pair.device)
-            seconds, wall = clock() - t0, time.perf_counter() - w0
-            tokens, first_s, first_n = hf.tokens, hf.first_token_s, hf.first_tokens
-        else:
-            steps = engine.generate(ids, proposer, gen, with_texts=False)
-            try:
-                while True:
-                    w0, t0 = time.perf_counter(), clock()
-                    rec = next(steps, None)  # the first record is the prompt's forward
-                    sync(pair.device)
-                    seconds, wall = seconds + clock() - t0, wall + time.perf_counter() - w0
-                    if rec is None:
-                        break
-                    if not records:
-                        first_s, first_n = seconds, len(rec.new_tokens)
-                    records.append(rec)
-                    yield rec
-            finally:
-                steps.close()
-            tokens = tuple(t for r in records for t in r.new_tokens)
+    before = pair.target.forward_calls   # engine methods: every session forward of the target
+    if method in HF_METHODS:
+        w0, t0 = time.perf_counter(), clock()
+        hf = hf_generate(pair, ids, gen, assisted=method == "hf-assisted",
+                         prompt_lookup=method == "hf-prompt-lookup", clock=clock)
+        sync(pair.device)
+        seconds, wall = clock() - t0, time.perf_counter() - w0
+        tokens, first_s, first_n = hf.tokens, hf.first_token_s, hf.first_tokens
+        calls = hf.target_calls
+    else:
+        steps = engine.generate(ids, proposer, gen, with_texts=False)
+        try:
+            while True:
+                w0, t0 = time.perf_counter(), clock()
+                rec = next(steps, None)  # the first record is the prompt's forward
+                sync(pair.device)
+                seconds, wall = seconds + clock() - t0, wall + time.perf_counter() - w0
+                if rec is None:
+                    break
+                if not records:
+                    first_s, first_n = seconds, len(rec.new_tokens)
+                records.append(rec)
+                yield rec
+        finally:
+            steps.close()
+        tokens = tuple(t for r in records for t in r.new_tokens)
+        calls = pair.target.forward_calls - before
     base = RunResult(method=method, prompt_set="", prompt_index=0, temperature=gen.sampling.temperature,
-                     prompt_tokens=len(ids), tokens=tuple(tokens), seconds=seconds, target_calls=calls[0],
+                     prompt_tokens=len(ids), tokens=tuple(tokens), seconds=seconds, target_calls=calls,
                      wall_s=wall, first_token_s=first_s, first_tokens=first_n)
     if method in HF_METHODS:
         return base

@@ -19,46 +19,42 @@ import torch
 
 from ..core.config import SamplingConfig
 from ..core.sampling import sample_token, warp
-from .kv_cache import KVCache
+from ..runners.base import Runner
 from .models import shared_vocab
 
 
-@torch.inference_mode()
-def target_continuation(model, prompt: list[int], sampling: SamplingConfig, max_new: int,
+def target_continuation(runner: Runner, prompt: list[int], sampling: SamplingConfig, max_new: int,
                         gen: torch.Generator | None, eos: Collection[int] = (), vocab: int | None = None,
                         return_logits: bool = False):
-    """Plain autoregressive continuation of ``prompt`` by ``model`` (stops after an ``eos`` token).
+    """Plain autoregressive continuation of ``prompt`` by ``runner`` (stops after an ``eos`` token).
 
     Returns the tokens, and with ``return_logits`` also the logits that
     predicted each of them ([len(tokens), vocab] float32, CPU) -- the target's
     side of teacher forcing without a second forward over the continuation.
     """
-    vocab = int(model.config.vocab_size) if vocab is None else vocab
-    device = next(model.parameters()).device
-    cache = KVCache(model.config)
-    ids = torch.tensor([prompt], device=device)  # [1, T]
+    vocab = runner.vocab_size if vocab is None else vocab
+    session = runner.session()
+    feed = list(prompt)
     out: list[int] = []
     kept: list[torch.Tensor] = []
     for _ in range(max_new):
-        logits = model(input_ids=ids, past_key_values=cache.cache, use_cache=True,
-                       logits_to_keep=1).logits[0, -1, :vocab]  # [V]
+        logits = session.forward(feed, keep=1)[-1, :vocab]  # [V]
         if return_logits:
             kept.append(logits.float().cpu())
         tok = int(logits.argmax()) if sampling.greedy else sample_token(warp(logits, sampling), gen)
         out.append(tok)
         if tok in eos:
             break
-        ids = torch.tensor([[tok]], device=device)
+        feed = [tok]
     return (out, torch.stack(kept)) if return_logits else out
 
 
-@torch.inference_mode()
-def logits_over(model, context: list[int], scored: list[int], vocab: int) -> torch.Tensor:
+def logits_over(runner: Runner, context: list[int], scored: list[int], vocab: int) -> torch.Tensor:
     """Logits predicting each scored token, from one forward over context + scored.  # [len(scored), V] float32"""
     if not context or not scored:
         raise ValueError("teacher forcing needs a non-empty context and scored tokens")
-    ids = torch.tensor([context + scored[:-1]], device=next(model.parameters()).device)  # the last is never a context
-    return model(input_ids=ids, logits_to_keep=len(scored)).logits[0, :, :vocab].float().cpu()
+    # The last scored token is never a context.
+    return runner.session().forward(context + scored[:-1], keep=len(scored))[:, :vocab].float().cpu()
 
 
 def teacher_logits(pair, context: list[int], scored: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,7 +16,7 @@ import torch
 from ..core.profile import Fingerprint
 from ..runtime.finder import ProfileChoice, find_profile, measure_and_cache
 from ..runtime.fingerprint import machine_fingerprint
-from ..runtime.kernels import SCHEMES
+from ..runners.hf.kernels import SCHEMES
 from ..runtime.models import load_pair, resolve_device, resolve_draft_quant, resolve_dtype
 
 

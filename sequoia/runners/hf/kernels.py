@@ -57,7 +57,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from .fingerprint import MULTI_ROW_BLOCKED, SINGLE_ROW_ATEN, multi_row_kernel, single_row_kernel
+from .cpu import MULTI_ROW_BLOCKED, SINGLE_ROW_ATEN, multi_row_kernel, single_row_kernel
 
 SCHEMES = ("none", "int8", "int4")
 #: Rows from which a quantized layer multiplies densely (prefill, wide trees); see the module docstring.
@@ -377,9 +377,14 @@ _SWITCH = _OneDnnSwitch()
 
 
 @contextmanager
-def single_row_scope(model: torch.nn.Module, rows: int):
-    """The kernel choice of :func:`route_single_rows` for code that runs ``model``'s layers itself, not its forward."""
-    if rows != 1 or getattr(model, "_single_row_kernel", "") != SINGLE_ROW_ATEN:
+def single_row_scope(kernel: str, rows: int):
+    """Run a forward of ``rows`` new tokens with the one-row kernel ``kernel`` chose (see above).
+
+    ``kernel`` is a runner's own choice (:attr:`sequoia.runners.hf.runner.HFRunner.single_row_kernel`,
+    from :func:`sequoia.runners.hf.cpu.single_row_kernel` at load time): "aten" turns oneDNN off while a
+    one-row forward runs; anything else changes nothing.
+    """
+    if rows != 1 or kernel != SINGLE_ROW_ATEN:
         yield
         return
     _SWITCH.enter()
@@ -389,16 +394,17 @@ def single_row_scope(model: torch.nn.Module, rows: int):
         _SWITCH.leave()
 
 
-def route_single_rows(model: torch.nn.Module) -> bool:
-    """Run ``model``'s one-token forwards without oneDNN where that is faster (see above); True if installed.
+@contextmanager
+def single_rows_routed(model: torch.nn.Module, kernel: str):
+    """While inside, ``model``'s own one-token forwards get ``kernel`` (for code that calls the model directly,
+    like Hugging Face's ``generate``); the hooks are removed on exit.
 
-    Hooks on the model's own forward: the row count is that of ``input_ids``
-    (or ``inputs_embeds``); an exception inside the forward still restores oneDNN.
+    The row count is that of ``input_ids`` (or ``inputs_embeds``); an exception inside the forward still
+    restores oneDNN.
     """
-    params = next(model.parameters(), None)
-    if params is None or getattr(model, "_single_row_kernel", "") or \
-            single_row_kernel(params.device.type, getattr(model, "dtype", None)) != SINGLE_ROW_ATEN:
-        return False
+    if kernel != SINGLE_ROW_ATEN:
+        yield
+        return
     entered = threading.local()
 
     def before(module, args, kwargs):
@@ -416,10 +422,13 @@ def route_single_rows(model: torch.nn.Module) -> bool:
         if stack and stack.pop():
             _SWITCH.leave()
 
-    model.register_forward_pre_hook(before, with_kwargs=True)
-    model.register_forward_hook(after, with_kwargs=True, always_call=True)
-    model._single_row_kernel = SINGLE_ROW_ATEN
-    return True
+    handles = (model.register_forward_pre_hook(before, with_kwargs=True),
+               model.register_forward_hook(after, with_kwargs=True, always_call=True))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 # ---------------------------------------------------------------------------- many-row bf16 forwards
@@ -474,12 +483,12 @@ class BlockedLinear(torch.nn.Module):
 def block_weights(model: torch.nn.Module) -> bool:
     """Give ``model``'s bf16 linears a blocked copy for many-row products where that is faster (see above).
 
-    Only where :func:`~sequoia.runtime.fingerprint.multi_row_kernel` says so (bf16 on a CPU whose oneDNN has
+    Only where :func:`~sequoia.runners.hf.cpu.multi_row_kernel` says so (bf16 on a CPU whose oneDNN has
     bf16 kernels).  Quantized layers swap their plain bf16 copy for a blocked one and use it from
     :data:`BLOCKED_ROWS` rows (the same memory).  True if installed; installed once.
     """
     params = next(model.parameters(), None)
-    if params is None or getattr(model, "_multi_row_kernel", "") or \
+    if params is None or any(isinstance(m, BlockedLinear) for m in model.modules()) or \
             multi_row_kernel(params.device.type, getattr(model, "dtype", None)) != MULTI_ROW_BLOCKED:
         return False
     for parent in list(model.modules()):
@@ -489,5 +498,4 @@ def block_weights(model: torch.nn.Module) -> bool:
             if type(child) is torch.nn.Linear and child.weight.dtype == torch.bfloat16:
                 setattr(parent, name, BlockedLinear(child))
     gc.collect()
-    model._multi_row_kernel = MULTI_ROW_BLOCKED
     return True

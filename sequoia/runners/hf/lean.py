@@ -13,9 +13,9 @@ What it computes is the model's own forward, step by step, with the model's own
 modules and functions: the embedding, the rotary module (so every rope variant
 it knows) and its modeling file's ``apply_rotary_pos_emb``, each layer's norms,
 projections (a fused q|k|v or gate|up product taken whole rather than slice by
-slice: :class:`~sequoia.runtime.kernels.FusedProjections`), the activation, the
+slice: :class:`~sequoia.runners.hf.kernels.FusedProjections`), the activation, the
 cache update of the ``DynamicCache`` it is given, and attention through
-:func:`~sequoia.runtime.attention.few_query_attention` with the mask the model
+:func:`~sequoia.runners.hf.attention.few_query_attention` with the mask the model
 would have built.  The logits equal the model's (tests/test_lean.py compares
 them in fp32 and in quantized bf16, with tree masks over a cache).
 
@@ -36,7 +36,7 @@ from collections.abc import Callable
 import torch
 
 from .attention import FEW_QUERY, causal_mask, few_query_attention
-from .kernels import ProjectionPart, single_row_scope
+from .kernels import ProjectionPart
 
 #: Model classes whose decoder layers are exactly what :func:`lean_forward` computes.
 CLASSES = ("Qwen2ForCausalLM", "LlamaForCausalLM")
@@ -86,25 +86,24 @@ def lean_forward(model: torch.nn.Module, ids: torch.Tensor, pos: torch.Tensor, m
     cached = cache.get_seq_length()
     if mask is None and rows > 1 and cached:   # what transformers builds; None means causal from key 0
         mask = causal_mask(cached, rows)
-    with single_row_scope(model, ids.numel()):
-        x = base.embed_tokens(ids)
-        cos, sin = base.rotary_emb(x, pos)
-        for index, layer in enumerate(base.layers[: model.config.num_hidden_layers]):   # as the model's forward
-            attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q, k, v = _products(attn, ("q_proj", "k_proj", "v_proj"), h)
-            q = q.view(batch, rows, -1, attn.head_dim).transpose(1, 2)
-            k = k.view(batch, rows, -1, attn.head_dim).transpose(1, 2)
-            v = v.view(batch, rows, -1, attn.head_dim).transpose(1, 2)
-            q, k = rotate(q, k, cos, sin)
-            k, v = cache.update(k, v, index)
-            out, _ = few_query_attention(attn, q, k, v, mask, scaling=attn.scaling)
-            x = x + attn.o_proj(out.reshape(batch, rows, -1))
-            h = layer.post_attention_layernorm(x)
-            gate, up = _products(layer.mlp, ("gate_proj", "up_proj"), h)
-            x = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
-        x = base.norm(x if keep == 0 else x[:, -keep:].contiguous())
-        return model.lm_head(x)
+    x = base.embed_tokens(ids)
+    cos, sin = base.rotary_emb(x, pos)
+    for index, layer in enumerate(base.layers[: model.config.num_hidden_layers]):   # as the model's forward
+        attn = layer.self_attn
+        h = layer.input_layernorm(x)
+        q, k, v = _products(attn, ("q_proj", "k_proj", "v_proj"), h)
+        q = q.view(batch, rows, -1, attn.head_dim).transpose(1, 2)
+        k = k.view(batch, rows, -1, attn.head_dim).transpose(1, 2)
+        v = v.view(batch, rows, -1, attn.head_dim).transpose(1, 2)
+        q, k = rotate(q, k, cos, sin)
+        k, v = cache.update(k, v, index)
+        out, _ = few_query_attention(attn, q, k, v, mask, scaling=attn.scaling)
+        x = x + attn.o_proj(out.reshape(batch, rows, -1))
+        h = layer.post_attention_layernorm(x)
+        gate, up = _products(layer.mlp, ("gate_proj", "up_proj"), h)
+        x = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+    x = base.norm(x if keep == 0 else x[:, -keep:].contiguous())
+    return model.lm_head(x)
 
 
 def model_forward(model: torch.nn.Module, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,

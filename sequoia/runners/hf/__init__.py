@@ -1,0 +1,1 @@
+"""The Hugging Face / torch runtime: models from transformers, tree masks, DynamicCache, CPU kernels."""

@@ -1,0 +1,86 @@
+"""What this CPU and torch build offer the torch runtime, and which kernel each kind of forward gets.
+
+Read without measuring: model name and matmul-relevant flags from ``/proc/cpuinfo``
+(:func:`cpu_facts`), whether oneDNN has bf16 kernels (:func:`onednn_bf16`), and
+from those the kernel choices the Hugging Face runner makes for one-row and
+many-row forwards (:func:`single_row_kernel`, :func:`multi_row_kernel`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ...core.profile import CPU_FEATURES
+
+CPUINFO = Path("/proc/cpuinfo")
+
+
+#: The flags of CPU_FEATURES that torch's CPU kernels may use under each ATen capability (what
+#: ``torch.backends.cpu.get_cpu_capability()`` says); a capability not named here limits nothing.
+_CAPABILITY_FLAGS = {"DEFAULT": (), "AVX2": ("avx2",)}
+
+
+def cpu_facts(cpuinfo: str | None = None, capability: str | None = None) -> tuple[str, tuple[str, ...]]:
+    """(model name, matmul-relevant flags the kernels may use): from /proc/cpuinfo text ("" and () unreadable).
+
+    A flag the CPU has but torch's kernels are told not to use does not change a
+    matmul's cost, so it is left out: ``capability`` is ATen's CPU capability
+    ("AVX512", "AVX2", "DEFAULT"; None: this process's, which ``ATEN_CPU_CAPABILITY=avx2``
+    lowers).  With ``ONEDNN_MAX_CPU_ISA=AVX2`` too, an AVX-512 machine runs the
+    kernels of an AVX2-only one and fingerprints as one (oneDNN bf16 then reads
+    as unavailable: :func:`onednn_bf16`).
+    """
+    if capability is None:
+        capability = torch.backends.cpu.get_cpu_capability()
+    if cpuinfo is None:
+        try:
+            cpuinfo = CPUINFO.read_text()
+        except OSError:  # not Linux: the features stay unknown, so no shipped CPU profile matches
+            return "", ()
+    model, flags = "", set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and not model:
+            model = value.strip()
+        elif key == "flags" and not flags:
+            flags = set(value.split())
+    usable = _CAPABILITY_FLAGS.get(capability.upper(), CPU_FEATURES)
+    return model, tuple(f for f in CPU_FEATURES if f in flags and f in usable)
+
+
+def onednn_bf16() -> bool:
+    """Whether oneDNN reports native bf16 kernels (False where torch lacks the query)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a private op: absent on some builds
+        return False
+
+
+#: What the fingerprint calls one-row bf16 forwards that skip oneDNN
+#: (see :func:`sequoia.runners.hf.kernels.route_single_rows`).
+SINGLE_ROW_ATEN = "aten"
+
+
+def _onednn_bf16_model(device_type: str, dtype: torch.dtype) -> bool:
+    """A bf16 model on a CPU whose oneDNN has bf16 kernels: where both kernel choices below were measured."""
+    return device_type == "cpu" and dtype == torch.bfloat16 and onednn_bf16()
+
+
+def single_row_kernel(device_type: str, dtype: torch.dtype) -> str:
+    """The kernel a one-token forward of a ``dtype`` model on ``device_type`` gets here: "aten" or "" (torch's
+    own choice).  "aten" on CPUs whose oneDNN has bf16 kernels, for bf16 models."""
+    return SINGLE_ROW_ATEN if _onednn_bf16_model(device_type, dtype) else ""
+
+
+#: What the fingerprint calls many-row bf16 products from oneDNN's blocked weight copies
+#: (see :func:`sequoia.runners.hf.kernels.block_weights`).
+MULTI_ROW_BLOCKED = "onednn-blocked"
+
+
+def multi_row_kernel(device_type: str, dtype: torch.dtype) -> str:
+    """How a bf16 model's many-row products (verification, prefill) run here: "onednn-blocked" or "" (plain
+    weights).  Blocked on CPUs whose oneDNN has bf16 kernels, for bf16 models (the only place measured)."""
+    return MULTI_ROW_BLOCKED if _onednn_bf16_model(device_type, dtype) else ""
