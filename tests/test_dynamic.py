@@ -149,7 +149,7 @@ def test_drafting_that_only_breaks_even_by_the_prediction_stops():
         info = DynamicInfo(static_tree_parents=(-1,), added=(), pruned=(), predicted_tokens=4.0, predicted_ms=ms,
                            widths=(1,))
         for _ in range(6):
-            dyn.observe(SimpleNamespace(dynamic=info, n_new=4))
+            dyn.observe(SimpleNamespace(dynamic=info, n_new=4, prompt_tokens=0))
         return dyn.wants_draft()
 
     assert observed(0.2) and not observed(0.05)

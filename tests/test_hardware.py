@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -197,3 +198,57 @@ def test_format_1_files_are_still_read(tmp_path):
     prof = HardwareProfile.load(path)
     assert prof == _profile() and prof.fingerprint is None
     assert prof.step_overhead_ms == prof.level_overhead_ms == 0.0
+
+
+# ---------------------------------------------------------------------------- costs by context length
+def _with_contexts():
+    from sequoia.core.profile import ContextCurves
+
+    base = HardwareProfile.hand_made(lambda n: 10.0 + n, lambda w: 2.0 + w, target_n=(1, 4, 16), draft_width=(1, 4))
+    base = dataclasses.replace(base, context_len=128, contexts=(
+        ContextCurves(1024, (30.0, 33.0, 45.0), (4.0, 7.0)), ContextCurves(512, (20.0, 23.0, 35.0), (3.0, 6.0))))
+    return base
+
+
+def test_costs_are_priced_at_the_context_a_step_runs_at():
+    prof = _with_contexts()
+    assert [c.context_len for c in prof.contexts] == [512, 1024]            # sorted on entry
+    assert prof.at_context(128) is prof
+    assert prof.at_context(320).target(1) == pytest.approx(15.5)            # halfway from 128 to 512
+    assert prof.at_context(1024).draft(4) == pytest.approx(7.0)
+    assert prof.at_context(1536).target(1) == pytest.approx(40.0)           # extended along the last segment
+    assert prof.at_context(64).target(1) == pytest.approx(11.0)             # held below the shortest
+    assert prof.at_context(700).contexts == ()
+    again = HardwareProfile.from_dict(prof.to_dict())
+    assert again == prof
+    with pytest.raises(ValueError, match="once"):
+        dataclasses.replace(prof, contexts=prof.contexts + prof.contexts[:1])
+
+
+def test_measure_profile_measures_more_contexts_on_the_same_grids():
+    pair = make_pair(tiny_model(1, vocab=64, hidden=16), tiny_model(0, vocab=64), 64)
+    prof = measure_profile(pair, context_len=4, target_grid=(1, 2), draft_grid=(1,), repeats=1, warmup=0,
+                           progress=lambda *a: None, overhead_steps=0, contexts=(16, 4))
+    assert [c.context_len for c in prof.contexts] == [16]
+    assert len(prof.contexts[0].target_ms) == 2 and len(prof.contexts[0].draft_ms) == 1
+
+
+def test_the_dynamic_gate_declines_trees_that_do_not_pay_at_a_long_context():
+    """Cheap verification at 128 tokens, as dear as plain steps at 1,024: drafting stops on a long prompt."""
+    from sequoia.core.profile import ContextCurves
+    from sequoia.core.trace import StepRecord
+    from sequoia.runtime.dynamic import DynamicTreeProposer
+
+    grid = (1, 2, 4, 8, 16, 32, 64)
+    cheap = HardwareProfile.hand_made(lambda n: 30.0 + 0.5 * n, lambda w: 3.0, target_n=grid, draft_width=(1, 2, 4))
+    long = ContextCurves(1024, tuple(30.0 * n for n in grid), (3.0, 3.0, 3.0))
+    prof = dataclasses.replace(cheap, context_len=128, contexts=(long,))
+    dyn = DynamicTreeProposer(profile=prof, budget=16)
+    dyn.start()
+    assert dyn.can_pay and dyn.wants_draft()
+    from sequoia.core.tree import Tree
+
+    dyn.observe(dataclasses.replace(StepRecord.fake(Tree.root_only(), (0,)), prompt_tokens=1000))
+    assert not dyn.can_pay and not dyn.wants_draft()
+    dyn.start()                                                             # a new generation starts short again
+    assert dyn.can_pay

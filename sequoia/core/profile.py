@@ -30,7 +30,7 @@ import hashlib
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -201,6 +201,18 @@ def _precision(dtype: str, quant: str) -> str:
 
 
 @dataclass(frozen=True)
+class ContextCurves:
+    """The same two curves measured after another number of cached tokens (same grids as the profile's)."""
+
+    context_len: int
+    target_ms: tuple[float, ...]      # [G] on the profile's target_n
+    draft_ms: tuple[float, ...]       # [H] on the profile's draft_width
+
+    def to_dict(self) -> dict:
+        return {"context_len": self.context_len, "target_ms": list(self.target_ms), "draft_ms": list(self.draft_ms)}
+
+
+@dataclass(frozen=True)
 class HardwareProfile:
     device: str                       # human-readable device description
     dtype: str                        # e.g. "torch.bfloat16"
@@ -217,6 +229,9 @@ class HardwareProfile:
     step_overhead_ms: float = 0.0     # per step outside the model forwards (walk, sampling, cache compaction)
     level_overhead_ms: float = 0.0    # per draft level outside its forward
     note: str = ""                    # how it was made, what is unknown
+    # The curves at other context lengths, sorted (attention reads every cached token, so costs grow with the
+    # context); :meth:`at_context` interpolates between them.  () : priced at ``context_len`` everywhere.
+    contexts: tuple[ContextCurves, ...] = ()
 
     def __post_init__(self) -> None:
         for grid, values, name in (("target_n", "target_ms", "target"), ("draft_width", "draft_ms", "draft")):
@@ -232,8 +247,35 @@ class HardwareProfile:
             if not (math.isfinite(value) and value >= 0.0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
             object.__setattr__(self, name, value)
+        curves = tuple(sorted(self.contexts, key=lambda c: c.context_len))
+        for c in curves:
+            _check_curve(self.target_n, tuple(c.target_ms), "target_n", f"target_ms at context {c.context_len}",
+                         "target")
+            _check_curve(self.draft_width, tuple(c.draft_ms), "draft_width", f"draft_ms at context {c.context_len}",
+                         "draft")
+        if len({c.context_len for c in curves} | {self.context_len}) != len(curves) + 1:
+            raise ValueError("contexts: each context length may be measured once (and not the profile's own)")
+        object.__setattr__(self, "contexts", curves)
 
     # ------------------------------------------------------------------ costs
+    def at_context(self, context_len: int) -> "HardwareProfile":
+        """This profile with its curves priced after ``context_len`` cached tokens.
+
+        Piecewise-linear in the context between measured lengths, extended along the last segment
+        above the longest (never below its costs) and held at the shortest below it.  Itself
+        when no other context was measured.
+        """
+        if not self.contexts or context_len == self.context_len:
+            return self
+        points = sorted([(self.context_len, self.target_ms, self.draft_ms)]
+                        + [(c.context_len, c.target_ms, c.draft_ms) for c in self.contexts])
+        ctx = np.array([p[0] for p in points], dtype=np.float64)
+        target = _along_context(context_len, ctx, np.array([p[1] for p in points]))
+        draft = _along_context(context_len, ctx, np.array([p[2] for p in points]))
+        return replace(self, context_len=int(context_len), target_ms=tuple(target), draft_ms=tuple(draft),
+                       contexts=())
+
+
     def target(self, n):
         """ms of one target forward of ``n`` >= 1 new tokens (a tree of n - 1 draft tokens); n may be an array."""
         return _interp(n, self.target_n, self.target_ms, "n")
@@ -270,7 +312,9 @@ class HardwareProfile:
 
     # ------------------------------------------------------------- (de)serialise
     def to_dict(self) -> dict:
-        out = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items() if k != "fingerprint"}
+        out = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()
+               if k not in ("fingerprint", "contexts")}
+        out["contexts"] = [c.to_dict() for c in self.contexts]
         return {"format": FORMAT, **out, "fingerprint": self.fingerprint.to_dict() if self.fingerprint else None}
 
     def save(self, path: str | Path) -> None:
@@ -296,6 +340,7 @@ class HardwareProfile:
                 step_overhead_ms=_number(data, "step_overhead_ms", what),
                 level_overhead_ms=_number(data, "level_overhead_ms", what),
                 note=data.get("note", ""),
+                contexts=tuple(_context_curves(c, what) for c in data.get("contexts", [])),
             )
 
     @classmethod
@@ -305,6 +350,22 @@ class HardwareProfile:
         if pair is not None and prof.pair and prof.pair != pair:
             raise ValueError(f"{path}: profile was measured for pair {prof.pair!r}, not {pair!r}")
         return prof
+
+
+def _context_curves(data, what: str) -> ContextCurves:
+    if not isinstance(data, dict):
+        raise ValueError(f"{what}: each entry of 'contexts' must be an object")
+    return ContextCurves(context_len=require(data, "context_len", int, what),
+                         target_ms=tuple(number_list(data, "target_ms", what)),
+                         draft_ms=tuple(number_list(data, "draft_ms", what)))
+
+
+def _along_context(x: float, ctx: np.ndarray, curves: np.ndarray) -> np.ndarray:
+    """Each column of ``curves`` [C, G] interpolated at context ``x``; linear past the last, held before the first."""
+    if x >= ctx[-1] and len(ctx) >= 2:
+        slope = (curves[-1] - curves[-2]) / (ctx[-1] - ctx[-2])
+        return np.maximum(curves[-1] + slope * (x - ctx[-1]), curves[-1])
+    return np.array([np.interp(x, ctx, curves[:, j]) for j in range(curves.shape[1])])
 
 
 def _read(path: str | Path) -> dict:

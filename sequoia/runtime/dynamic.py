@@ -127,6 +127,10 @@ class _Growth:
         return len(self.parents) - 1
 
 
+#: Context lengths are priced in steps of this many tokens (see DynamicTreeProposer._price_at).
+CONTEXT_STEP = 64
+
+
 @dataclass
 class DynamicTreeProposer(Proposer):
     """Grows each step's tree from the draft's confidence under a hardware cost model."""
@@ -151,6 +155,22 @@ class DynamicTreeProposer(Proposer):
             raise ValueError(f"max_depth must be a positive integer, got {self.max_depth!r}")
         self._static_cache: dict[int, Tree] = {}
         self._gate = _Gate()
+        self._measured = self.profile     # with its curves at every measured context length
+        self._context = 0                 # committed tokens so far in this generation
+        self._priced_at = self.profile.context_len
+
+    # ------------------------------------------------------------------ pricing by context
+    def _price_at(self, context: int) -> None:
+        """Price steps with the curves at ``context`` cached tokens (rounded to CONTEXT_STEP, so prices change
+        a few times a generation, not every step): what a step costs grows with the context it runs at."""
+        bucket = max(CONTEXT_STEP, CONTEXT_STEP * round(context / CONTEXT_STEP))
+        if not self._measured.contexts or bucket == self._priced_at:
+            return
+        self.profile = self._measured.at_context(bucket)
+        self._priced_at = bucket
+        self._static_cache.clear()
+        for name in ("can_pay", "gate_prior", "tree"):   # cached from the old prices
+            self.__dict__.pop(name, None)
 
     # ------------------------------------------------------------------ engine hooks
     def start(self) -> None:
@@ -161,6 +181,11 @@ class DynamicTreeProposer(Proposer):
         the first step after the prompt's forward is a plain target step, and the draft model's prefill of the
         prompt waits for the first step that drafts.
         """
+        self._context = 0
+        self._price_at(self._measured.context_len)
+        self._restart_gate()
+
+    def _restart_gate(self) -> None:
         tokens, ms = self.gate_prior
         self._gate = _Gate()
         self._gate.observe(tokens, ms, self._paying_rate)
@@ -190,6 +215,14 @@ class DynamicTreeProposer(Proposer):
         return choice.expected_tokens, choice.cost.total_ms
 
     def observe(self, record: StepRecord) -> None:
+        self._context = (record.prompt_tokens or self._context) + record.n_new
+        if record.prompt_tokens:      # the prompt's forward: the gate starts from the prior at this context
+            before = self._priced_at
+            self._price_at(self._context)
+            if self._priced_at != before:
+                self._restart_gate()
+        else:
+            self._price_at(self._context)
         if record.dynamic is not None:  # a drafting step (skipped steps carry no prediction)
             self._gate.observe(record.n_new, record.dynamic.predicted_ms, self._paying_rate)
 

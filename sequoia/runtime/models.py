@@ -132,7 +132,8 @@ def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list[int]:
 def load_pair(draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME, device: str | None = None,
               dtype: str = "auto", draft_int8: bool | None = None, cache_dir: str | Path | None = None,
               progress: ProgressFn | None = None, draft_quant: str | None = None,
-              target_quant: str = "none", blocked_weights: bool = True, plain: bool = False) -> ModelPair:
+              target_quant: str = "none", blocked_weights: bool = True, plain: bool = False,
+              backend: str = "hf") -> ModelPair:
     """Load and check a draft/target pair of Hugging Face runners.
 
     ``draft_quant`` ("none" | "int8" | "int4", see :mod:`sequoia.runners.hf.kernels`) defaults to the
@@ -146,6 +147,10 @@ def load_pair(draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME, device: s
     cost, for a second copy of the weights in memory); False keeps one copy.  ``plain`` runs both models
     through their own forward with no CPU kernel choice (what a GPU runs; the draft unquantized).
     """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
+    if backend == "llamacpp":
+        return _load_llamacpp_pair(draft, target, cache_dir, progress)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     dq = "none" if plain and draft_quant is None and draft_int8 is None else \

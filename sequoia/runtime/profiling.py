@@ -16,6 +16,7 @@ embedded pair on 2 CPU cores), for measuring in the background of the app.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -25,7 +26,7 @@ import torch
 
 from .._meta import Progress, ProgressFn, library_version, now_iso, pair_name
 from ..core.config import GenerationConfig
-from ..core.profile import DRAFT_GRID, TARGET_GRID, HardwareProfile
+from ..core.profile import DRAFT_GRID, TARGET_GRID, ContextCurves, HardwareProfile
 from ..core.tree import Tree
 from .drafter import StaticTreeProposer
 from .engine import SpeculativeEngine, sync
@@ -53,6 +54,7 @@ def measure_profile(
     stop_ratio: float | None = 16.0,
     overhead_steps: int | None = None,
     quick: bool = False,
+    contexts: Sequence[int] = (),
 ) -> HardwareProfile:
     """Time ``pair.target`` by new-token count and ``pair.draft`` by level width, then the step overheads.
 
@@ -66,7 +68,10 @@ def measure_profile(
     compute-bound CPU the points past it would take minutes.  ``generator``
     draws the token ids (costs do not depend on them); a fixed seed is used
     without one.  ``overhead_steps`` engine steps measure the overheads
-    (0: skip, the overheads stay 0).
+    (0: skip, the overheads stay 0).  ``contexts`` are further cached-context
+    lengths at which both curves are measured again on the same grids (the
+    profile's :meth:`~sequoia.core.profile.HardwareProfile.at_context` prices
+    a step at the context it runs at).
 
     Parameters left at None take the full preset (grids TARGET_GRID and
     DRAFT_GRID, 3 repeats, 5 s a point, 6 overhead steps: about a minute or
@@ -84,7 +89,10 @@ def measure_profile(
         raise ValueError("need repeats >= 1, warmup >= 0, context_len >= 1 and overhead_steps >= 0")
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
     n_overhead = overhead_steps + 2 if overhead_steps else 0  # two untimed steps first (the prompt, the first tree)
-    tick = Progress(len(target_grid) + len(draft_grid) + n_overhead, progress, "profiling")
+    contexts = tuple(sorted({int(c) for c in contexts} - {context_len}))
+    if any(c < 1 for c in contexts):
+        raise ValueError(f"contexts must be positive token counts, got {list(contexts)}")
+    tick = Progress((len(target_grid) + len(draft_grid)) * (1 + len(contexts)) + n_overhead, progress, "profiling")
     try:
         plan = _Plan(ctx=context_len, repeats=repeats, warmup=warmup, point_s=point_s)
         target_ms = _time_grid(pair.target, target_grid, _verify_parents, plan, gen,
@@ -98,6 +106,7 @@ def measure_profile(
                                  target_ms=tuple(target_ms), draft_width=draft_grid, draft_ms=tuple(draft_ms))
         step_ms, level_ms = (_measure_overheads(pair, curves, overhead_steps, gen, tick) if overhead_steps
                              else (0.0, 0.0))
+        more = tuple(_context_curves(pair, c, target_grid, draft_grid, plan, gen, tick) for c in contexts)
     finally:
         tick.close()
     device = torch.device(getattr(pair, "device", None) or pair.target.device)
@@ -107,6 +116,7 @@ def measure_profile(
         draft_width=draft_grid, draft_ms=tuple(draft_ms),
         pair=pair_name(pair), date=now_iso(), version=library_version(), repeats=repeats,
         fingerprint=machine_fingerprint(pair), step_overhead_ms=step_ms, level_overhead_ms=level_ms,
+        contexts=more,
         note=("quick profile (coarser grid)" if quick else "full profile")
         + (f"; overheads from {overhead_steps} engine steps of a {OVERHEAD_CHAIN}-token chain" if overhead_steps
            else "; overheads not measured (0)"),
@@ -115,6 +125,15 @@ def measure_profile(
 
 _FULL = dict(target_grid=TARGET_GRID, draft_grid=DRAFT_GRID, repeats=3, point_s=5.0, overhead_steps=6)
 _QUICK = dict(target_grid=QUICK_TARGET_GRID, draft_grid=QUICK_DRAFT_GRID, repeats=2, point_s=2.0, overhead_steps=4)
+
+
+def _context_curves(pair, ctx: int, target_grid, draft_grid, plan: "_Plan", gen: torch.Generator,
+                    tick: Progress) -> ContextCurves:
+    """Both curves again after ``ctx`` cached tokens, on the grids already measured."""
+    at = dataclasses.replace(plan, ctx=ctx)
+    target = _time_grid(pair.target, target_grid, _verify_parents, at, gen, lambda n: tick(f"target n={n}, ctx {ctx}"))
+    draft = _time_grid(pair.draft, draft_grid, _level_parents, at, gen, lambda w: tick(f"draft width={w}, ctx {ctx}"))
+    return ContextCurves(context_len=ctx, target_ms=tuple(target), draft_ms=tuple(draft))
 
 
 def _measure_overheads(pair, curves: HardwareProfile, steps: int, gen: torch.Generator,

@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--show", action="store_true", help="print this machine's fingerprint and which profile "
                       "would be used (shipped, cached or none), without loading models or measuring")
     prof.add_argument("--context", type=int, default=128)
+    prof.add_argument("--contexts", type=int, nargs="*", default=(512, 1024),
+                      help="further cached-context lengths to measure both curves at, so each step is priced at the "
+                      "context it runs at (default: 512 1024; none: --contexts with no value)")
     prof.add_argument("--repeats", type=int, default=3)
     prof.add_argument("--out", default=None, help="where to save the measured profile (default: this machine's "
                       "cache, where the app, bench and CLI find it)")
@@ -183,7 +186,7 @@ def _profile(args) -> int:
     if args.show:
         return _show_profile(args)
     pair = load_from_args(args)
-    prof = measure_profile(pair, context_len=args.context, repeats=args.repeats)
+    prof = measure_profile(pair, context_len=args.context, repeats=args.repeats, contexts=args.contexts)
     out = args.out or cache_profile(prof, args.cache_dir)
     if args.out:
         prof.save(args.out)

@@ -7,6 +7,7 @@ the CLI (which imports the bench: a cycle otherwise).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import replace
 from types import SimpleNamespace
@@ -17,11 +18,15 @@ from ..core.profile import Fingerprint
 from ..runtime.finder import ProfileChoice, find_profile, measure_and_cache
 from ..runtime.fingerprint import machine_fingerprint
 from ..runners.hf.kernels import SCHEMES
-from ..runtime.models import load_pair, resolve_device, resolve_draft_quant, resolve_dtype
+from ..runtime.models import BACKENDS, load_pair, resolve_device, resolve_draft_quant, resolve_dtype
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models")
+    g.add_argument("--backend", choices=BACKENDS, default=None,
+                   help="the runtime the models run on: hf (transformers/torch, any hub pair) or llamacpp (GGUF "
+                   "files through llama.cpp: the embedded pair as shipped, or --draft/--target .gguf paths); "
+                   "default: $SEQUOIA_BACKEND, else hf")
     g.add_argument("--draft", default="embedded", help="draft model: 'embedded' (offline default), a hub id or a path")
     g.add_argument("--target", default="embedded", help="target model: 'embedded', a hub id or a path")
     g.add_argument("--device", default=None, help="cuda / cpu (default: cuda when available)")
@@ -42,7 +47,15 @@ def load_from_args(args):
     """The model pair the ``add_model_args`` options name."""
     return load_pair(args.draft, args.target, device=args.device, dtype=args.dtype,
                      draft_quant=_draft_quant(args), target_quant=args.target_quant, cache_dir=args.cache_dir,
-                     blocked_weights=not args.no_blocked_weights)
+                     blocked_weights=not args.no_blocked_weights, backend=backend_of(args))
+
+
+def backend_of(args) -> str:
+    """``--backend``, else ``$SEQUOIA_BACKEND``, else "hf" (checked against :data:`BACKENDS`)."""
+    name = getattr(args, "backend", None) or os.environ.get("SEQUOIA_BACKEND", "") or "hf"
+    if name not in BACKENDS:
+        raise SystemExit(f"SEQUOIA_BACKEND={name!r} is not a backend; use one of {', '.join(BACKENDS)}")
+    return name
 
 
 def _draft_quant(args) -> str | None:
