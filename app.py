@@ -109,7 +109,8 @@ class _ConsoleProgress:
 def load_from_env(env: Mapping[str, str] = os.environ, progress: Callable[[float, str], None] | None = None):
     """Load the pair named by SEQUOIA_DRAFT / SEQUOIA_TARGET / SEQUOIA_DEVICE / SEQUOIA_DTYPE and the weight
     quantization SEQUOIA_DRAFT_QUANT / SEQUOIA_TARGET_QUANT (none / int8 / int4; default: this machine's best);
-    SEQUOIA_BLOCKED_WEIGHTS=0 keeps one copy of the weights (less memory, slower verification on CPU)."""
+    SEQUOIA_BLOCKED_WEIGHTS=0 keeps one copy of the weights (less memory, slower verification on CPU);
+    SEQUOIA_BACKEND=llamacpp runs GGUF files through llama.cpp (the embedded pair as shipped, or .gguf paths)."""
     from sequoia.runtime.models import load_pair
 
     return load_pair(
@@ -120,6 +121,7 @@ def load_from_env(env: Mapping[str, str] = os.environ, progress: Callable[[float
         draft_quant=env.get("SEQUOIA_DRAFT_QUANT") or None,
         target_quant=env.get("SEQUOIA_TARGET_QUANT") or "none",
         blocked_weights=env.get("SEQUOIA_BLOCKED_WEIGHTS", "1").strip().lower() not in ("0", "false", "no", "off"),
+        backend=(env.get("SEQUOIA_BACKEND") or "hf").strip().lower(),
         progress=progress,
     )
 
