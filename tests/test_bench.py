@@ -476,3 +476,31 @@ def test_the_load_note_counts_the_benchs_own_threads():
 
     assert "no sign of competing" in load_line([1.2, 2.0, 1.9], cores=2)
     assert "other processes were competing" in load_line([1.2, 3.4], cores=2)
+
+
+def test_rows_of_another_runtime_compare_with_their_own_target_alone():
+    """One table for two runtimes: llamacpp:* rows carry the ratio to llamacpp:ar beside the one to hf-generate."""
+    from sequoia.tools.bench_report import markdown_table, summarize_runs
+
+    def run(method, secs):
+        return RunResult(method, "s", 0, 0.0, 3, (1,) * 10, secs, 10)
+
+    rows = summarize_runs([run("hf-generate", 4.0), run("ar", 4.0), run("llamacpp:ar", 1.0),
+                           run("llamacpp:sequoia-dynamic", 1.25)])
+    assert [s.method for s in rows] == ["hf-generate", "ar", "llamacpp:ar", "llamacpp:sequoia-dynamic"]
+    by = {s.method: s for s in rows}
+    assert by["llamacpp:ar"].speedup == pytest.approx(4.0) and by["llamacpp:ar"].vs_runtime_alone == 1.0
+    assert by["llamacpp:sequoia-dynamic"].vs_runtime_alone == pytest.approx(0.8)
+    assert by["ar"].vs_runtime_alone == pytest.approx(1.0)
+    table = markdown_table(rows)
+    assert "vs its runtime alone" in table and "| 8.00 |" in table   # absolute tokens/s beside the ratios
+
+
+def test_bench_refuses_unknown_backends():
+    from types import SimpleNamespace
+
+    from sequoia.tools.bench_cli import _backends
+
+    assert _backends(SimpleNamespace(backends="hf,llamacpp", backend=None)) == ["hf", "llamacpp"]
+    with pytest.raises(ValueError, match="distinct runtimes"):
+        _backends(SimpleNamespace(backends="hf,vllm", backend=None))

@@ -8,15 +8,17 @@ a local directory.  Nothing is loaded at import time.
 from __future__ import annotations
 
 import gc
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from ..core.config import MAX_PROMPT_TOKENS
 from ..runners.base import Runner
-from ..runners.embedded import EMBEDDED, ProgressFn, default_cache_dir, ensure_converted, is_converted
+from ..runners.embedded import (EMBEDDED, ProgressFn, converted_dir, default_cache_dir, ensure_converted,
+                                is_converted)
 from ..runners.hf.kernels import check_scheme
 from ..runners.hf.loading import (EMBEDDED_NAME, ModelLoadError, load_runner, load_tokenizer,  # noqa: F401
                                   resolve_device, resolve_draft_quant, resolve_dtype)
@@ -182,6 +184,55 @@ def load_pair(draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME, device: s
         eos_token_ids=eos_token_ids(tok, target_runner.model),
         draft_dtype=draft_dt, draft_quant=dq, target_quant=tq, backend="hf",
     )
+
+
+def _load_llamacpp_pair(draft: str, target: str, cache_dir, progress: ProgressFn | None) -> ModelPair:
+    """Two GGUF files on llama.cpp: the embedded pair as shipped (no conversion) or two local ``.gguf`` paths.
+
+    The tokenizer is the Hugging Face one read from the target's GGUF (cached beside it after the first
+    time), so texts, chat templates and stop strings are handled as on the Hugging Face runtime.
+    """
+    # Imported here: llama-cpp-python is a native build that the rest of the library does not need.
+    from ..runners import llamacpp
+
+    report = progress or (lambda frac, desc: None)
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    if (draft == EMBEDDED_NAME) != (target == EMBEDDED_NAME):
+        raise ValueError("on the llamacpp backend give both models as .gguf paths, or neither (the embedded pair)")
+    if target == EMBEDDED_NAME:
+        runners = llamacpp.load_embedded_llamacpp(cache, progress=lambda f, d: report(0.7 * f, d))
+        gguf = runners["target"].path
+    else:
+        runners = {role: llamacpp.load_llamacpp_runner(path) for role, path in (("draft", draft), ("target", target))}
+        gguf = Path(target)
+    report(0.75, "loading the tokenizer")
+    tok = gguf_tokenizer(gguf, cache, converted=converted_dir(EMBEDDED["target"], cache)
+                         if target == EMBEDDED_NAME and is_converted(EMBEDDED["target"], cache) else None)
+    check_tokenizers_match(tok, tok, runners["draft"], runners["target"])
+    if runners["draft"].vocab_size != runners["target"].vocab_size:
+        raise ValueError(f"draft and target GGUF vocabularies differ ({runners['draft'].vocab_size} vs "
+                         f"{runners['target'].vocab_size} tokens); speculative decoding needs one shared vocabulary")
+    report(1.0, "models ready")
+    eos = tuple(dict.fromkeys(eos_token_ids(tok) + tuple(runners["target"].end_tokens)))
+    return ModelPair(draft=runners["draft"], target=runners["target"], tokenizer=tok,
+                     draft_name=runners["draft"].name, target_name=runners["target"].name,
+                     device=torch.device("cpu"), dtype=torch.float32, draft_int8=False, eos_token_ids=eos,
+                     draft_dtype=torch.float32, backend="llamacpp")
+
+
+def gguf_tokenizer(gguf: Path, cache: Path, converted: Path | None = None) -> PreTrainedTokenizerBase:
+    """The Hugging Face tokenizer of a GGUF file: from ``converted`` (a directory holding it) when given, else
+    read from the GGUF once (15-25 s for Qwen's) and kept in ``cache`` under the file's name."""
+    if converted is not None:
+        return load_tokenizer(converted)
+    keep = cache / f"{gguf.stem}.tokenizer"
+    if (keep / "tokenizer_config.json").is_file():
+        return load_tokenizer(keep)
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tmp = keep.with_name(keep.name + f".tmp-{os.getpid()}")
+    tok.save_pretrained(tmp)
+    os.replace(tmp, keep)
+    return tok
 
 
 def _resolve_paths(draft: str, target: str, cache_dir, report: ProgressFn) -> dict[str, str | Path]:

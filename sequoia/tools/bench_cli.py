@@ -7,8 +7,11 @@ prompt per set, 16 tokens, greedy only, a coarse hardware profile.
 
 from __future__ import annotations
 
+import argparse
+import gc
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -17,14 +20,17 @@ from .._meta import ASSETS, pair_name, write_json
 from ..runtime.dynamic import MAX_DEPTH
 from ..runtime.finder import ProfileChoice, find_ngram_acceptance, list_acceptance
 from ..runtime.methods import STATIC_DEPTH
+from ..runtime.models import BACKENDS
 from ..runtime.runner import process_clock
 from .bench import BENCH_METHODS, WORKLOAD_METHODS, BenchConfig, load_prompt_sets
 from .bench import run_bench as bench
 from .bench_figures import speed_figure, speedup_figure, time_split_figure, write_figures
 from .bench_report import markdown_table, summarize_runs, to_dict, write_markdown
 from .bench_trees import choose_trees, dynamic_proposers
-from .common import add_model_args, load_from_args, profile_for
+from .common import add_model_args, backend_of, load_from_args, profile_for
 
+#: What the bench runs on llama.cpp: its target alone, and the methods that choose trees by its costs.
+LLAMACPP_METHODS = ("ar", "sequoia", "sequoia-dynamic", "sequoia-ngram")
 QUICK = dict(limit=1, max_new_tokens=16, temperatures="0", warmup=2)
 
 
@@ -61,6 +67,10 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="cpu: time with this process's CPU time (needs --threads 1), for a busy shared machine")
     p.add_argument("--no-png", action="store_true", help="HTML charts only")
+    p.add_argument("--backends", default=None,
+                   help="comma-separated runtimes to bench one after the other in this process, into one table "
+                        f"(default: --backend's); on llamacpp the methods are {', '.join(LLAMACPP_METHODS)} and "
+                        "its rows are named llamacpp:METHOD")
     add_model_args(p)
 
 
@@ -91,6 +101,41 @@ def main_bench(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.clock == "cpu" and args.threads != 1:
         raise ValueError("--clock cpu needs --threads 1 (CPU time sums every thread)")
+    backends = _backends(args)
+    result = None
+    for backend in backends:
+        part = _bench_one(argparse.Namespace(**{**vars(args), "backend": backend}), sets, config, out,
+                          prefix="" if backend == backends[0] and backend == "hf" else f"{backend}:")
+        result = part if result is None else _merged(result, part)
+        gc.collect()
+    _write(result, out, png=not args.no_png)
+    return 0
+
+
+def _backends(args) -> list[str]:
+    names = [b.strip() for b in (args.backends or backend_of(args)).split(",") if b.strip()]
+    unknown = [b for b in names if b not in BACKENDS]
+    if unknown or not names or len(set(names)) != len(names):
+        raise ValueError(f"--backends must name distinct runtimes among {', '.join(BACKENDS)}, got {args.backends!r}")
+    return names
+
+
+def _merged(a, b):
+    """One result holding both backends' runs (the first's settings and profile, both pairs named)."""
+    a.runs.extend(b.runs)
+    a.pair = f"{a.pair}; {b.pair}"
+    a.seconds += b.seconds
+    a.profile_reason = f"{a.profile_reason}; {b.profile_reason}" if b.profile_reason else a.profile_reason
+    return a
+
+
+def _bench_one(args, sets, config, out: Path, prefix: str):
+    """The bench on one backend; its rows are named ``prefix + method`` (llama.cpp: its own method set)."""
+    if args.backend == "llamacpp":
+        config = replace(config, methods=tuple(m for m in config.methods if m in LLAMACPP_METHODS)
+                         or LLAMACPP_METHODS)
+        if "ar" not in config.methods:   # the runtime's own target alone: the reference its rows compare with
+            config = replace(config, methods=("ar",) + config.methods)
     pair = load_from_args(args)
     clock = process_clock() if args.clock == "cpu" else time.perf_counter
     choice, trees, dynamic = None, [], None
@@ -106,16 +151,18 @@ def main_bench(args) -> int:
                    checkpoint=lambda partial: write_json(out / "bench.partial.json", to_dict(partial)))
     if choice is not None:
         result.profile = choice.profile.to_dict()
-        result.profile_reason = f"{choice.source}: {choice.reason}"
+        result.profile_reason = f"{prefix}{choice.source}: {choice.reason}"
     result.clock = "process" if args.clock == "cpu" else "wall"
-    _write(result, out, png=not args.no_png)
-    return 0
+    if prefix:
+        result.runs = [replace(r, method=prefix + r.method,
+                               reference=prefix + r.reference if r.reference else None) for r in result.runs]
+    return result
 
 
 def _profile(args, pair, out: Path) -> ProfileChoice:
-    """The finder's choice (given, cached, shipped, or measured now); a copy goes to OUT/profile.json."""
-    choice = profile_for(pair, args.profile, args.cache_dir)
-    choice.profile.save(out / "profile.json")
+    """The finder's choice (given, cached, shipped, or measured now); a copy goes to OUT/profile[-backend].json."""
+    choice = profile_for(pair, args.profile if args.backend == "hf" else None, args.cache_dir)
+    choice.profile.save(out / ("profile.json" if args.backend == "hf" else f"profile-{args.backend}.json"))
     return choice
 
 

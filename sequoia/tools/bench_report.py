@@ -60,6 +60,19 @@ class MethodSummary:
     decode_tokens_per_s: float = math.nan  # median decode rate after the first output
     decode_speedup: float = math.nan  # median per-prompt ratio of decode rates to hf-generate
     decode_vs_best_hf: float = math.nan    # the same to the faster decode of BEST_HF
+    vs_runtime_alone: float = math.nan     # median per-prompt ratio to its own runtime's target alone
+                                           # (hf-generate for Hugging Face rows, RUNTIME:ar for RUNTIME:* rows)
+
+
+def runtime_of(method: str) -> str:
+    """The runtime prefix of a bench row's method ("llamacpp" in "llamacpp:sequoia"; "" for Hugging Face rows)."""
+    return method.split(":", 1)[0] if ":" in method else ""
+
+
+def _report_order(method: str) -> tuple:
+    runtime = runtime_of(method)
+    base = method.split(":", 1)[1] if runtime else method
+    return (runtime != "", runtime, BENCH_METHODS.index(base) if base in BENCH_METHODS else len(BENCH_METHODS))
 
 
 def load_line(loads: list[float], cores: int) -> str:
@@ -78,9 +91,10 @@ def summarize_runs(runs: list[RunResult]) -> list[MethodSummary]:
     for r in runs:
         groups.setdefault((r.prompt_set, r.temperature, r.method), []).append(r)
     index = {(r.prompt_set, r.temperature, r.method, r.prompt_index): r for r in runs}
-    order = {m: i for i, m in enumerate(BENCH_METHODS)}
     out = []
-    for (set_name, temp, method), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], order[kv[0][2]])):
+    for (set_name, temp, method), rs in sorted(groups.items(),
+                                               key=lambda kv: (kv[0][0], kv[0][1], _report_order(kv[0][2]))):
+        alone = f"{runtime_of(method)}:ar" if runtime_of(method) else "hf-generate"
         out.append(MethodSummary(
             method=method, prompt_set=set_name, temperature=temp, runs=len(rs),
             tokens_per_s=statistics.median(r.tokens_per_s for r in rs),
@@ -93,6 +107,7 @@ def summarize_runs(runs: list[RunResult]) -> list[MethodSummary]:
             decode_tokens_per_s=_median(r.decode_tokens_per_s for r in rs),
             decode_speedup=_median_ratio(rs, index, "hf-generate", rate=_decode),
             decode_vs_best_hf=_median_ratio(rs, index, *BEST_HF, rate=_decode),
+            vs_runtime_alone=_median_ratio(rs, index, alone),
         ))
     return out
 
@@ -176,8 +191,10 @@ def markdown_table(summaries: list[MethodSummary], wall_column: bool = False) ->
     a *vs best HF* column follows *vs assisted* when both Hugging Face drafting baselines ran.
     """
     best_column = any(not math.isnan(s.vs_best_hf) for s in summaries)
+    runtime_column = any(runtime_of(s.method) for s in summaries)
     columns = (_COLUMNS[:4] + (("wall tokens/s",) if wall_column else ()) + _COLUMNS[4:6]
-               + (("vs best HF",) if best_column else ()) + _COLUMNS[6:])
+               + (("vs best HF",) if best_column else ()) + (("vs its runtime alone",) if runtime_column else ())
+               + _COLUMNS[6:])
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for s in summaries:
         split = ("-" if s.draft_frac is None else
@@ -186,6 +203,7 @@ def markdown_table(summaries: list[MethodSummary], wall_column: bool = False) ->
         cells = (f"{s.prompt_set} ({s.runs})", f"{s.temperature:g}", s.method, f"{s.tokens_per_s:.2f}",
                  *((f"{s.wall_tokens_per_s:.2f}",) if wall_column else ()),
                  _x(s.speedup), _x(s.vs_assisted), *((_x(s.vs_best_hf),) if best_column else ()),
+                 *((_x(s.vs_runtime_alone),) if runtime_column else ()),
                  _num(s.first_token_s), _num(s.decode_tokens_per_s), _x(s.decode_speedup),
                  f"{s.tokens_per_call:.2f}", split, equal)
         lines.append("| " + " | ".join(cells) + " |")
