@@ -108,3 +108,49 @@ def choice_markdown(choice, acceptance_name: str = "") -> str:
             f"**{choice.ms_per_token:.1f} ms/token** (draft {choice.cost.draft_ms:.1f} ms + "
             f"verify {choice.cost.target_ms:.1f} ms per step) vs target alone "
             f"{choice.baseline_ms:.1f} ms/token → **{choice.speedup:.2f}×** predicted speedup.")
+
+
+@dataclass(frozen=True)
+class RuntimeRow:
+    """One runtime's numbers on this machine, from its measured profile."""
+
+    runtime: str                        # e.g. "llamacpp: target Q4_K_M, draft Q4_K_M"
+    alone_tokens_per_s: float           # the target alone: 1000 / (one-token forward ms)
+    best_label: str                     # the optimizer's best configuration there (e.g. "sequoia n=8 d=4")
+    best_tokens_per_s: float            # its predicted rate (the target alone's when no tree pays)
+    source: str = ""                    # which profile (shipped, cached, measured)
+
+
+def runtimes_figure(series: Sequence[CostSeries]) -> go.Figure:
+    """Each runtime's target forward (solid) and draft level (dotted) by tokens, side by side (log x)."""
+    fig = go.Figure()
+    palette = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
+    for i, cost in enumerate(series):
+        color = palette[i % len(palette)]
+        fig.add_trace(go.Scatter(x=list(cost.target_n), y=list(cost.target_ms), mode="lines+markers",
+                                 name=f"{cost.label}: target", line=dict(color=color, width=2.5),
+                                 hovertemplate="%{x} tokens: %{y:.1f} ms<extra>" + cost.label + " target</extra>"))
+        if cost.draft_width:
+            fig.add_trace(go.Scatter(x=list(cost.draft_width), y=list(cost.draft_ms), mode="lines+markers",
+                                     name=f"{cost.label}: draft level", line=dict(color=color, dash="dot"),
+                                     hovertemplate="width %{x}: %{y:.1f} ms<extra>" + cost.label + " draft</extra>"))
+    fig.update_layout(title=dict(text="measured cost by runtime", x=0.01), height=400,
+                      margin=dict(l=50, r=20, t=50, b=45), plot_bgcolor="white",
+                      xaxis_title="tokens in one forward", yaxis_title="ms", legend=dict(orientation="h", y=-0.2))
+    fig.update_xaxes(type="log", gridcolor="#eee")
+    fig.update_yaxes(rangemode="tozero", gridcolor="#eee")
+    return fig
+
+
+def runtimes_markdown(rows: Sequence[RuntimeRow]) -> str:
+    """A table of each runtime's target alone and best predicted configuration, and which is fastest here."""
+    if not rows:
+        return "_No runtime has a measured profile on this machine yet (`python -m sequoia profile --backend ...`)._"
+    lines = ["| runtime | target alone | best configuration | predicted |", "|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.runtime} | {r.alone_tokens_per_s:.1f} tok/s | {r.best_label} | "
+                     f"{r.best_tokens_per_s:.1f} tok/s ({r.best_tokens_per_s / r.alone_tokens_per_s:.2f}x) |")
+    best = max(rows, key=lambda r: r.best_tokens_per_s)
+    lines.append(f"\n**Fastest here: {best.best_label} on {best.runtime.split(':')[0]}, "
+                 f"{best.best_tokens_per_s:.1f} tokens/s** (predicted from the measured costs; the bench measures it).")
+    return "\n".join(lines)
