@@ -1,6 +1,7 @@
 """Cost of one llama.cpp batch by new tokens and cached context, and the runner's decode speed against a bare loop.
 
     .venv/bin/python scripts/llamacpp_costs.py [--threads N] [--target PATH --draft PATH]
+    .venv/bin/python scripts/llamacpp_costs.py --pair-load     # load time and memory of the embedded pair
 
 For each model (the embedded Q4_K_M pair by default) and each cached context C,
 times one ``forward`` of n new tokens laid out as a binary tree hanging off the
@@ -25,7 +26,7 @@ import torch
 from llama_cpp import Llama
 
 from sequoia.runners.embedded import EMBEDDED, default_cache_dir, ensure_gguf
-from sequoia.runners.llamacpp import LlamaCppOptions, load_llamacpp_runner
+from sequoia.runners.llamacpp import LlamaCppOptions, load_embedded_llamacpp, load_llamacpp_runner
 
 
 def loadavg() -> str:
@@ -33,6 +34,28 @@ def loadavg() -> str:
         return " ".join(Path("/proc/loadavg").read_text().split()[:3])
     except OSError:
         return "n/a"
+
+
+def rss_gb() -> float:
+    """Resident memory of this process (GB), from /proc (Linux)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1e6
+    return float("nan")
+
+
+def pair_ready(cache: Path, options: LlamaCppOptions, gen: torch.Generator) -> None:
+    """Time to load both embedded runners from a warm cache (+ a first 128-token prefill each) and their RSS."""
+    base, t0 = rss_gb(), time.perf_counter()
+    runners = load_embedded_llamacpp(cache, options)
+    loaded = time.perf_counter() - t0
+    for r in runners.values():  # the first forward touches every mmap'd weight page
+        r.session().forward(torch.randint(0, 1000, (128,), generator=gen).tolist(), keep=1)
+    ready = time.perf_counter() - t0
+    print(f"embedded pair: loaded in {loaded:.1f} s, ready after a 128-token prefill each in {ready:.1f} s; "
+          f"RSS {rss_gb():.2f} GB ({rss_gb() - base:.2f} GB above the {base:.2f} GB before loading)")
+    for r in runners.values():
+        r.close()
 
 
 def batch_costs(runner, contexts: list[int], rows: list[int], reps: int, gen: torch.Generator) -> dict:
@@ -93,6 +116,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=7, help="timed runs per cell (median)")
     ap.add_argument("--decode", type=int, default=64, help="tokens of the greedy decode comparison (0: skip)")
     ap.add_argument("--models", default="target,draft", help="which of target,draft to measure")
+    ap.add_argument("--pair-load", action="store_true",
+                    help="only time loading the embedded pair (warm cache) and report its resident memory")
     args = ap.parse_args(argv)
     rows = [int(x) for x in args.rows.split(",")]
     contexts = [int(x) for x in args.contexts.split(",")]
@@ -100,6 +125,9 @@ def main(argv=None) -> int:
     options = LlamaCppOptions(n_threads=args.threads, n_ctx=max(contexts) + max(rows) + 256)
     gen = torch.Generator().manual_seed(0)
     print(f"threads {options.threads}, load average before: {loadavg()}")
+    if args.pair_load:
+        pair_ready(args.cache or default_cache_dir(), LlamaCppOptions(n_threads=args.threads), gen)
+        return 0
     for role in args.models.split(","):
         path = paths[role] or ensure_gguf(EMBEDDED[role], args.cache or default_cache_dir())
         t0 = time.perf_counter()

@@ -4,7 +4,8 @@
 drafter make (a verification tree in one call, a tree grown level by level,
 keep of an accepted path, crop, the last-k rows, a chain longer than a batch)
 and compares every logits row with the same token's path forwarded as a plain
-chain in a fresh session.  It raises AssertionError naming the check and the
+chain in a fresh session (opened only after the session under test is done:
+a runtime may hold one cache per model and invalidate older sessions).  It raises AssertionError naming the check and the
 difference, and returns the largest difference each check saw, so a test can
 record how close a runtime comes.  It needs nothing but the Runner protocol.
 """
@@ -148,36 +149,36 @@ def _check_keep_steps(c: _Checker) -> None:
     s.forward(c.prompt, keep=1)
     text = list(c.prompt)
     leaves = [i for i in range(len(TREE)) if i not in TREE]
-    for step, leaf in enumerate([leaves[-1], None, leaves[0]]):
+    steps = []  # (logits after the keep, text so far): compared once the session is done (one cache per runner)
+    # (accepted leaf, nodes rejected at its end): a whole path, nothing, a path cut short
+    for leaf, cut in [(leaves[-1], 0), (None, 0), (leaves[0], 1)]:
         toks = c.tokens(len(TREE))
         p = len(s)
         s.forward(toks, [p - 1 if q < 0 else p + q for q in TREE])
-        path = tree_path(TREE, leaf) if leaf is not None else []
-        path = path[: len(path) - step % 2]  # a partly accepted path too
+        path = tree_path(TREE, leaf)[: -cut or None] if leaf is not None else []
         s.keep(p, [p + i for i in path])
         text += [toks[i] for i in path]
         assert len(s) == len(text), f"keep: session length {len(s)}, kept text {len(text)}"
         more = c.tokens(3)
-        got = s.forward(more)
         text += more
-        c.report.record("keep", got.float(), c.chain(text, 3), c.atol)
+        steps.append((s.forward(more), list(text)))
+    for got, upto in steps:
+        c.report.record("keep", got.float(), c.chain(upto, 3), c.atol)
 
 
 def _check_crop(c: _Checker) -> None:
     s = c.runner.session()
-    extra = c.tokens(8)
+    extra, more, again = c.tokens(8), c.tokens(2), c.tokens(2)
     s.forward(c.prompt + extra, keep=1)
     s.crop(len(c.prompt) + 3)
     assert len(s) == len(c.prompt) + 3, f"crop: session length {len(s)}"
-    more = c.tokens(2)
-    got = s.forward(more)
-    c.report.record("crop", got.float(), c.chain(c.prompt + extra[:3] + more, 2), c.atol)
+    got1 = s.forward(more)
     p = len(s)  # crop a whole tree away: back to the chain
     s.forward(c.tokens(len(TREE)), [p - 1 if q < 0 else p + q for q in TREE])
     s.crop(p)
-    again = c.tokens(2)
-    got = s.forward(again, keep=1)
-    c.report.record("crop", got.float(), c.chain(c.prompt + extra[:3] + more + again, 1), c.atol)
+    got2 = s.forward(again, keep=1)
+    c.report.record("crop", got1.float(), c.chain(c.prompt + extra[:3] + more, 2), c.atol)
+    c.report.record("crop", got2.float(), c.chain(c.prompt + extra[:3] + more + again, 1), c.atol)
 
 
 def _check_keep_rows(c: _Checker) -> None:

@@ -44,7 +44,6 @@ from pathlib import Path
 import torch
 from filelock import FileLock
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .._meta import ProgressFn
 
@@ -331,6 +330,9 @@ def _convert(spec: EmbeddedSpec, gguf: Path, out: Path, progress: ProgressFn) ->
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     what = f"{spec.role} {spec.name}"
+    # only the bf16 conversion needs transformers (seconds to import); the llama.cpp runtime never does
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     try:
         progress(0.0, f"reading the {what} tokenizer from GGUF")
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=str(gguf))

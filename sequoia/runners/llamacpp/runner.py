@@ -33,7 +33,7 @@ from gguf import LlamaFileType
 from ..base import RunnerInfo, check_forward_args, check_keep_args
 from .plan import MAX_SEQ, ForwardPlan, MemoryOp, SlotTable
 
-_LOG_ERROR, _LOG_CONT = 3, 5  # ggml_log_level values
+_LOG_ERROR, _LOG_CONT = 4, 5  # enum ggml_log_level in ggml.h (DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5)
 
 
 @llama_cpp.llama_log_callback
@@ -59,6 +59,7 @@ class LlamaCppOptions:
     n_ctx: int = 4096             # KV cells: cached slots a session can hold (llama.cpp rounds up to 256)
     n_batch: int = 512            # tokens per llama_decode call; a longer forward is split in order
     n_ubatch: int = 512           # tokens per compute graph inside one llama_decode
+    flash_attn: bool = False      # see LlamaCppRunner._context_params for why it is off by default
 
     def __post_init__(self) -> None:
         if self.n_threads is not None and self.n_threads < 1:
@@ -111,12 +112,14 @@ class LlamaCppRunner:
         params.n_seq_max = MAX_SEQ    # every sequence id a tree may open
         params.kv_unified = True      # one cell pool: sequences share cells, seq_cp is metadata only
         params.no_perf = True
+        params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if options.flash_attn
+                                  else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         return params
 
     def session(self) -> LlamaCppSession:
         """Clear the cache and return a session owning it; earlier sessions become invalid."""
         self._check_open()
-        llama_cpp.llama_memory_clear(self._mem, True)
+        llama_cpp.llama_memory_clear(self._mem, False)  # metadata only: stale K/V bytes are never read
         self._active = LlamaCppSession(self)
         return self._active
 
