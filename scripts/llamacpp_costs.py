@@ -116,17 +116,22 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=7, help="timed runs per cell (median)")
     ap.add_argument("--decode", type=int, default=64, help="tokens of the greedy decode comparison (0: skip)")
     ap.add_argument("--models", default="target,draft", help="which of target,draft to measure")
+    ap.add_argument("--repack", action="store_true", help="re-lay quantized weights for SIMD gemm (more RAM)")
+    ap.add_argument("--flash-attn", action="store_true", help="llama.cpp's flash attention (off in the runner)")
     ap.add_argument("--pair-load", action="store_true",
                     help="only time loading the embedded pair (warm cache) and report its resident memory")
     args = ap.parse_args(argv)
     rows = [int(x) for x in args.rows.split(",")]
     contexts = [int(x) for x in args.contexts.split(",")]
     paths = {"target": args.target, "draft": args.draft}
-    options = LlamaCppOptions(n_threads=args.threads, n_ctx=max(contexts) + max(rows) + 256)
+    options = LlamaCppOptions(n_threads=args.threads, n_ctx=max(contexts) + max(rows) + 256, repack=args.repack,
+                              flash_attn=args.flash_attn)
     gen = torch.Generator().manual_seed(0)
-    print(f"threads {options.threads}, load average before: {loadavg()}")
+    print(f"threads {options.threads}, repack {options.repack}, flash_attn {options.flash_attn}, "
+          f"load average before: {loadavg()}")
     if args.pair_load:
-        pair_ready(args.cache or default_cache_dir(), LlamaCppOptions(n_threads=args.threads), gen)
+        pair_ready(args.cache or default_cache_dir(),
+                   LlamaCppOptions(n_threads=args.threads, repack=args.repack, flash_attn=args.flash_attn), gen)
         return 0
     for role in args.models.split(","):
         path = paths[role] or ensure_gguf(EMBEDDED[role], args.cache or default_cache_dir())

@@ -5,9 +5,11 @@ drafter make (a verification tree in one call, a tree grown level by level,
 keep of an accepted path, crop, the last-k rows, a chain longer than a batch)
 and compares every logits row with the same token's path forwarded as a plain
 chain in a fresh session (opened only after the session under test is done:
-a runtime may hold one cache per model and invalidate older sessions).  It raises AssertionError naming the check and the
-difference, and returns the largest difference each check saw, so a test can
-record how close a runtime comes.  It needs nothing but the Runner protocol.
+a runtime may hold one cache per model and invalidate older sessions).  It
+raises AssertionError naming the check and the difference, and returns the
+largest difference each check saw, so a test can record how close a runtime
+comes.  It needs nothing but the Runner protocol; ``atol`` is the caller's
+judgement of the runtime's rounding (1e-4 suits an f32 model on llama.cpp).
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ def test_runner_describes_itself(runner):
     assert runner.max_context >= 1024
     assert (runner.info.runtime, runner.info.weights, runner.info.device, runner.info.threads) == \
         ("llamacpp", "F32", "cpu", 1)
-    assert runner.name == "tiny-qwen2 (F32)"
+    assert runner.name == "tiny-qwen2 (F32)" and runner.end_tokens == ()  # the fixture has no tokenizer
 
 
 def test_conformance_on_the_tiny_gguf(runner, record_property):
@@ -141,6 +141,7 @@ def test_embedded_target_tree_argmax_equals_chain(embedded_target, record_proper
     batch shapes make them differ (the same chain split at another place differs by as much: 0.3-0.6 here)."""
     r = embedded_target
     assert r.info.weights == "Q4_K_M" and r.vocab_size == 151936
+    assert 151645 in r.end_tokens  # <|im_end|>
     t0 = time.perf_counter()
     prompt = [151644, 872, 198, 750, 75698, 1445, 982, 262, 421, 308, 366, 220, 17, 25, 262, 470]
     tree = (-1, 0, 0, 0, 1, 1, 2, 3, 4, 4, 6, 8, 8, 10, 11, 11)  # 16 nodes, depth 5, 7 leaves
