@@ -15,6 +15,16 @@ is converted once to a bf16 safetensors directory in the cache::
 A directory counts as converted only when ``SEQUOIA_OK`` holds the expected
 sha256; it is written inside a temporary directory that is renamed into place
 last, so an interrupted conversion is never mistaken for a finished one.
+
+The llama.cpp runtime loads the GGUF itself (no conversion), so
+:func:`ensure_gguf` keeps the assembled file in the cache instead::
+
+    <cache_dir>/qwen2.5-coder-0.5b-instruct.Q4_K_M.gguf
+    <cache_dir>/qwen2.5-coder-0.5b-instruct.Q4_K_M.gguf.ok   {"sha256", "size", "mtime_ns"} of that file
+
+Hashing 1.6 GB takes seconds, so a later start trusts the marker while the
+file's size and mtime are still the ones recorded, and re-hashes otherwise.
+:func:`ensure_converted` reuses a GGUF kept this way and leaves it in place.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ import base64
 import gc
 import hashlib
 import importlib.metadata as md
+import json
 import os
 import shutil
 import time
@@ -33,7 +44,6 @@ from pathlib import Path
 import torch
 from filelock import FileLock
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .._meta import ProgressFn
 
@@ -204,6 +214,70 @@ def _bar(total: int, desc: str, unit: str = "it"):
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", leave=False)
 
 
+# ------------------------------------------------------------------ the kept GGUF (llama.cpp)
+def gguf_path(spec: EmbeddedSpec, cache_dir: str | Path) -> Path:
+    """Where the assembled GGUF of ``spec`` lies in the cache (kept by :func:`ensure_gguf`)."""
+    return Path(cache_dir) / f"{spec.slug}.Q4_K_M.gguf"
+
+
+def _gguf_marker(gguf: Path) -> Path:
+    return gguf.with_name(gguf.name + ".ok")
+
+
+def is_gguf_kept(spec: EmbeddedSpec, cache_dir: str | Path) -> bool:
+    """True when the cached GGUF is the one its marker vouches for (same sha256, size and mtime)."""
+    gguf = gguf_path(spec, cache_dir)
+    try:
+        mark = json.loads(_gguf_marker(gguf).read_text())
+        st = gguf.stat()
+    except (OSError, ValueError):
+        return False
+    return (isinstance(mark, dict) and mark.get("sha256") == spec.sha256
+            and mark.get("size") == st.st_size == spec.size and mark.get("mtime_ns") == st.st_mtime_ns)
+
+
+def ensure_gguf(spec: EmbeddedSpec, cache_dir: str | Path, progress: ProgressFn | None = None) -> Path:
+    """The sha256-checked GGUF of ``spec`` in ``cache_dir``, assembled from its parts and kept.
+
+    Fast (two stats) when the marker still matches the file; a file without a
+    valid marker is re-hashed and reused if its digest is right, reassembled if not.
+    """
+    gguf = gguf_path(spec, cache_dir)
+    if is_gguf_kept(spec, cache_dir):
+        return gguf
+    try:
+        gguf.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EmbeddedModelError(f"cannot create the model cache {gguf.parent} ({exc}); "
+                                 "set SEQUOIA_CACHE to a writable directory") from exc
+    with _gguf_lock(gguf):
+        if not is_gguf_kept(spec, cache_dir):  # another process may have finished while we waited
+            _keep_gguf(spec, gguf, progress)
+    if progress:
+        progress(1.0, f"{spec.role} {spec.name} GGUF ready")
+    return gguf
+
+
+def _gguf_lock(gguf: Path) -> FileLock:
+    # Its own lock, not the conversion's: ensure_converted takes the conversion lock and then this one.
+    return FileLock(str(gguf.parent / f".{gguf.name}.lock"))
+
+
+def _keep_gguf(spec: EmbeddedSpec, gguf: Path, progress: ProgressFn | None) -> None:
+    """Make ``gguf`` the verified file and record its marker (the caller holds the GGUF lock)."""
+    _gguf_marker(gguf).unlink(missing_ok=True)  # a marker is only ever written after the bytes are verified
+    if not (gguf.is_file() and gguf.stat().st_size == spec.size and _file_sha256(gguf) == spec.sha256):
+        free = shutil.disk_usage(gguf.parent).free
+        if free < spec.size * 1.1:
+            raise EmbeddedModelError(f"the {spec.role} GGUF needs {spec.size / 1e9:.1f} GB free in {gguf.parent}, "
+                                     f"only {free / 1e9:.1f} GB are; free some space or set SEQUOIA_CACHE elsewhere")
+        assemble(locate_parts(spec), gguf, spec.sha256, spec.size, progress, what=f"{spec.role} {spec.name}")
+    st = gguf.stat()
+    tmp = _gguf_marker(gguf).with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps({"sha256": spec.sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns}) + "\n")
+    os.replace(tmp, _gguf_marker(gguf))
+
+
 # ------------------------------------------------------------------ conversion
 def ensure_converted(spec: EmbeddedSpec, cache_dir: str | Path, progress: ProgressFn | None = None,
                      keep_gguf: bool = False) -> Path:
@@ -226,15 +300,19 @@ def ensure_converted(spec: EmbeddedSpec, cache_dir: str | Path, progress: Progre
         for stale in out.parent.glob(f".{out.name}.tmp-*"):  # left by a killed conversion; we hold the lock
             shutil.rmtree(stale, ignore_errors=True)
         _check_free_space(spec, out.parent)
-        gguf = out.parent / f"{spec.slug}.Q4_K_M.gguf"
+        gguf = gguf_path(spec, cache_dir)
         report = _span(progress, 0.0, 0.25)
-        if not (gguf.is_file() and _file_sha256(gguf) == spec.sha256):
-            assemble(locate_parts(spec), gguf, spec.sha256, spec.size, report, what=f"{spec.role} {spec.name}")
+        with _gguf_lock(gguf):  # the GGUF may be kept (and in use) by the llama.cpp runtime
+            if keep_gguf and not is_gguf_kept(spec, cache_dir):
+                _keep_gguf(spec, gguf, report)
+            elif not is_gguf_kept(spec, cache_dir) and not (gguf.is_file() and _file_sha256(gguf) == spec.sha256):
+                assemble(locate_parts(spec), gguf, spec.sha256, spec.size, report, what=f"{spec.role} {spec.name}")
         try:
             _convert(spec, gguf, out, _span(progress, 0.25, 1.0))
         finally:
-            if not keep_gguf:
-                gguf.unlink(missing_ok=True)
+            with _gguf_lock(gguf):
+                if not (keep_gguf or is_gguf_kept(spec, cache_dir)):  # a kept GGUF stays for llama.cpp
+                    gguf.unlink(missing_ok=True)
     return out
 
 
@@ -252,6 +330,9 @@ def _convert(spec: EmbeddedSpec, gguf: Path, out: Path, progress: ProgressFn) ->
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     what = f"{spec.role} {spec.name}"
+    # only the bf16 conversion needs transformers (seconds to import); the llama.cpp runtime never does
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     try:
         progress(0.0, f"reading the {what} tokenizer from GGUF")
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=str(gguf))
