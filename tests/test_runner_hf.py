@@ -121,3 +121,9 @@ def test_forward_calls_are_counted(runner):
     session.forward(PROMPT)
     session.forward([1])
     assert runner.forward_calls == before + 2
+
+
+def test_the_shared_conformance_checks_pass(runner):
+    from runner_checks import check_runner_conformance
+
+    check_runner_conformance(runner, atol=1e-5)

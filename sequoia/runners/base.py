@@ -82,6 +82,7 @@ class Runner(Protocol):
     max_context: int | None     # positions the model supports (None: unknown)
     info: RunnerInfo
     forward_calls: int          # session forwards so far (the bench counts target calls with it)
+    end_tokens: tuple[int, ...]  # the model's own end-of-sequence ids (the pair merges them with the tokenizer's)
 
     def session(self) -> Session:
         """A fresh, empty cache.  A runtime with one cache per model may invalidate earlier sessions."""

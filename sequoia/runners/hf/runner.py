@@ -48,6 +48,9 @@ class HFRunner:
         # An int8 dynamic-quantized model runs its activations (and so its masks) in fp32.
         self.mask_dtype = dtype if dtype.is_floating_point else torch.float32
         self.forward_calls = 0   # every session forward, for the bench's count of target calls
+        # The model's own end-of-sequence ids (its generation_config may list several).
+        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        self.end_tokens = tuple(int(t) for t in ([eos] if isinstance(eos, int) else eos or ()))
 
     @property
     def config(self):

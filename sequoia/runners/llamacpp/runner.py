@@ -112,6 +112,7 @@ class LlamaCppRunner:
                                kernels=f"n_batch={options.n_batch} n_ubatch={options.n_ubatch} kv_unified")
         self._batch = _Batch(options.n_batch)
         self._active: LlamaCppSession | None = None
+        self.forward_calls = 0   # every session forward, for the bench's count of target calls
 
     @staticmethod
     def _context_params(options: LlamaCppOptions):
@@ -203,6 +204,7 @@ class LlamaCppSession:
                 out[lo - first_out:b - first_out] = _logits_rows(r, lo - a, b - lo)
         self._table.commit(parents, plan)
         self._broken = None
+        r.forward_calls += 1
         return out
 
     def keep(self, prefix: int, slots: Sequence[int]) -> None:
