@@ -30,8 +30,11 @@ def machine_fingerprint(pair=None) -> Fingerprint:
     device = torch.device(getattr(pair, "device", None) or "cpu") if pair is not None else torch.device("cpu")
     gpu = _gpu_facts(device) if device.type == "cuda" else {}
     models = _model_facts(pair) if pair is not None else {}
+    # A runtime with threads of its own (llama.cpp) says how many it runs; torch's count is for torch.
+    threads = getattr(getattr(getattr(pair, "target", None), "info", None), "threads", None) or \
+        getattr(pair, "threads", None) or torch.get_num_threads()
     return Fingerprint(device_kind=device.type, cpu_model=model, cpu_features=features,
-                       onednn_bf16=cpu.onednn_bf16(), threads=torch.get_num_threads(),
+                       onednn_bf16=cpu.onednn_bf16(), threads=threads,
                        torch_version=torch.__version__, **gpu, **models)
 
 
@@ -54,6 +57,9 @@ def _model_facts(pair) -> dict:
         return dict(runtime=runtime, target_dtype=t_info.weights, target_quant=t_info.quant,
                     single_row_kernel=t_info.single_row_kernel, multi_row_kernel=t_info.multi_row_kernel,
                     draft_dtype=d_info.weights, draft_quant=d_info.quant, pair=pair_name(pair))
+    if getattr(pair, "backend", "hf") == "llamacpp":   # GGUF files: their own weight types, no torch kernels
+        weights = getattr(pair, "gguf_weights", ("Q4_K_M", "Q4_K_M"))
+        return dict(runtime="llamacpp", target_dtype=weights[1], draft_dtype=weights[0], pair=pair_name(pair))
     draft_quant = getattr(pair, "draft_quant", None) or ("int8" if getattr(pair, "draft_int8", False) else "none")
     target_dtype = getattr(pair, "dtype", None)
     device_type = torch.device(getattr(pair, "device", None) or "cpu").type

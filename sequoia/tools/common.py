@@ -73,7 +73,8 @@ def expected_fingerprint(args) -> Fingerprint:
     # As load_pair stores them: a quantized draft runs with bf16 activations.
     stand_in = SimpleNamespace(device=device, dtype=dtype, draft_dtype=torch.bfloat16 if dq != "none" else dtype,
                                draft_quant=dq, target_quant=args.target_quant, name="not loaded",
-                               blocked_weights=not args.no_blocked_weights)
+                               blocked_weights=not args.no_blocked_weights, backend=backend_of(args),
+                               threads=os.cpu_count() if backend_of(args) == "llamacpp" else None)
     return replace(machine_fingerprint(stand_in), pair="")
 
 
