@@ -11,7 +11,7 @@ token in the text view mean the same thing.
 
 from __future__ import annotations
 
-from sequoia.runtime.methods import METHOD_LABELS
+from sequoia.core.request import METHOD_LABELS  # plain data: importing the views loads no model code
 
 #: Node / token status colours shared by every view.
 COLORS = {

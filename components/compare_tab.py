@@ -27,9 +27,9 @@ import gradio as gr
 from sequoia._meta import ProgressFn
 from sequoia.runtime.runner import RunResult, iter_run, run_method, warmup
 
-from . import compare_view, serving
+from . import compare_view, serving, validation
 from .context import MODEL_WORK, AppContext, acceptance_catalogue, default_acceptance_label, follow_temperature
-from .live_tab import FRAME_S, Throttle, make_request
+from .frames import FRAME_S, Throttle
 
 
 @dataclass(frozen=True)
@@ -132,8 +132,10 @@ def iter_comparison(ctx: AppContext, prompt, budget, depth, temperature, top_p, 
     """
     chosen = choose_methods(ctx, methods, include_hf)
     engine = [m for m in chosen if not m.hf]
-    reqs = {m.label: make_request(ctx, prompt, m.label, budget, depth, temperature, top_p, max_new_tokens, seed,
-                                  acceptance, chat) for m in engine}
+    # Parsed once (by the validator when the request came through the queue), then one proposer per method.
+    base = validation.decode_request(ctx, prompt, validation.COMPARE_METHOD, budget, depth, temperature, top_p,
+                                     max_new_tokens, seed, chat, acceptance)
+    reqs = {m.label: validation.engine_inputs(ctx, base.for_method(m.label)) for m in engine}
     ref = reqs[METHODS[0].label]  # Hugging Face baselines take the reference's prompt ids and settings
     state = CompareState(total=len(chosen))
     _warm_up(ctx, list(reqs.values()), [m for m in chosen if m.hf])
@@ -276,9 +278,11 @@ def build(ctx: AppContext) -> None:
             table = gr.Dataframe(headers=compare_view.HEADERS, label="results", interactive=False)
             notes = gr.Markdown()
 
+    # Named parameters: a refusal before the queue names the input it is about (components.validation).
     @functools.partial(serving.on_gpu, duration=lambda *a: serving.gpu_seconds(a[5], len(a[9] or ()) + 1))  # ZeroGPU
-    def handler(*args):
-        yield from on_compare(ctx, *args)
+    def handler(prompt, budget, depth, temperature, top_p, max_new_tokens, seed, acceptance, chat, methods):
+        yield from on_compare(ctx, prompt, budget, depth, temperature, top_p, max_new_tokens, seed, acceptance, chat,
+                              methods)
 
     # ``methods`` sits where the validator (components.validation) expects its last input, and is not checked there.
     event = run_btn.click(handler, [prompt, budget, depth, temperature, top_p, max_new, seed, acceptance, chat,

@@ -16,7 +16,6 @@ it is a ``ValueError`` so every handler's "readable message" path shows it.
 from __future__ import annotations
 
 import html
-import json
 import os
 import threading
 import time
@@ -29,7 +28,7 @@ from typing import Any
 import gradio as gr
 
 from sequoia._meta import ASSETS, ProgressFn, pair_name  # ASSETS re-exported for the tabs
-from sequoia.core.dp import check_acceptance
+from sequoia.core.request import parse_vector
 from sequoia.core.profile import HardwareProfile
 from sequoia.runtime import finder
 from sequoia.runtime.engine import SpeculativeEngine
@@ -133,19 +132,9 @@ def follow_temperature(temperature, acceptance, assets_dir: Path = ASSETS) -> No
 
 
 def parse_acceptance(value: Any) -> tuple[float, ...]:
-    """A list, or text such as ``"0.8, 0.1"`` / ``"[0.8, 0.1]"``, as a validated vector."""
-    if isinstance(value, str):
-        text = value.strip()
-        if not text:
-            raise ValueError("the acceptance vector is empty")
-        try:
-            value = json.loads(text if text.startswith("[") else f"[{text}]")
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"acceptance vector: expected numbers separated by commas ({exc.msg})") from None
-    if not isinstance(value, (list, tuple)) or not all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) for x in value):
-        raise ValueError("acceptance vector: expected a list of numbers")
-    return tuple(float(x) for x in check_acceptance(value))
+    """A list, or text such as ``"0.8, 0.1"`` / ``"[0.8, 0.1]"``, as a validated vector (at most
+    MAX_ACCEPTANCE_LEN entries): :func:`sequoia.core.request.parse_vector`."""
+    return parse_vector(value)
 
 
 def format_acceptance(vec: tuple[float, ...]) -> str:
@@ -166,6 +155,7 @@ class AppContext:
     choice: ProfileChoice = field(default_factory=lambda: ProfileChoice(
         None, "none", None, "the models are not loaded yet"))
     profiling: LoadStatus | None = None       # progress of the background measurement; None: none started
+    requests: Any = field(default=None, repr=False)   # parsed requests by raw values (components.validation.memo)
     _pair: Any = field(default=None, repr=False)
     _engine: Any = field(default=None, repr=False)
     _load_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)

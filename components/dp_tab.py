@@ -11,16 +11,17 @@ context) shows the best tree of the cell holding one at the root
 
 # No ``from __future__ import annotations``: gr.api reads the return annotation.
 
+import functools
 import json
 from dataclasses import dataclass
 
 import gradio as gr
 
-from sequoia.core.config import MAX_DEPTH, check_acceptance_length, check_budget, check_dp_work
+from sequoia.core.config import MAX_DEPTH
 from sequoia.core.dp import baseline_curves, check_copies, optimal_tree, optimal_tree_with_copies
 from sequoia.core.tree import MAX_TREE_SIZE
 
-from . import dp_view, serving
+from . import dp_view, serving, validation
 from .context import LIGHT_WORK, AppContext, acceptance_catalogue, format_acceptance, parse_acceptance
 
 
@@ -32,13 +33,17 @@ class DPSession:
 
 
 def solve(acceptance_text: str, budget, depth):
-    """Validated DP solve; raises ValueError with a readable message."""
-    acc = parse_acceptance(acceptance_text)
-    check_acceptance_length(acc)
-    budget, depth = int(budget), int(depth)
-    check_budget(budget, depth)
-    check_dp_work(budget, depth, len(acc))
-    return optimal_tree(acc, budget, depth)
+    """Validated DP solve (the request parsed once: components.validation.dp_request); raises ValueError with
+    a readable message naming the field."""
+    req = validation.dp_request(acceptance_text, budget, depth)
+    return solved(req.acceptance, req.budget, req.depth)
+
+
+@functools.lru_cache(maxsize=16)
+def solved(acceptance: tuple[float, ...], budget: int, depth: int):
+    """The DP table of one vector, budget and depth, solved once (the explorer's Solve, its cells and ``/dp``
+    ask for the same table again and again).  Each table is at most a few MB under the DP work cap."""
+    return optimal_tree(acceptance, budget, depth)
 
 
 def cell_views(result, n, d):
@@ -97,11 +102,8 @@ def copies_views(acceptance_text, copies_text, n, d):
         if not copies:
             return None, "*Enter c_1, c_2, … (chance each copied token is accepted given the previous one was) " \
                          "to see the best tree holding a copied chain.*"
-        acc = parse_acceptance(acceptance_text)
-        check_acceptance_length(acc)
-        n, d = max(int(n), 1), max(int(d), 1)
-        check_budget(n, d)
-        check_dp_work(n, d, len(acc))
+        req = validation.dp_request(acceptance_text, max(int(n), 1), max(int(d), 1))
+        acc, n, d = req.acceptance, req.budget, req.depth
         result = optimal_tree_with_copies(acc, copies, n, d)
     except ValueError as exc:
         raise gr.Error(str(exc), title="Cannot solve with the copied chain") from None

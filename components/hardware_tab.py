@@ -16,15 +16,15 @@ from dataclasses import dataclass, field
 import gradio as gr
 
 from sequoia.core.optimizer import choose_tree, predict
+from sequoia.core.request import MethodSpec
 from sequoia.core.tree import Tree
 from sequoia.runtime.finder import ProfileChoice, cache_profile
 from sequoia.runtime.profiling import measure_profile
 from sequoia.runtime.runner import run_method, warmup
 
-from . import dp_view, hardware_view
+from . import dp_view, hardware_view, validation
 from .context import (LIGHT_WORK, MODEL_WORK, AppContext, ModelsNotReady, acceptance_catalogue,
                       default_acceptance_label)
-from .live_tab import make_request
 
 QUICK_TARGET_GRID = (1, 2, 4, 8, 16, 32, 64, 128)
 QUICK_DRAFT_GRID = (1, 2, 4, 8, 16, 32)
@@ -43,9 +43,11 @@ def predictions(ctx: AppContext, acceptance, budget: int, depth: int, measured: 
     """(choice, rows): the optimizer's pick and predicted ms/token of it and the fixed shapes."""
     prof = ctx.profile
     choice = choose_tree(acceptance, prof, max_budget=budget, max_depth=depth)
+    chain = MethodSpec("chain", budget, depth).engine_args(dynamic_depth=depth)       # the registry's meaning
+    chains = MethodSpec("specinfer", budget, depth).engine_args(dynamic_depth=depth)  # of budget and depth
     shapes = {
-        "chain": Tree.chain(min(budget, depth)),
-        "specinfer": Tree.specinfer(max(1, budget // depth), depth),
+        "chain": Tree.chain(chain["budget"]),
+        "specinfer": Tree.specinfer(chains["width"], chains["depth"]),
     }
     rows = [hardware_view.PredictionRow("target only", choice.baseline_ms, measured.get("target only")),
             hardware_view.PredictionRow("sequoia (chosen)", choice.ms_per_token,
@@ -95,7 +97,9 @@ def measure(ctx: AppContext, budget: int, depth: int, acceptance) -> dict[str, f
     The bench's rule (:mod:`sequoia.runtime.runner`): one short untimed warm-up run of both, then the
     whole call timed, prefill included.
     """
-    reqs = {label: make_request(ctx, MEASURE_PROMPT, method, budget, depth, 0.0, 1.0, MEASURE_TOKENS, 0, acceptance)
+    base = validation.decode_request(ctx, MEASURE_PROMPT, "Target only", budget, depth, 0.0, 1.0, MEASURE_TOKENS, 0,
+                                     True, acceptance)
+    reqs = {label: validation.engine_inputs(ctx, base.for_method(method))
             for label, method in (("target only", "Target only"), ("sequoia (chosen)", "Sequoia (auto)"))}
     engine, pair = ctx.engine(), ctx.pair()
     ids = reqs["target only"].prompt_ids

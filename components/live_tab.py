@@ -3,8 +3,9 @@
 The handler is a generator: every :class:`~sequoia.core.trace.StepRecord` the
 engine yields updates the marked-up text, the tree of the newest step and
 (throttled) the statistics panel.  A step slider revisits any step's tree
-afterwards.  Request checking lives in :func:`make_request`, a plain function
-shared with the API endpoint and the Compare tab.
+afterwards.  The request is parsed once, before it queues, by
+:func:`components.validation.decode_request` (shared with the API endpoint and
+the Compare tab); the handler receives that parse and builds the proposer.
 """
 
 # No ``from __future__ import annotations`` here: gr.api reads the endpoint's
@@ -18,36 +19,18 @@ from dataclasses import dataclass, field, replace
 
 import gradio as gr
 
-from sequoia.core.config import MAX_NEW_TOKENS, GenerationConfig, SamplingConfig, check_acceptance_length, check_budget
 from sequoia.core.cost import baseline_ms
+from sequoia.core.request import BY_NAME, PAGE_METHODS
 from sequoia.core.trace import StepRecord
 from sequoia.runtime.dynamic import MAX_DEPTH
-from sequoia.runtime.methods import make_method
 
-from . import inspector_view, serving, stats_view, text_view, tree_view
-from .context import (
-    LIGHT_WORK,
-    MODEL_WORK,
-    AppContext,
-    acceptance_catalogue,
-    default_acceptance_label,
-    follow_temperature,
-    parse_acceptance,
-)
+from . import inspector_view, serving, stats_view, text_view, tree_view, validation
+from .context import LIGHT_WORK, MODEL_WORK, AppContext, acceptance_catalogue, default_acceptance_label, follow_temperature
+from .frames import FRAME_S, Throttle
+from .validation import EngineInputs
 
-#: UI label -> sequoia.runtime.methods name (the Method dropdown).
-METHOD_LABELS = {
-    "Sequoia (auto)": "sequoia-auto",
-    "Sequoia (budget & depth)": "sequoia",
-    "Sequoia (dynamic)": "sequoia-dynamic",
-    "Sequoia + n-gram copies": "sequoia-ngram",
-    "n-gram copies only": "ngram",
-    "Chain": "chain",
-    "SpecInfer": "specinfer",
-    "Target alone": "ar",
-}
-#: Older labels still accepted from API clients and other tabs.
-_ALIASES = {"Target only": "ar"}
+#: UI label -> engine name (the Method dropdown): the registry's page labels (sequoia.core.request.METHODS).
+METHOD_LABELS = PAGE_METHODS
 #: The method the page opens on: the tree the machine's profile prices as best, per step.
 DEFAULT_METHOD = "Sequoia (dynamic)"
 DEFAULT_NEW_TOKENS = 48
@@ -59,9 +42,7 @@ HOW_TO_READ = """\
 **Tree**: the step's draft tree, first-sampled child on the left (the one p_1 is about); green = accepted path, red = tested and rejected, grey = never tested, open = cut by the length limit.
 **Inspector**: pick a node to see the target's p and the draft's q over the likeliest tokens, the random draw u against min(1, p/q), and the residual the next sibling is tested against.
 """
-# While streaming, update the page at most this often.  A browser re-rendering Plotly figures for every
-# step of a fast method (target only: ~10 steps/s) falls behind and stops answering clicks, Stop included.
-FRAME_S = 0.2         # the text and the summary line
+# While streaming, update the page at most every FRAME_S (components.frames), the tree and statistics less often.
 _TREE_EVERY_S = 0.5    # the tree (with the step slider and the outlined step, which follow it)
 _STATS_EVERY_S = 2.0   # the six-panel statistics
 
@@ -75,100 +56,15 @@ class LiveSession:
     target_tps: float | None = None   # the profile's predicted tokens/s of the target alone (None: no profile)
 
 
-@dataclass(frozen=True)
-class Request:
-    prompt_ids: list[int]
-    proposer: object
-    config: GenerationConfig
-    note: str = ""            # e.g. a fallback that was taken, shown as a warning
-    inspect: bool = False     # record what verification saw (the live tab's inspector)
-
-
-def _as_int(name: str, value, lo: int, hi: int | None = None) -> int:
-    if value is None or isinstance(value, bool) or float(value) != int(float(value)):
-        raise ValueError(f"{name} must be a whole number, got {value!r}")
-    v = int(float(value))
-    if v < lo or (hi is not None and v > hi):
-        raise ValueError(f"{name} must be in {lo}..{hi}, got {v}" if hi is not None
-                         else f"{name} must be >= {lo}, got {v}")
-    return v
-
-
-def make_config(temperature, top_p, max_new_tokens, seed) -> GenerationConfig:
-    """Validated generation settings (ValueError with a readable message otherwise)."""
-    sampling = SamplingConfig(temperature=float(temperature), top_p=float(top_p))
-    return GenerationConfig(max_new_tokens=_as_int("max new tokens", max_new_tokens, 1, MAX_NEW_TOKENS),
-                            sampling=sampling, seed=_as_int("seed", seed, 0))
-
-
-def make_proposer(ctx: AppContext, method: str, budget, depth, acceptance,
-                  temperature: float = 0.0) -> tuple[object, str]:
-    """A proposer for a UI label or method name, checked against the server's budget cap."""
-    name = METHOD_LABELS.get(method, _ALIASES.get(method, method))
-    if name not in METHOD_LABELS.values():
-        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHOD_LABELS)}")
-    cap = ctx.budget_cap()
-    budget = _as_int("budget", budget, 1)
-    depth = _as_int("depth", depth, 1)
-    if budget > cap:
-        raise ValueError(f"budget {budget} is above this server's cap of {cap} draft tokens per step")
-    check_budget(budget, depth)
-    if name == "sequoia-auto":
-        # No profile: make_method prices with the conservative stand-in, so the target runs alone.
-        method = make_method(name, budget=budget, depth=depth, acceptance=acceptance, profile=ctx.profile)
-        if ctx.profile is None:
-            return method, ctx.profile_note()
-        note = ("Under this machine's hardware profile no tree beats the target alone, so the optimizer chose "
-                "the root-only tree: plain target steps. Pick Sequoia (budget & depth) to see trees."
-                if method.tree.size == 0 else "")
-        return method, note
-    if name in ("sequoia-dynamic", "sequoia-ngram"):
-        return _dynamic(ctx, budget, depth, acceptance, temperature, name)
-    if name == "ngram":  # copies only, priced by the server's profile (no draft model)
-        return make_method("ngram", budget=budget, depth=depth, profile=ctx.profile,
-                           copy_acceptance=ctx.copy_acceptance(temperature)), (
-            ctx.profile_note() if ctx.profile is None else "")
-    if name == "chain":
-        return make_method("chain", budget=min(budget, depth)), ""
-    if name == "specinfer":
-        return make_method("specinfer", depth=depth, width=max(1, budget // depth)), ""
-    if name == "ar":
-        return make_method("ar"), ""
-    return make_method("sequoia", budget=budget, depth=depth, acceptance=acceptance), ""
-
-
-def _dynamic(ctx: AppContext, budget: int, depth: int, acceptance, temperature: float,
-             name: str = "sequoia-dynamic") -> tuple[object, str]:
-    """The dynamic tree (``name``: alone, or with copied branches) under the server's profile and the shipped
-    calibration (identity without one).  It grows as deep as pays, up to ``MAX_DEPTH`` or ``depth`` if that is
-    larger: the depth slider's default (8) suits the static trees, while the dynamic tree capped there (budget 32)
-    took 61 target calls for five held-out code prompts where it takes 54 (:data:`sequoia.runtime.dynamic.MAX_DEPTH`)."""
-    method = make_method(name, budget=budget, depth=max(depth, MAX_DEPTH), acceptance=acceptance,
-                         profile=ctx.profile, calibration=ctx.calibration(temperature),
-                         copy_acceptance=ctx.copy_acceptance(temperature))
-    notes = []
-    if ctx.profile is None:
-        notes.append(ctx.profile_note())
-    elif not method.can_pay and name == "sequoia-dynamic":
-        notes.append("Under this machine's profile no tree beats the target alone (verifying k tokens costs "
-                     "about k times one), so the dynamic policy drafts nothing: every step is a plain target "
-                     "step. Pick Sequoia (budget & depth) to see trees.")
-    return method, " ".join(notes)
-
-
-def make_request(ctx: AppContext, prompt: str, method: str, budget, depth, temperature, top_p,
-                 max_new_tokens, seed, acceptance=None, chat: bool = True) -> Request:
-    """Everything one decode needs, validated; raises ValueError with a readable message."""
-    if not prompt or not prompt.strip():
-        raise ValueError("the prompt is empty: type something to continue")
-    serving.server_caps(ctx).check_new_tokens(_as_int("max new tokens", max_new_tokens, 1))
-    config = make_config(temperature, top_p, max_new_tokens, seed)
-    if acceptance is not None:
-        check_acceptance_length(acceptance)
-    proposer, note = make_proposer(ctx, method, budget, depth, acceptance, config.sampling.temperature)
-    prompt_ids = ctx.pair().encode_prompt(prompt, chat=bool(chat))
-    serving.server_caps(ctx).check_prompt_tokens(len(prompt_ids))
-    return Request(list(prompt_ids), proposer, config, note)
+def budget_help() -> str:
+    """What budget and depth mean for each method on the page, in the registry's words."""
+    parts = []
+    for label, name in METHOD_LABELS.items():
+        info = BY_NAME[name]
+        if info.budget or info.depth:
+            words = info.budget if info.budget == info.depth or not info.depth else f"{info.budget}, {info.depth}"
+            parts.append(f"{label}: {words}".replace("the policy's limit", str(MAX_DEPTH)))
+    return "<small>" + " · ".join(parts) + "</small>"
 
 
 def generated_text(ctx: AppContext, records: list[StepRecord]) -> str:
@@ -176,8 +72,8 @@ def generated_text(ctx: AppContext, records: list[StepRecord]) -> str:
     return ctx.pair().tokenizer.decode(ids, skip_special_tokens=True)
 
 
-def run_decode(ctx: AppContext, req: Request) -> Iterator[StepRecord]:
-    """The engine's step stream for a validated request."""
+def run_decode(ctx: AppContext, req: EngineInputs) -> Iterator[StepRecord]:
+    """The engine's step stream for a parsed request's engine inputs."""
     return ctx.engine().generate(req.prompt_ids, req.proposer, req.config, inspect=req.inspect)
 
 
@@ -220,39 +116,29 @@ def decode_stream(ctx: AppContext, prompt, method, budget, depth, temperature, t
                   seed, acceptance_name, chat):
     """Generator handler: yields (html, tree, stats, summary, slider, session) as steps arrive.
 
+    The request was parsed by the validator before it queued; this call gets that parse back
+    (components.validation) and builds the proposer once.
+
     Stop (or a closed page) closes this generator at a ``yield``; ``closing`` then closes the engine's
     generator at once, which frees its KV caches instead of leaving them to the garbage collector.
     """
     try:
         acceptance = acceptance_catalogue(ctx.assets_dir).get(acceptance_name)
-        req = make_request(ctx, prompt, method, budget, depth, temperature, top_p, max_new_tokens,
-                           seed, acceptance, chat)
+        req = validation.decode_request(ctx, prompt, method, budget, depth, temperature, top_p, max_new_tokens,
+                                        seed, chat, acceptance)
+        job = validation.engine_inputs(ctx, req)
     except ValueError as exc:
         raise gr.Error(str(exc), title="Cannot decode") from None
-    if req.note:
-        gr.Warning(req.note)
+    if job.note:
+        gr.Warning(job.note)
     session = LiveSession(prompt=prompt, target_tps=_predicted_target_tps(ctx))
     try:
-        with closing(run_decode(ctx, replace(req, inspect=True))) as steps:
+        with closing(run_decode(ctx, replace(job, inspect=True))) as steps:
             yield from _stream_views(session, steps)
     except ValueError as exc:
         raise gr.Error(str(exc), title="Cannot decode") from None
     except RuntimeError as exc:
         raise gr.Error(f"decoding failed: {exc}", title="Decoding error") from None
-
-
-@dataclass
-class Throttle:
-    """``due(now)`` is True at most once every ``period_s`` (and always the first time, or when forced)."""
-
-    period_s: float
-    last: float = float("-inf")
-
-    def due(self, now: float, force: bool = False) -> bool:
-        if force or now - self.last >= self.period_s:
-            self.last = now
-            return True
-        return False
 
 
 def _stream_views(session: LiveSession, steps: Iterator[StepRecord]):
@@ -285,9 +171,9 @@ def show_step(step, session: LiveSession):
 def decode_api_fn(ctx: AppContext):
     """The typed function behind the ``/decode`` API endpoint."""
     def work(stop, prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed, chat, acceptance):
-        vec = parse_acceptance(acceptance) if acceptance.strip() else None
-        req = make_request(ctx, prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed, vec, chat)
-        records = serving.drain(run_decode(ctx, req), stop)  # a cancelled request stops within a step
+        req = validation.decode_request(ctx, prompt, method, budget, depth, temperature, top_p, max_new_tokens,
+                                        seed, chat, acceptance)
+        records = serving.drain(run_decode(ctx, validation.engine_inputs(ctx, req)), stop)  # a cancelled request stops within a step
         return generated_text(ctx, records), [r.to_dict() for r in records]
 
     gpu_work = serving.on_gpu(work, lambda stop, *a: serving.gpu_seconds(a[6]))
@@ -342,9 +228,7 @@ def build(ctx: AppContext) -> None:
             with gr.Row():
                 budget = gr.Slider(1, cap, value=min(32, cap), step=1, label="budget (draft tokens / step)")
                 depth = gr.Slider(1, 32, value=8, step=1, label="depth")
-            gr.Markdown("<small>Sequoia: tree size and depth limit · auto: the largest it may pick · dynamic: at most "
-                        f"budget tokens, as deep as pays (up to {MAX_DEPTH}, or depth if larger) · chain: "
-                        "length min(budget, depth) · SpecInfer: (budget ÷ depth) chains of depth tokens</small>")
+            gr.Markdown(budget_help())
             with gr.Row():
                 temperature = gr.Slider(0, 2, value=0, step=0.05, label="temperature (0 = greedy)")
                 top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p")
@@ -375,9 +259,11 @@ def build(ctx: AppContext) -> None:
     stats = gr.Plot(label="Statistics", elem_id="sq-stats")
     session = gr.State(LiveSession())
 
+    # Named parameters: a refusal before the queue names the input it is about (components.validation).
     @functools.partial(serving.on_gpu, duration=lambda *a: serving.gpu_seconds(a[6]))  # ZeroGPU only
-    def handler(*args):
-        yield from decode_stream(ctx, *args)
+    def handler(prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed, acceptance, chat):
+        yield from decode_stream(ctx, prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed,
+                                 acceptance, chat)
 
     inputs = [prompt, method, budget, depth, temperature, top_p, max_new, seed, acceptance, chat]
     outputs = [text, tree, stats, summary_md, step, session]

@@ -1,77 +1,225 @@
-"""Request checks that run before a request joins the queue.
+"""The page's request path: one parse per request, before it queues; the handlers get the parsed request.
 
-Gradio runs an event's ``validator`` when the request arrives, before it
-joins the model queue, so a bad request is refused in milliseconds instead of
-after the job in front of it (``gradio_client`` raises a ValidationError with
-the message).  ``gr.api`` takes no ``validator=`` argument, so
-:func:`attach_validators` sets it on each endpoint's function record.  Each
-validator runs the same checks as its handler (``live_tab.make_request``,
-:func:`check_dp_request`) and answers with one ``gr.validate`` per input.
+**Parse once.**  :func:`decode_request` turns the raw values of the Live and
+Compare tabs and of the ``/decode`` and ``/compare`` endpoints into a frozen
+:class:`sequoia.core.request.DecodeRequest` (the one parser,
+:func:`sequoia.core.request.parse_decode`, then the prompt's token ids), and
+:func:`dp_request` does the same for ``/dp``.  Each remembers the last
+requests by their raw values and this server's limits: Gradio runs an event's
+``validator`` when the request arrives, before it joins the queue, and that
+call parses; the handler's call with the same values gets the same object
+back.  Nothing else is built before the queue (no proposer, no DP solve):
+:func:`engine_inputs` builds the proposer once, in the handler, with
+:func:`sequoia.runtime.methods.make_method`.
+
+**Refusals name the field.**  Each validator answers with one ``gr.validate``
+per input; a bad field's message sits on that field's input (so
+``gradio_client`` reports ``- budget: budget must be ...``) and starts with its
+label.  ``gr.api`` takes no ``validator=`` argument, so
+:func:`attach_validators` sets it on each endpoint's function record.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
 
 import gradio as gr
 
-from sequoia.core.config import check_acceptance_length, check_budget, check_dp_work
+from sequoia.core.config import GenerationConfig
+from sequoia.core.request import DecodeRequest, DPRequest, Limits, RequestError, parse_decode, parse_dp
+from sequoia.core.tree import MAX_TREE_SIZE
+from sequoia.runtime.methods import make_method
 
-from . import live_tab
-from .context import AppContext, acceptance_catalogue, parse_acceptance
+from . import serving
+from .context import AppContext, acceptance_catalogue
+
+#: Requests remembered per server between the validator's parse and the handler's (each holds its prompt ids).
+MEMO_SIZE = 64
+
+#: Fields of each endpoint's inputs, in order (None: an input the request parser does not read).
+INPUT_FIELDS = {
+    "decode": ("prompt", "method", "budget", "depth", "temperature", "top_p", "max_new_tokens", "seed", "chat",
+               "acceptance"),
+    "decode_stream": ("prompt", "method", "budget", "depth", "temperature", "top_p", "max_new_tokens", "seed",
+                      "acceptance", "chat"),
+    "compare": ("prompt", "budget", "depth", "temperature", "top_p", "max_new_tokens", "seed", None),
+    "compare_stream": ("prompt", "budget", "depth", "temperature", "top_p", "max_new_tokens", "seed", "acceptance",
+                       "chat", None),
+    "dp": ("acceptance", "budget", "depth"),
+}
+#: The method a comparison's request is parsed (and its budget checked) with; each row then takes its own.
+COMPARE_METHOD = "Sequoia (budget & depth)"
 
 
-def check_dp_request(acceptance: str, budget, depth) -> None:
+class _Memo:
+    """A small thread-safe LRU of parsed requests by their raw values; ``parses`` counts the real parses."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.parses = size, 0
+        self._items: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get_or_parse(self, key: Hashable | None, parse: Callable[[], Any]) -> Any:
+        if key is not None:
+            with self._lock:
+                if key in self._items:
+                    self._items.move_to_end(key)
+                    return self._items[key]
+        value = parse()   # errors propagate and are not remembered
+        with self._lock:
+            self.parses += 1
+            if key is not None:
+                self._items[key] = value
+                while len(self._items) > self.size:
+                    self._items.popitem(last=False)
+        return value
+
+
+def _key(*values: Any) -> tuple | None:
+    """The raw values with their types (so 1, 1.0 and True stay apart); None when one is unhashable."""
+    key = tuple((type(v).__name__, v) for v in values)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+_memo_lock = threading.Lock()
+_DP_MEMO = _Memo(256)
+
+
+def memo(ctx: AppContext) -> _Memo:
+    """This server's parsed decode requests (made on first use)."""
+    with _memo_lock:
+        if ctx.requests is None:
+            ctx.requests = _Memo(MEMO_SIZE)
+        return ctx.requests
+
+
+def limits(ctx: AppContext) -> Limits:
+    """What one request may ask of this server (budget cap, token caps by device)."""
+    caps = serving.server_caps(ctx)
+    return Limits(budget_cap=min(ctx.budget_cap(), MAX_TREE_SIZE), max_new_tokens=caps.max_new_tokens,
+                  max_prompt_tokens=caps.max_prompt_tokens, device=caps.device)
+
+
+def decode_request(ctx: AppContext, prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed,
+                   chat=True, acceptance=None) -> DecodeRequest:
+    """The parsed, tokenized request of these raw values (parsed once for the same values on this server).
+
+    ``acceptance``: None, a vector, or text such as ``"0.8, 0.1"``.  Raises RequestError naming the bad
+    fields, or ModelsNotReady (a ValueError) while the pair loads.
+    """
+    lim = limits(ctx)
+    raw = (prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed, chat, acceptance)
+
+    def parse() -> DecodeRequest:
+        req = parse_decode(*raw, limits=lim)
+        return req.tokenized(ctx.pair().encode_prompt(req.prompt, chat=req.chat), lim)
+
+    return memo(ctx).get_or_parse(_key(*raw, lim), parse)
+
+
+def dp_request(acceptance, budget, depth) -> DPRequest:
+    """The parsed DP request of these raw values (parsed once for the same values)."""
+    return _DP_MEMO.get_or_parse(_key(acceptance, budget, depth), lambda: parse_dp(acceptance, budget, depth))
+
+
+def check_dp_request(acceptance, budget, depth) -> None:
     """Everything ``/dp`` checks before solving: the vector, its length, the budget, depth and DP work."""
-    values = parse_acceptance(acceptance)
-    check_acceptance_length(values)
-    budget, depth = live_tab._as_int("budget", budget, 1), live_tab._as_int("depth", depth, 1)
-    check_budget(budget, depth)
-    check_dp_work(budget, depth, len(values))
+    dp_request(acceptance, budget, depth)
 
 
-def _answer(n_inputs: int, check: Callable[[], object], where: int = 0) -> list[dict]:
-    """One gr.validate per input: all valid, or the check's message on input ``where``."""
+# ------------------------------------------------------------------ engine inputs
+@dataclass(frozen=True)
+class EngineInputs:
+    """What the engine takes for one parsed request: prompt ids, proposer, settings (and a note for the page)."""
+
+    prompt_ids: list[int]
+    proposer: object
+    config: GenerationConfig
+    note: str = ""            # e.g. a fallback that was taken, shown as a warning
+    inspect: bool = False     # record what verification saw (the live tab's inspector)
+
+
+def engine_inputs(ctx: AppContext, req: DecodeRequest) -> EngineInputs:
+    """The proposer of a parsed request (built here once, by the one factory) with the server's profile,
+    calibration and copy acceptance where the method uses them."""
+    info, t = req.method.info, req.sampling.temperature
+    extra = {}
+    if info.priced:
+        extra["profile"] = ctx.profile
+    if info.calibrated:
+        extra["calibration"] = ctx.calibration(t)
+    if info.copies:
+        extra["copy_acceptance"] = ctx.copy_acceptance(t)
+    proposer = make_method(req.method, acceptance=req.acceptance, **extra)
+    return EngineInputs(list(req.prompt_ids), proposer, req.config, _note(ctx, req.method.name, proposer))
+
+
+def _note(ctx: AppContext, name: str, proposer) -> str:
+    """What the page should say about a fallback the method took on this server ("" when none)."""
+    if name not in ("sequoia-auto", "sequoia-dynamic", "sequoia-ngram", "ngram"):
+        return ""
+    if ctx.profile is None:  # priced with the conservative stand-in: the target runs alone
+        return ctx.profile_note()
+    if name == "sequoia-auto" and proposer.tree.size == 0:
+        return ("Under this machine's hardware profile no tree beats the target alone, so the optimizer chose "
+                "the root-only tree: plain target steps. Pick Sequoia (budget & depth) to see trees.")
+    if name == "sequoia-dynamic" and not proposer.can_pay:
+        return ("Under this machine's profile no tree beats the target alone (verifying k tokens costs "
+                "about k times one), so the dynamic policy drafts nothing: every step is a plain target "
+                "step. Pick Sequoia (budget & depth) to see trees.")
+    return ""
+
+
+# ------------------------------------------------------------------ validators
+def answer(fields: tuple[str | None, ...], check: Callable[[], object]) -> list[dict]:
+    """One gr.validate per input: each bad field's message on its input; an error about no field (the models
+    still loading) on the first input."""
     try:
         check()
+    except RequestError as exc:
+        bad = {i: exc.errors[f] for i, f in enumerate(fields) if f in exc.errors}
+        if not bad:
+            bad = {0: str(exc)}
+        return [gr.validate(i not in bad, bad.get(i, "")) for i in range(len(fields))]
     except ValueError as exc:
-        return [gr.validate(i != where, str(exc) if i == where else "") for i in range(n_inputs)]
-    return [gr.validate(True, "") for _ in range(n_inputs)]
+        return [gr.validate(i != 0, str(exc) if i == 0 else "") for i in range(len(fields))]
+    return [gr.validate(True, "") for _ in fields]
 
 
 def validators(ctx: AppContext) -> dict[str, Callable[..., list[dict]]]:
-    """api_name -> validator with the endpoint's signature."""
+    """api_name -> validator with the endpoint's signature; each parses (and so remembers) the request."""
     def decode(prompt, method="sequoia", budget=32, depth=8, temperature=0.0, top_p=1.0, max_new_tokens=64,
                seed=0, chat=True, acceptance=""):
-        def check():
-            vec = parse_acceptance(acceptance) if str(acceptance or "").strip() else None
-            live_tab.make_request(ctx, prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed,
-                                  vec, chat)
-        return _answer(10, check)
+        return answer(INPUT_FIELDS["decode"], lambda: decode_request(
+            ctx, prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed, chat, acceptance))
 
     def decode_stream(prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed, acceptance_name,
                       chat):
-        def check():
-            vec = acceptance_catalogue(ctx.assets_dir).get(acceptance_name)
-            live_tab.make_request(ctx, prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed,
-                                  vec, chat)
-        return _answer(10, check)
+        vec = acceptance_catalogue(ctx.assets_dir).get(acceptance_name)
+        return answer(INPUT_FIELDS["decode_stream"], lambda: decode_request(
+            ctx, prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed, chat, vec))
 
     def compare(prompt, budget=32, depth=8, temperature=0.0, top_p=1.0, max_new_tokens=64, seed=0,
                 include_hf=True):
-        return _answer(8, lambda: live_tab.make_request(ctx, prompt, "Sequoia (budget & depth)", budget, depth,
-                                                        temperature, top_p, max_new_tokens, seed))
+        return answer(INPUT_FIELDS["compare"], lambda: decode_request(
+            ctx, prompt, COMPARE_METHOD, budget, depth, temperature, top_p, max_new_tokens, seed))
 
     def compare_stream(prompt, budget, depth, temperature, top_p, max_new_tokens, seed, acceptance_name, chat,
-                       include_hf):
-        def check():
-            vec = acceptance_catalogue(ctx.assets_dir).get(acceptance_name)
-            live_tab.make_request(ctx, prompt, "Sequoia (budget & depth)", budget, depth, temperature, top_p,
-                                  max_new_tokens, seed, vec, chat)
-        return _answer(10, check)
+                       methods):
+        vec = acceptance_catalogue(ctx.assets_dir).get(acceptance_name)
+        return answer(INPUT_FIELDS["compare_stream"], lambda: decode_request(
+            ctx, prompt, COMPARE_METHOD, budget, depth, temperature, top_p, max_new_tokens, seed, chat, vec))
 
     def dp(acceptance, budget=32, depth=8):
-        return _answer(3, lambda: check_dp_request(acceptance, budget, depth))
+        return answer(INPUT_FIELDS["dp"], lambda: dp_request(acceptance, budget, depth))
 
     return {"decode": decode, "decode_stream": decode_stream, "compare": compare, "compare_stream": compare_stream,
             "dp": dp}

@@ -8,7 +8,7 @@ import gradio as gr
 import pytest
 
 import app
-from components import compare_tab, dp_tab, hardware_tab, live_tab
+from components import compare_tab, dp_tab, hardware_tab, live_tab, validation
 from components.context import (
     DEFAULT_ACCEPTANCE_LABEL,
     AppContext,
@@ -42,6 +42,13 @@ def _stream(ctx, prompt="def f(x):", method="Sequoia (budget & depth)", budget=8
             top_p=1.0, max_new=12, seed=0):
     return list(live_tab.decode_stream(ctx, prompt, method, budget, depth, temperature, top_p, max_new, seed,
                                        CODE, True))
+
+
+def _proposer(ctx, method, budget, depth):
+    """(proposer, note) of a page request, as the Live tab builds them."""
+    req = validation.decode_request(ctx, "x", method, budget, depth, 0.0, 1.0, 4, 0, True, DEFAULT_ACCEPTANCE)
+    job = validation.engine_inputs(ctx, req)
+    return job.proposer, job.note
 
 
 def test_build_demo_names_api_endpoints(demo):
@@ -144,7 +151,7 @@ def test_decode_stream_yields_as_steps_arrive(ctx, monkeypatch):
     (dict(prompt="   "), "prompt is empty"),
     (dict(budget=500), "above this server's cap of 24"),
     (dict(temperature=-1), "temperature"),
-    (dict(top_p=0), "top_p"),
+    (dict(top_p=0), "top-p"),
     (dict(max_new=0), "max new tokens"),
     (dict(seed=1.5), "seed"),
     (dict(method="beam search"), "unknown method"),
@@ -304,14 +311,14 @@ def test_dynamic_method_uses_the_profile_and_says_when_it_drafts_nothing(ctx, tm
     from sequoia.core.calibration import Calibration
     from sequoia.core.profile import HardwareProfile
 
-    method, note = live_tab.make_proposer(ctx, "Sequoia (dynamic)", 8, 3, DEFAULT_ACCEPTANCE)
+    method, note = _proposer(ctx, "Sequoia (dynamic)", 8, 3)
     assert method.name == "sequoia-dynamic" and "until this machine's profile is measured" in note
     # the depth slider (a static tree's depth) caps the dynamic tree only above the dynamic tree's own cap
     assert method.max_depth == MAX_DEPTH and method.budget == 8
-    assert live_tab.make_proposer(ctx, "Sequoia (dynamic)", 8, 30, DEFAULT_ACCEPTANCE)[0].max_depth == 30
+    assert _proposer(ctx, "Sequoia (dynamic)", 8, 30)[0].max_depth == 30
     ctx.profile = HardwareProfile.hand_made(lambda n: 100.0 * n, lambda w: 20.0)  # verification never cheap
     try:
-        method, note = live_tab.make_proposer(ctx, "Sequoia (dynamic)", 8, 3, DEFAULT_ACCEPTANCE)
+        method, note = _proposer(ctx, "Sequoia (dynamic)", 8, 3)
         assert not method.can_pay and "drafts nothing" in note
         final = _stream(ctx, method="Sequoia (dynamic)", max_new=6)[-1][-1]
         assert all(r.tree.size == 0 for r in final.records)
@@ -355,15 +362,15 @@ def test_profiles_are_matched_to_the_machine_fingerprint(pair, tmp_path):
 def test_auto_says_when_the_optimizer_keeps_the_target_alone(ctx):
     from sequoia.core.profile import HardwareProfile
 
-    method, note = live_tab.make_proposer(ctx, "Sequoia (auto)", 8, 3, DEFAULT_ACCEPTANCE)  # no profile yet
+    method, note = _proposer(ctx, "Sequoia (auto)", 8, 3)  # no profile yet
     assert method.name == "sequoia-auto" and method.tree.size == 0
     assert "until this machine's profile is measured" in note
     ctx.profile = HardwareProfile.hand_made(lambda n: 100.0 * n, lambda w: 20.0)
     try:
-        method, note = live_tab.make_proposer(ctx, "Sequoia (auto)", 8, 3, DEFAULT_ACCEPTANCE)
+        method, note = _proposer(ctx, "Sequoia (auto)", 8, 3)
         assert method.tree.size == 0 and "root-only" in note
         ctx.profile = HardwareProfile.hand_made(lambda n: 100.0 + 0.1 * n, lambda w: 1.0)
-        method, note = live_tab.make_proposer(ctx, "Sequoia (auto)", 8, 3, DEFAULT_ACCEPTANCE)
+        method, note = _proposer(ctx, "Sequoia (auto)", 8, 3)
         assert method.tree.size > 0 and note == ""
     finally:
         ctx.profile = None

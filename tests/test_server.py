@@ -17,7 +17,7 @@ from conftest import app_pair, make_pair
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import app
-from components import dp_tab, live_tab, serving, validation
+from components import dp_tab, serving, validation
 from components.context import DEFAULT_ACCEPTANCE_LABEL, LIGHT_WORK, MODEL_WORK
 from sequoia.core.config import CPU_CAPS, MAX_ACCEPTANCE_LEN, GenerationConfig, caps_for
 from sequoia.core.dp import optimal_tree
@@ -70,12 +70,12 @@ def ctx(demo):
 def test_new_tokens_are_capped_by_device_with_a_message(ctx):
     assert caps_for("cpu") == CPU_CAPS and caps_for("cuda:0").max_new_tokens > CPU_CAPS.max_new_tokens
     with pytest.raises(ValueError, match=r"max new tokens 100000 .* cap of 256 per request on cpu"):
-        live_tab.make_request(ctx, "x", "chain", 4, 4, 0.0, 1.0, 100000, 0)
+        validation.decode_request(ctx, "x", "chain", 4, 4, 0.0, 1.0, 100000, 0)
     with pytest.raises(ValueError, match="cap of 256"):
-        live_tab.make_request(ctx, "x", "chain", 4, 4, 0.0, 1.0, 257, 0)
-    assert live_tab.make_request(ctx, "x", "chain", 4, 4, 0.0, 1.0, 256, 0).config.max_new_tokens == 256
-    with pytest.raises(ValueError, match="the prompt has 5000 tokens; this server takes at most 4096"):
-        live_tab.make_request(ctx, "x" * 5000, "chain", 4, 4, 0.0, 1.0, 8, 0, chat=False)
+        validation.decode_request(ctx, "x", "chain", 4, 4, 0.0, 1.0, 257, 0)
+    assert validation.decode_request(ctx, "x", "chain", 4, 4, 0.0, 1.0, 256, 0).config.max_new_tokens == 256
+    with pytest.raises(ValueError, match="prompt has 5000 tokens; this server takes at most 4096"):
+        validation.decode_request(ctx, "x" * 5000, "chain", 4, 4, 0.0, 1.0, 8, 0, chat=False)
 
 
 def test_acceptance_vectors_and_dp_work_are_capped():
@@ -100,15 +100,17 @@ def test_dp_reply_is_a_summary_not_the_table():
 
 def test_validators_refuse_bad_requests_with_the_handlers_message(ctx, demo):
     checks = validation.validators(ctx)
+    def invalid(answers):  # the inputs refused
+        return [i for i, v in enumerate(answers) if not v["is_valid"]]
+
     bad = checks["decode"]("hi", "chain", 4, 4, 0.0, 1.0, 100000, 0, True, "")
-    assert bad[0]["is_valid"] is False and "cap of 256" in bad[0]["message"]
-    assert all(v["is_valid"] for v in bad[1:])
+    assert invalid(bad) == [6] and bad[6]["message"].startswith("max new tokens") and "cap of 256" in bad[6]["message"]
     assert all(v["is_valid"] for v in checks["decode"]("hi", "chain", 4, 4, 0.0, 1.0, 8, 0, True, "0.8"))
-    assert not checks["decode_stream"]("  ", "Chain", 4, 4, 0.0, 1.0, 8, 0, CODE, True)[0]["is_valid"]
-    assert not checks["compare"]("x", 500, 4, 0.0, 1.0, 8, 0, False)[0]["is_valid"]  # above the budget cap
-    assert not checks["dp"]("0.9, 0.9", 8, 3)[0]["is_valid"]
+    assert invalid(checks["decode_stream"]("  ", "Chain", 4, 4, 0.0, 1.0, 8, 0, CODE, True)) == [0]
+    assert invalid(checks["compare"]("x", 500, 4, 0.0, 1.0, 8, 0, False)) == [1]  # above the budget cap
+    assert invalid(checks["dp"]("0.9, 0.9", 8, 3)) == [0]
     guarded = {fn.api_name for fn in demo.fns.values() if fn.validator is not None}
-    assert not checks["compare_stream"]("x", 8, 3, 0.0, 1.0, 100000, 0, CODE, True, False)[0]["is_valid"]
+    assert invalid(checks["compare_stream"]("x", 8, 3, 0.0, 1.0, 100000, 0, CODE, True, False)) == [5]
     assert {"decode", "decode_stream", "compare", "compare_stream", "dp"} <= guarded
 
 

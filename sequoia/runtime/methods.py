@@ -21,12 +21,15 @@ name               tree                                        children drawn
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from ..core.calibration import Calibration
 from ..core.config import check_budget
 from ..core.cost import conservative_profile
 from ..core.dp import optimal_tree
 from ..core.ngram import NgramAcceptance, ngram_prior
 from ..core.optimizer import choose_tree
+from ..core.request import ENGINE_METHODS, METHOD_LABELS, PRICED_METHODS, MethodSpec
 from ..core.tree import Tree
 from .drafter import StaticTreeProposer
 from .dynamic import MAX_DEPTH, DynamicTreeProposer
@@ -35,29 +38,9 @@ from .ngram_proposer import NgramDynamicProposer, NgramProposer, NgramSettings
 #: Deepest static tree the hardware-aware optimizer may choose (``sequoia-auto``) unless asked otherwise.
 STATIC_DEPTH = 16
 
-#: Every name make_method builds (the CLI's --method); the bench's subset is tools.bench.BENCH_METHODS.
-ENGINE_METHODS = ("ar", "chain", "specinfer", "kary", "sequoia", "sequoia-auto", "sequoia-dynamic", "file",
-                  "ngram", "sequoia-ngram")
-#: The methods a hardware profile prices (without one they fall back to a stand-in under which nothing pays).
-PRICED_METHODS = ("sequoia-auto", "sequoia-dynamic", "ngram", "sequoia-ngram")
-
-#: What a reader sees for each method name here and each Hugging Face baseline (sequoia.runtime.runner.HF_METHODS):
-#: the bench's legends and key, the page's charts.
-METHOD_LABELS = {
-    "hf-generate": "Target alone (HF generate)",
-    "ar": "Target alone",
-    "hf-assisted": "HF assisted",
-    "hf-prompt-lookup": "HF prompt lookup",
-    "chain": "Chain",
-    "specinfer": "SpecInfer",
-    "kary": "k-ary tree",
-    "sequoia": "Sequoia",
-    "sequoia-auto": "Sequoia (auto)",
-    "sequoia-dynamic": "Sequoia (dynamic)",
-    "ngram": "n-gram copies",
-    "sequoia-ngram": "Sequoia + n-gram",
-    "file": "tree from a file",
-}
+# The registry (names, labels, what budget and depth mean per method) is pure data in sequoia.core.request,
+# so the page can read it without importing models; re-exported here for the CLI and the bench.
+__all__ = ["ENGINE_METHODS", "METHOD_LABELS", "PRICED_METHODS", "STATIC_DEPTH", "DEFAULT_ACCEPTANCE", "make_method"]
 
 #: Measured on the embedded pair (int8 draft, greedy, teacher-forced); used when
 #: no acceptance vector is given.  See assets/acceptance/ for measured files.
@@ -65,7 +48,7 @@ DEFAULT_ACCEPTANCE = (0.797, 0.104, 0.048, 0.020, 0.010, 0.005)
 
 
 def make_method(
-    name: str,
+    name: str | MethodSpec,
     *,
     budget: int | None = None,
     depth: int | None = None,
@@ -78,10 +61,17 @@ def make_method(
 ):
     """Build a proposer; all parameters are validated here with readable errors.
 
+    ``name``: a method name, or a :class:`~sequoia.core.request.MethodSpec` (a parsed request's method), whose
+    budget and depth mean what the registry says for that method (e.g. a chain of min(budget, depth) tokens,
+    SpecInfer's budget // depth chains); its keywords then replace ``budget``, ``depth`` and ``width``.
+
     ``copy_acceptance``: the measured acceptance of copied tokens for ``ngram`` / ``sequoia-ngram``
     (:func:`sequoia.runtime.finder.find_ngram_acceptance`); None: the hand-set prior
     (:func:`sequoia.core.ngram.ngram_prior`).
     """
+    if isinstance(name, MethodSpec):
+        args = name.engine_args(dynamic_depth=MAX_DEPTH)
+        name, budget, depth, width = name.name, args.get("budget"), args.get("depth"), args.get("width", width)
     if name not in ENGINE_METHODS:
         raise ValueError(f"unknown method {name!r}; choose one of {', '.join(ENGINE_METHODS)}")
     acceptance = tuple(acceptance) if acceptance is not None else DEFAULT_ACCEPTANCE
@@ -123,7 +113,13 @@ def _accept(copy_acceptance: NgramAcceptance | None):
 
 def _sequoia(acceptance, budget: int, depth: int | None) -> StaticTreeProposer:
     check_budget(budget, depth)
-    return StaticTreeProposer(optimal_tree(acceptance, budget, depth).tree(), name="sequoia")
+    return StaticTreeProposer(_dp_tree(tuple(float(p) for p in acceptance), budget, depth), name="sequoia")
+
+
+@lru_cache(maxsize=64)
+def _dp_tree(acceptance: tuple[float, ...], budget: int, depth: int | None) -> Tree:
+    """The DP tree of a vector, budget and depth, solved once per server (a few KB each; the table is dropped)."""
+    return optimal_tree(acceptance, budget, depth).tree()
 
 
 def _auto(name, acceptance, profile, budget, depth) -> StaticTreeProposer:
