@@ -13,6 +13,11 @@ context) shows the best tree of the cell holding one at the root
 
 import functools
 import json
+import multiprocessing
+import os
+import threading
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 import gradio as gr
@@ -150,23 +155,77 @@ def dp_api(acceptance: str, budget: int = 32, depth: int = 8) -> dict:
     """Solve the DP; returns a summary: the value and optimal tree at (budget, depth), the best value for
     every size at that depth, the tree as a vLLM speculative_token_tree, and the baseline curves.
 
-    Not the whole table: at budget 1024 and depth 64 it alone is over 1 MB of JSON.
+    Not the whole table: at budget 1024 and depth 64 it alone is over 1 MB of JSON.  The request is parsed
+    once (by the validator before the queue); the solve runs in the light-work process (:func:`run_dp_work`).
     """
-    return serving.run_light(lambda: _summary(acceptance, budget, depth))
-
-
-def _summary(acceptance: str, budget, depth) -> dict:
     try:
-        result = solve(acceptance, budget, depth)
+        req = validation.dp_request(acceptance, budget, depth)
     except ValueError as exc:
         raise gr.Error(str(exc)) from None
-    sizes = dp_view.curve_sizes(result.budget)
+    return run_dp_work(summary, req)
+
+
+def summary(req) -> dict:
+    """The ``/dp`` answer of a parsed request (sequoia.core.request.DPRequest); tables and curves cached per
+    vector, so a repeated request (the explorer re-solving the same vector) costs a dictionary lookup."""
+    result = solved(req.acceptance, req.budget, req.depth)
+    sizes, curves = _curves(req.acceptance, req.budget)
     tree = result.tree()
     return {"format": "sequoia-dp-summary/1", "acceptance": list(result.acceptance), "budget": result.budget,
             "depth": result.depth, "value": result.value(), "tree": tree.to_dict(),
             "speculative_token_tree": str(tree.to_vllm()),
             "value_by_size": [round(float(x), 6) for x in result.table[:, result.depth]],
-            "curve_sizes": sizes, "curves": baseline_curves(result.acceptance, sizes)}
+            "curve_sizes": sizes, "curves": curves}
+
+
+@functools.lru_cache(maxsize=64)
+def _curves(acceptance: tuple[float, ...], budget: int) -> tuple[list[int], dict]:
+    """The scaling curves of a vector up to ``budget``: a DP at every depth up to 64 plus Python loops over
+    chains and binary trees, several times the work of the requested solve, so kept per vector."""
+    sizes = dp_view.curve_sizes(budget)
+    return sizes, baseline_curves(acceptance, sizes)
+
+
+# ------------------------------------------------------------------ where DP work runs
+#: "process": ``/dp`` solves run in one child process of the lowest CPU priority (Linux nice 19), so they
+#: share neither the server's GIL nor its priority with a decode; "thread": on the light-work thread
+#: (components.serving.run_light), the fallback where fork is not available.
+DP_LANE = "process" if "fork" in multiprocessing.get_all_start_methods() else "thread"
+_pool: ProcessPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def run_dp_work(work, *args):
+    """``work(*args)`` in the DP lane (:data:`DP_LANE`), one job at a time; its errors propagate.
+
+    Measured on 2 cores (docs/serving.md): on the light-work *thread* the solves' Python loops held the GIL
+    the decode's thread needs between its torch calls, and a nice-19 holder of the GIL is itself starved of
+    CPU, so eight DP clients slowed three decode clients about 3x; a process has its own GIL.
+    """
+    global _pool
+    if DP_LANE != "process":
+        return serving.run_light(lambda: work(*args))
+    with _pool_lock:
+        if _pool is None:
+            # fork: the child starts at once with this module loaded (no second import of torch); it only
+            # runs numpy, never torch, so the parent's thread pools do not matter to it.
+            _pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork"),
+                                        initializer=_lowest_priority)
+        pool = _pool
+    try:
+        return pool.submit(work, *args).result()
+    except BrokenProcessPool:  # the child died (killed for memory?): start a new one next time, answer now
+        with _pool_lock:
+            if _pool is pool:
+                _pool = None
+        return serving.run_light(lambda: work(*args))
+
+
+def _lowest_priority() -> None:
+    try:
+        os.nice(serving.LIGHT_NICE)
+    except (AttributeError, OSError):
+        pass
 
 
 def build(ctx: AppContext, demo: gr.Blocks) -> None:

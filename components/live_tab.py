@@ -25,7 +25,14 @@ from sequoia.core.trace import StepRecord
 from sequoia.runtime.dynamic import MAX_DEPTH
 
 from . import inspector_view, serving, stats_view, text_view, tree_view, validation
-from .context import LIGHT_WORK, MODEL_WORK, AppContext, acceptance_catalogue, default_acceptance_label, follow_temperature
+from .context import (
+    LIGHT_WORK,
+    MODEL_WORK,
+    AppContext,
+    acceptance_catalogue,
+    default_acceptance_label,
+    follow_temperature,
+)
 from .frames import FRAME_S, Throttle
 from .validation import EngineInputs
 
@@ -173,7 +180,8 @@ def decode_api_fn(ctx: AppContext):
     def work(stop, prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed, chat, acceptance):
         req = validation.decode_request(ctx, prompt, method, budget, depth, temperature, top_p, max_new_tokens,
                                         seed, chat, acceptance)
-        records = serving.drain(run_decode(ctx, validation.engine_inputs(ctx, req)), stop)  # a cancelled request stops within a step
+        # a cancelled request stops within a step
+        records = serving.drain(run_decode(ctx, validation.engine_inputs(ctx, req)), stop)
         return generated_text(ctx, records), [r.to_dict() for r in records]
 
     gpu_work = serving.on_gpu(work, lambda stop, *a: serving.gpu_seconds(a[6]))

@@ -2,6 +2,8 @@
 
     # against an app you started yourself (give its pid to report its memory):
     .venv/bin/python scripts/load_test.py --url http://127.0.0.1:7860 --pid 12345
+    # the mixed run of issue 24: decode clients alone, then beside the DP clients; prints the slowdown
+    .venv/bin/python scripts/load_test.py --url http://127.0.0.1:7860 --pid 12345 --mixed --duration 60
     # or start a small random-weight app in a child process, load it, stop it:
     .venv/bin/python scripts/load_test.py --tiny-server
 
@@ -9,8 +11,13 @@ N light clients call ``/dp`` with random acceptance vectors, M model clients cal
 tokens, for a fixed duration; then every client finishes its call in flight (each call has a timeout,
 after which it is cancelled) and the script prints, per endpoint, the calls, errors and p50 / p95 / max
 latencies, and the server's resident memory (RSS) before and after.  It refuses any host but this one:
-it is for checking that light work does not starve the model (issue 12), not for loading other servers.
+it is for checking that light work does not starve the model (issues 12 and 24), not for loading other servers.
 Do not point it at a server running the real models on a shared machine: it keeps every core busy.
+
+``--mixed`` runs two phases of ``--duration`` each: the decode clients alone, then the same clients beside
+the DP clients, and reports each phase's latencies, the decode slowdown (mixed p50 / alone p50), the load
+average of the machine before each phase (other jobs on a shared machine skew every figure) and
+:data:`REFERENCE`, the figures issue 24 reported before the fix.
 """
 
 from __future__ import annotations
@@ -29,6 +36,11 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
+
+#: Issue 24's mixed run before the fix (embedded pair, ``python app.py``, AMD EPYC AVX2-only, 2 cores; 3
+#: /decode clients of 16 tokens, 8 /dp clients with random vectors, 60 s per phase).
+REFERENCE = {"decode_alone_p50_s": 4.8, "decode_mixed_p50_s": 13.9, "slowdown": 2.9, "dp_calls": 556,
+             "dp_p50_s": 1.05, "errors": 0, "rss_gb_before": 9.07, "rss_gb_after": 9.21}
 
 
 @dataclass
@@ -91,12 +103,38 @@ def rss_mb(pid: int | None) -> float | None:
     return None
 
 
+def loadavg() -> str | None:
+    """This machine's /proc/loadavg (1, 5, 15 minutes), or None off Linux."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return None
+
+
+def machine() -> str:
+    """The CPU model and core count, e.g. "AMD EPYC 7B13, 2 cores (avx2)"."""
+    import os
+
+    model, flags = "unknown CPU", ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and model == "unknown CPU":
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                have = line.split(":", 1)[1].split()
+                flags = "avx512" if any(f.startswith("avx512") for f in have) else "avx2" if "avx2" in have else ""
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores" + (f" ({flags})" if flags else "")
+
+
 def run_load(url: str, dp_clients: int, decode_clients: int, duration_s: float, timeout_s: float,
              new_tokens: int, pid: int | None) -> dict:
     host = urlparse(url).hostname
     if host not in LOCAL_HOSTS:
         raise SystemExit(f"refusing to load {host!r}: this load test only runs against 127.0.0.1")
     results = {"/dp": Calls(), "/decode": Calls()}
+    load_before = loadavg()
     rss_before = rss_mb(pid)
     deadline = time.monotonic() + duration_s
     plan = [("/dp", i) for i in range(dp_clients)] + [("/decode", 100 + i) for i in range(decode_clients)]
@@ -110,14 +148,27 @@ def run_load(url: str, dp_clients: int, decode_clients: int, duration_s: float, 
     return {"url": url, "dp_clients": dp_clients, "decode_clients": decode_clients, "duration_s": duration_s,
             "wall_s": round(time.monotonic() - t0, 1), "new_tokens": new_tokens,
             "endpoints": {ep: c.summary() for ep, c in results.items()},
-            "rss_mb_before": rss_before, "rss_mb_after": rss_mb(pid)}
+            "rss_mb_before": rss_before, "rss_mb_after": rss_mb(pid), "loadavg_before": load_before,
+            "loadavg_after": loadavg()}
+
+
+def run_mixed(url: str, dp_clients: int, decode_clients: int, duration_s: float, timeout_s: float,
+              new_tokens: int, pid: int | None) -> dict:
+    """The decode clients alone, then beside the DP clients (``duration_s`` each); the slowdown between."""
+    alone = run_load(url, 0, decode_clients, duration_s, timeout_s, new_tokens, pid)
+    mixed = run_load(url, dp_clients, decode_clients, duration_s, timeout_s, new_tokens, pid)
+    p50 = [r["endpoints"]["/decode"]["p50_s"] for r in (alone, mixed)]
+    slowdown = round(p50[1] / p50[0], 2) if None not in p50 and p50[0] > 0 else None
+    return {"machine": machine(), "alone": alone, "mixed": mixed, "decode_p50_s": {"alone": p50[0], "mixed": p50[1]},
+            "slowdown": slowdown, "reference_issue_24": REFERENCE}
 
 
 # ------------------------------------------------------------------ a small random-weight app
-def serve_tiny(port: int, light_limit: int | None = None) -> None:
+def serve_tiny(port: int, light_limit: int | None = None, dp_lane: str | None = None) -> None:
     """Serve the app on small random-weight models (the tests' character tokenizer); blocks.
 
-    ``light_limit`` overrides the light group's concurrency (A/B against the old per-event limit of 4).
+    ``light_limit`` overrides the light group's concurrency (A/B against the old per-event limit of 4);
+    ``dp_lane`` where ``/dp`` solves run ("thread" or "process": components.dp_tab.DP_LANE, A/B for issue 24).
     """
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "tests"))
@@ -127,6 +178,10 @@ def serve_tiny(port: int, light_limit: int | None = None) -> None:
     from components import context
     from conftest import app_pair, tiny_model  # the tests' tiny pair: nothing downloaded
 
+    if dp_lane is not None:
+        from components import dp_tab  # only the A/B run needs it
+
+        dp_tab.DP_LANE = dp_lane
     if light_limit is not None:  # the tabs unpack LIGHT_WORK when the page is built, so edit it in place
         context.LIGHT_WORK.clear()
         context.LIGHT_WORK["concurrency_limit"] = light_limit
@@ -137,8 +192,9 @@ def serve_tiny(port: int, light_limit: int | None = None) -> None:
     demo.launch(server_name="127.0.0.1", server_port=port, quiet=True)
 
 
-def with_tiny_server(port: int, run, light_limit: int | None = None) -> dict:
+def with_tiny_server(port: int, run, light_limit: int | None = None, dp_lane: str | None = None) -> dict:
     extra = ["--light-limit", str(light_limit)] if light_limit is not None else []
+    extra += ["--dp-lane", dp_lane] if dp_lane is not None else []
     proc = subprocess.Popen([sys.executable, __file__, "--serve-tiny", "--port", str(port), *extra], cwd=ROOT)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -172,18 +228,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=7871)
     ap.add_argument("--light-limit", type=int, default=None,
                     help="with --tiny-server: light work's concurrency per event instead of the app's group")
+    ap.add_argument("--dp-lane", choices=("thread", "process"), default=None,
+                    help="with --tiny-server: where /dp solves run (components.dp_tab.DP_LANE)")
+    ap.add_argument("--mixed", action="store_true",
+                    help="two phases of --duration: decode clients alone, then beside the DP clients")
     ap.add_argument("--json", default=None, help="also write the report here")
     args = ap.parse_args(argv)
     if args.serve_tiny:
-        serve_tiny(args.port, args.light_limit)
+        serve_tiny(args.port, args.light_limit, args.dp_lane)
         return 0
-    duration = min(max(args.duration, 1.0), 600.0)
+    duration = min(max(args.duration, 1.0), 300.0 if args.mixed else 600.0)
     clients = (min(args.dp_clients, 32), min(args.decode_clients, 8))
 
     def run(url, pid):
-        return run_load(url, *clients, duration, args.timeout, args.new_tokens, pid)
+        return (run_mixed if args.mixed else run_load)(url, *clients, duration, args.timeout, args.new_tokens, pid)
 
-    report = with_tiny_server(args.port, run, args.light_limit) if args.tiny_server else run(args.url, args.pid)
+    report = (with_tiny_server(args.port, run, args.light_limit, args.dp_lane) if args.tiny_server
+              else run(args.url, args.pid))
     text = json.dumps(report, indent=1)
     print(text)
     if args.json:

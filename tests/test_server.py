@@ -323,3 +323,18 @@ def test_light_work_runs_on_one_low_priority_thread():
         pass
     else:
         raise AssertionError("an error in light work must reach the handler")
+
+
+def test_dp_work_runs_in_its_own_low_priority_process():
+    """Issue 24: /dp solves on a thread of the server held the GIL its decodes need; they run in a child process
+    (own GIL, nice 19) where fork exists, and a failure there still reaches the handler."""
+    import os
+
+    if dp_tab.DP_LANE != "process":
+        pytest.skip("no fork on this platform: DP work runs on the light-work thread")
+    assert dp_tab.run_dp_work(os.getpid) != os.getpid()
+    assert dp_tab.run_dp_work(os.nice, 0) >= min(serving.LIGHT_NICE, os.nice(0) + serving.LIGHT_NICE)
+    with pytest.raises(ZeroDivisionError):
+        dp_tab.run_dp_work(divmod, 1, 0)
+    out = dp_tab.dp_api("0.8, 0.1", 16, 4)
+    assert out == dp_tab.dp_api("0.8, 0.1", 16, 4) and out["budget"] == 16   # the second from the cache
