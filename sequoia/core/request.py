@@ -63,6 +63,8 @@ class MethodInfo:
     ``kary``     a full binary tree, depth levels (budget unused)
     ``tree``     at most budget tokens, at most depth levels
     ``dynamic``  at most budget tokens, as deep as pays: up to the dynamic policy's own limit, or depth if larger
+                 (the page's depth default, 8, suits the static trees; the dynamic tree capped there, budget 32,
+                 took 61 target calls for five held-out code prompts where it takes 54 uncapped)
     ``file``     a tree read from a file: neither is used
     """
 
