@@ -65,22 +65,26 @@ def cell_views(result, n, d):
 
 
 def on_solve(acceptance_text, budget, depth, n, d, session: DPSession):
-    return serving.run_light(lambda: _solve_views(acceptance_text, budget, depth, n, d))
-
-
-def _solve_views(acceptance_text, budget, depth, n, d):
+    """Solve handler: parsed here, solved and drawn in the DP lane (:func:`run_dp_work`)."""
     try:
-        result = solve(acceptance_text, budget, depth)
+        req = validation.dp_request(acceptance_text, budget, depth)
     except ValueError as exc:
         raise gr.Error(str(exc), title="Cannot solve the DP") from None
-    sizes = dp_view.curve_sizes(result.budget)
-    curves = dp_view.curves(sizes, baseline_curves(result.acceptance, sizes))
-    n = min(int(n), result.budget)
-    d = min(int(d), result.depth)
-    heat, fig, md = cell_views(result, n, d)
+    heat, fig, md, curves, n, d, result = run_dp_work(solve_views, req, n, d)
     return (heat, fig, md, curves,
             gr.Slider(maximum=result.budget, value=n), gr.Slider(maximum=result.depth, value=d),
             DPSession(result))
+
+
+def solve_views(req, n, d):
+    """(heatmap, cell tree, cell line, curves, n, d, result) of a parsed DP request and the cell sliders."""
+    result = solved(req.acceptance, req.budget, req.depth)
+    sizes, values = _curves(req.acceptance, req.budget)
+    curves = dp_view.curves(sizes, values)
+    n = min(int(n), result.budget)
+    d = min(int(d), result.depth)
+    heat, fig, md = cell_views(result, n, d)
+    return heat, fig, md, curves, n, d, result
 
 
 def parse_copies(text: str) -> tuple[float, ...]:
@@ -108,10 +112,14 @@ def copies_views(acceptance_text, copies_text, n, d):
             return None, "*Enter c_1, c_2, … (chance each copied token is accepted given the previous one was) " \
                          "to see the best tree holding a copied chain.*"
         req = validation.dp_request(acceptance_text, max(int(n), 1), max(int(d), 1))
-        acc, n, d = req.acceptance, req.budget, req.depth
-        result = optimal_tree_with_copies(acc, copies, n, d)
     except ValueError as exc:
         raise gr.Error(str(exc), title="Cannot solve with the copied chain") from None
+    return run_dp_work(_copies_views, req, copies)
+
+
+def _copies_views(req, copies):
+    acc, n, d = req.acceptance, req.budget, req.depth
+    result = optimal_tree_with_copies(acc, copies, n, d)
     md = (f"**n = {n}, d = {d}**, copied chain c = `{list(copies)}`: best m = **{result.n_copied}** copied "
           f"nodes, {result.value:.3f} tokens/step (the draft's nodes count only when the first copy is "
           f"rejected; p assumed unchanged then)\n\n" + dp_view.copies_markdown(result))
@@ -119,7 +127,7 @@ def copies_views(acceptance_text, copies_text, n, d):
 
 
 def on_copies(acceptance_text, copies_text, n, d):
-    return serving.run_light(lambda: copies_views(acceptance_text, copies_text, n, d))
+    return copies_views(acceptance_text, copies_text, n, d)
 
 
 def on_cell(n, d, session: DPSession):
