@@ -289,6 +289,17 @@ def test_load_test_refuses_other_hosts_and_draws_valid_dp_requests(monkeypatch):
     for _ in range(20):
         vec, budget, depth = load_test.random_dp_args(rng)
         validation.check_dp_request(vec, budget, depth)  # every drawn request is one the server accepts
+    # --mixed: the decode clients alone, then beside the DP clients; the slowdown is the ratio of the p50s
+    phases = []
+
+    def fake_run_load(url, dp_clients, decode_clients, *rest):
+        phases.append((dp_clients, decode_clients))
+        return {"endpoints": {"/decode": {"p50_s": 2.0 if dp_clients else 1.0}}}
+
+    monkeypatch.setattr(load_test, "run_load", fake_run_load)
+    report = load_test.run_mixed("http://127.0.0.1:1", 8, 3, 1.0, 1.0, 4, None)
+    assert phases == [(0, 3), (8, 3)] and report["slowdown"] == 2.0
+    assert report["reference_issue_24"]["slowdown"] == 2.9 and "cores" in report["machine"]
 
 
 def test_cli_tree_writes_a_vllm_speculative_config(tmp_path):
