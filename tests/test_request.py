@@ -229,3 +229,15 @@ def test_api_one_parse_per_request_and_the_server_still_serves(client, demo):
     with pytest.raises(Exception, match="- budget: budget must be"):
         client.predict("0.8, 0.1", 0, 3, api_name="/dp")
     assert client.predict("0.8, 0.1", 8, 3, api_name="/dp")["budget"] == 8
+
+
+def test_page_events_name_their_inputs_so_refusals_land_on_the_right_widget(demo):
+    """The Live and Compare handlers take named parameters: Gradio names a refused input by them (``*args``
+    gave ``parameter_2``), and the validators' answers follow components.validation.INPUT_FIELDS."""
+    by_name = {fn.api_name: fn for fn in demo.fns.values() if fn.api_name}
+    for api in ("decode", "decode_stream", "compare", "compare_stream", "dp"):
+        names = list(by_name[api].input_parameter_names or [])
+        fields = validation.INPUT_FIELDS[api]
+        assert len(names) == len(fields), api
+        for name, field in zip(names, fields):
+            assert field is None or name == field or (field, name) in {("acceptance", "acceptance_name")}, api
