@@ -16,6 +16,7 @@ import json
 import multiprocessing
 import os
 import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -213,13 +214,7 @@ def run_dp_work(work, *args):
     global _pool
     if DP_LANE != "process":
         return serving.run_light(lambda: work(*args))
-    with _pool_lock:
-        if _pool is None:
-            # fork: the child starts at once with this module loaded (no second import of torch); it only
-            # runs numpy, never torch, so the parent's thread pools do not matter to it.
-            _pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork"),
-                                        initializer=_lowest_priority)
-        pool = _pool
+    pool = start_dp_lane()
     try:
         return pool.submit(work, *args).result()
     except BrokenProcessPool:  # the child died (killed for memory?): start a new one next time, answer now
@@ -229,14 +224,39 @@ def run_dp_work(work, *args):
         return serving.run_light(lambda: work(*args))
 
 
-def _lowest_priority() -> None:
+def start_dp_lane() -> ProcessPoolExecutor:
+    """The DP lane's process, forked now if it is not running (``build`` calls this before the server
+    listens and before the model pair loads, so the child holds neither the socket nor the weights)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            # fork: the child starts at once with this module loaded (no second import of torch); it only
+            # runs numpy, never torch, so the parent's thread pools do not matter to it.
+            _pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork"),
+                                        initializer=_dp_worker_init, initargs=(os.getpid(),))
+            _pool.submit(os.getpid).result()  # fork now, not at the first request
+        return _pool
+
+
+def _dp_worker_init(parent: int) -> None:
+    """In the child: lowest priority, and exit when the server does (a forked child keeps the server's pipes
+    open, so it would not see them close)."""
     try:
         os.nice(serving.LIGHT_NICE)
     except (AttributeError, OSError):
         pass
+    threading.Thread(target=_exit_with, args=(parent,), name="sequoia-dp-watchdog", daemon=True).start()
+
+
+def _exit_with(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(0)
 
 
 def build(ctx: AppContext, demo: gr.Blocks) -> None:
+    if DP_LANE == "process":
+        start_dp_lane()
     catalogue = acceptance_catalogue(ctx.assets_dir)
     names = list(catalogue)
     with gr.Accordion("How to read this", open=False):

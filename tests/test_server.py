@@ -349,3 +349,26 @@ def test_dp_work_runs_in_its_own_low_priority_process():
         dp_tab.run_dp_work(divmod, 1, 0)
     out = dp_tab.dp_api("0.8, 0.1", 16, 4)
     assert out == dp_tab.dp_api("0.8, 0.1", 16, 4) and out["budget"] == 16   # the second from the cache
+
+
+@pytest.mark.slow
+def test_the_dp_process_ends_with_the_server(tmp_path):
+    """A forked child keeps the server's pipes (and a socket opened before the fork) open; it must exit when
+    the server dies however it dies, or it holds the port (seen with the load test's tiny server)."""
+    import os
+    import subprocess
+
+    if dp_tab.DP_LANE != "process":
+        pytest.skip("no fork on this platform")
+    root = Path(__file__).resolve().parents[1]
+    code = ("import os, sys\nsys.path.insert(0, %r)\nfrom components import dp_tab\n"
+            "print(dp_tab.run_dp_work(os.getpid), flush=True)\nos._exit(0)\n" % str(root))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    child = int(out.stdout.split()[-1])
+    for _ in range(50):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the DP process {child} outlived the server")
