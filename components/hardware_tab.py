@@ -10,15 +10,22 @@ tabs uses it.  *Profile now* re-measures it, for the server's owner only
 alone to put measured ms/token beside the predictions.
 """
 
+import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 
 import gradio as gr
+import torch
 
 from sequoia.core.optimizer import choose_tree, predict
 from sequoia.core.request import MethodSpec
 from sequoia.core.tree import Tree
-from sequoia.runtime.finder import ProfileChoice, cache_profile
+from sequoia.runners.hf.cpu import cpu_facts
+from sequoia.runners.hf.kernels import default_draft_scheme
+from sequoia.runtime.finder import ProfileChoice, cache_profile, find_profile
+from sequoia.runtime.fingerprint import machine_fingerprint
+from sequoia.runtime.models import BACKENDS
 from sequoia.runtime.profiling import measure_profile
 from sequoia.runtime.runner import run_method, warmup
 
@@ -58,11 +65,12 @@ def predictions(ctx: AppContext, acceptance, budget: int, depth: int, measured: 
 
 
 def views(ctx: AppContext, acceptance_name, budget, depth, session: HardwareSession):
-    """(cost figure, choice markdown, predicted-grid heatmap, prediction bars)."""
+    """(cost figure, choice markdown, predicted-grid heatmap, prediction bars, runtimes figure, runtimes table)."""
     if ctx.profile is None and not ctx.loaded:
-        return None, "*The models are still loading; the hardware view fills in once they are ready.*", None, None
+        return None, "*The models are still loading; the hardware view fills in once they are ready.*", None, None, \
+            None, ""
     if ctx.profile is None:
-        return None, f"*{ctx.profile_note()}*", None, None
+        return None, f"*{ctx.profile_note()}*", None, None, None, ""
     acc = acceptance_catalogue(ctx.assets_dir).get(acceptance_name)
     if acc is None:
         raise gr.Error(f"unknown acceptance vector {acceptance_name!r}")
@@ -73,7 +81,47 @@ def views(ctx: AppContext, acceptance_name, budget, depth, session: HardwareSess
                            zlabel="ms/token (predicted)", colorscale="Viridis_r",
                            title="predicted ms per token of the DP tree of every cell")
     return (hardware_view.cost_figure(hardware_view.cost_series(ctx.profile), chosen_n=choice.budget or None),
-            md, grid, hardware_view.prediction_figure(rows))
+            md, grid, hardware_view.prediction_figure(rows), *runtime_views(ctx, acc, budget, depth))
+
+
+def runtime_profiles(ctx: AppContext) -> list[tuple[str, object, str]]:
+    """(runtime, profile, source) for each runtime with a profile measured on this machine: the loaded pair's
+    own, and for the other runtimes the one the finder would pick for their default models (never measured here)."""
+    loaded = ctx.pair().backend if ctx.loaded else None
+    out = []
+    for backend in BACKENDS:
+        if backend == loaded and ctx.profile is not None:
+            out.append((backend, ctx.profile, "in use"))
+            continue
+        choice = find_profile(_expected_fingerprint(backend), cache_dir=ctx.cache_dir, assets_dir=ctx.assets_dir)
+        if choice.profile is not None:
+            out.append((backend, choice.profile, choice.source))
+    return out
+
+
+def _expected_fingerprint(backend: str):
+    """This machine's fingerprint for the embedded pair on ``backend`` as it would load by default."""
+    cpu = torch.device("cpu")
+    stand_in = SimpleNamespace(device=cpu, dtype=torch.bfloat16, draft_dtype=torch.bfloat16, target_quant="none",
+                               draft_quant=default_draft_scheme("cpu", cpu_facts()[1]), blocked_weights=True,
+                               backend=backend, threads=os.cpu_count() if backend == "llamacpp" else None,
+                               name="not loaded")
+    return replace(machine_fingerprint(stand_in), pair="")
+
+
+def runtime_views(ctx: AppContext, acceptance, budget: int, depth: int):
+    """(figure, markdown): every runtime's measured costs side by side and which configuration is fastest here."""
+    found = runtime_profiles(ctx)
+    series, rows = [], []
+    for backend, prof, source in found:
+        series.append(hardware_view.CostSeries(prof.target_n, prof.target_ms, prof.draft_width, prof.draft_ms,
+                                               label=backend))
+        choice = choose_tree(acceptance, prof, max_budget=min(budget, prof.max_tokens - 1), max_depth=depth)
+        best = f"sequoia n={choice.budget} d={choice.depth}" if choice.budget else "target alone (no tree pays)"
+        models = prof.fingerprint.describe().split("; ")[-1] if prof.fingerprint else prof.dtype
+        rows.append(hardware_view.RuntimeRow(f"{backend}: {models}", 1000.0 / choice.baseline_ms, best,
+                                             1000.0 / choice.ms_per_token, source))
+    return hardware_view.runtimes_figure(series), hardware_view.runtimes_markdown(rows)
 
 
 def profile_now(ctx: AppContext, quick: bool, progress=None) -> str:
@@ -140,9 +188,13 @@ def build(ctx: AppContext, demo: gr.Blocks, refresh_on=()) -> None:
             cost = gr.Plot(label="cost model")
             pred = gr.Plot(label="predicted vs measured")
     grid = gr.Plot(label="optimizer grid")
+    with gr.Accordion("Runtimes on this machine", open=True):
+        with gr.Row():
+            runtimes = gr.Plot(label="cost by runtime")
+            runtimes_md = gr.Markdown()
     session = gr.State(HardwareSession())
     inputs = [acceptance, budget, depth, session]
-    outputs = [cost, choice_md, grid, pred]
+    outputs = [cost, choice_md, grid, pred, runtimes, runtimes_md]
 
     def refresh(name, b, d, s):
         return views(ctx, name, b, d, s)

@@ -279,8 +279,11 @@ def test_hardware_tab_with_hand_made_profile(ctx):
     assert hardware_tab.views(ctx, CODE, 16, 4, None)[0] is None  # no profile yet
     ctx.profile = HardwareProfile.hand_made(lambda n: 30 + 0.5 * n, lambda w: 3 + 0.1 * w)
     try:
-        cost, md, grid, pred = hardware_tab.views(ctx, CODE, 16, 4, hardware_tab.HardwareSession())
+        cost, md, grid, pred, runtimes, runtimes_md = hardware_tab.views(ctx, CODE, 16, 4,
+                                                                         hardware_tab.HardwareSession())
         assert "Chosen tree" in md and len(pred.data) == 1
+        # The pair in use (hf) with its profile, beside any other runtime profiled on this machine.
+        assert runtimes.data[0].name == "hf: target" and "| hf: " in runtimes_md and "Fastest here" in runtimes_md
         measured = hardware_tab.measure(ctx, 16, 4, DEFAULT_ACCEPTANCE)
         assert set(measured) == {"target only", "sequoia (chosen)"}
         pred = hardware_tab.views(ctx, CODE, 16, 4, hardware_tab.HardwareSession(measured))[3]
