@@ -21,11 +21,13 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import gradio as gr
+import torch
 
 from sequoia._meta import ASSETS, ProgressFn, pair_name  # ASSETS re-exported for the tabs
 from sequoia.core.request import parse_vector
@@ -33,7 +35,12 @@ from sequoia.core.profile import HardwareProfile
 from sequoia.runtime import finder
 from sequoia.runtime.engine import SpeculativeEngine
 from sequoia.runtime.finder import DEFAULT_ENTRY, ProfileChoice
+from sequoia.core.optimizer import choose_tree
+from sequoia.runners.hf.cpu import cpu_facts
+from sequoia.runners.hf.kernels import default_draft_scheme
+from sequoia.runtime.finder import find_profile
 from sequoia.runtime.fingerprint import machine_fingerprint
+from sequoia.runtime.models import BACKENDS
 
 #: The catalogue label of the built-in vector (used when no measured file fits).
 DEFAULT_ACCEPTANCE_LABEL = DEFAULT_ENTRY.label
@@ -311,3 +318,46 @@ class AppContext:
         return (f'<div class="sq-status sq-status-profiling"><small>Measuring this machine\'s profile: '
                 f"{self.profiling.fraction:.0%} ({html.escape(self.profiling.description)}); "
                 f"{UNTIL_MEASURED}.</small></div>")
+
+
+# ------------------------------------------------------------------ runtimes on this machine
+def runtime_profiles(ctx: AppContext) -> list[tuple[str, object, str]]:
+    """(runtime, profile, source) for each runtime with a profile measured on this machine: the loaded pair's
+    own, and for the other runtimes the one the finder would pick for their default models (never measured here)."""
+    loaded = ctx.pair().backend if ctx.loaded else None
+    out = []
+    for backend in BACKENDS:
+        if backend == loaded and ctx.profile is not None:
+            out.append((backend, ctx.profile, "in use"))
+            continue
+        choice = find_profile(_expected_fingerprint(backend), cache_dir=ctx.cache_dir, assets_dir=ctx.assets_dir)
+        if choice.profile is not None:
+            out.append((backend, choice.profile, choice.source))
+    return out
+
+
+def _expected_fingerprint(backend: str):
+    """This machine's fingerprint for the embedded pair on ``backend`` as it would load by default."""
+    cpu = torch.device("cpu")
+    stand_in = SimpleNamespace(device=cpu, dtype=torch.bfloat16, draft_dtype=torch.bfloat16, target_quant="none",
+                               draft_quant=default_draft_scheme("cpu", cpu_facts()[1]), blocked_weights=True,
+                               backend=backend, threads=os.cpu_count() if backend == "llamacpp" else None,
+                               name="not loaded")
+    return replace(machine_fingerprint(stand_in), pair="")
+
+
+def fastest_elsewhere(ctx: AppContext, acceptance, running: str) -> str:
+    """A line naming the fastest configuration predicted from this machine's measured profiles, when it is not
+    the one ``running`` on the pair in use ("" when it is, or nothing else is profiled here)."""
+    best = None
+    for backend, prof, _ in runtime_profiles(ctx):
+        choice = choose_tree(acceptance, prof, max_budget=min(128, prof.max_tokens - 1), max_depth=12)
+        label = f"Sequoia (n={choice.budget}, d={choice.depth})" if choice.budget else "the target alone"
+        rate = 1000.0 / choice.ms_per_token
+        if best is None or rate > best[2]:
+            best = (backend, label, rate)
+    loaded = ctx.pair().backend if ctx.loaded else None
+    if best is None or (best[0] == loaded and running != "ar" and best[1] != "the target alone"):
+        return ""
+    return (f"Fastest on this machine by its measured costs: {best[1]} on {best[0]}, about {best[2]:.0f} tokens/s "
+            "(Hardware tab).")

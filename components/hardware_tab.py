@@ -10,28 +10,21 @@ tabs uses it.  *Profile now* re-measures it, for the server's owner only
 alone to put measured ms/token beside the predictions.
 """
 
-import os
 import tempfile
-from dataclasses import dataclass, field, replace
-from types import SimpleNamespace
+from dataclasses import dataclass, field
 
 import gradio as gr
-import torch
 
 from sequoia.core.optimizer import choose_tree, predict
 from sequoia.core.request import MethodSpec
 from sequoia.core.tree import Tree
-from sequoia.runners.hf.cpu import cpu_facts
-from sequoia.runners.hf.kernels import default_draft_scheme
-from sequoia.runtime.finder import ProfileChoice, cache_profile, find_profile
-from sequoia.runtime.fingerprint import machine_fingerprint
-from sequoia.runtime.models import BACKENDS
+from sequoia.runtime.finder import ProfileChoice, cache_profile
 from sequoia.runtime.profiling import measure_profile
 from sequoia.runtime.runner import run_method, warmup
 
 from . import dp_view, hardware_view, validation
 from .context import (LIGHT_WORK, MODEL_WORK, AppContext, ModelsNotReady, acceptance_catalogue,
-                      default_acceptance_label)
+                      default_acceptance_label, runtime_profiles)
 
 QUICK_TARGET_GRID = (1, 2, 4, 8, 16, 32, 64, 128)
 QUICK_DRAFT_GRID = (1, 2, 4, 8, 16, 32)
@@ -82,31 +75,6 @@ def views(ctx: AppContext, acceptance_name, budget, depth, session: HardwareSess
                            title="predicted ms per token of the DP tree of every cell")
     return (hardware_view.cost_figure(hardware_view.cost_series(ctx.profile), chosen_n=choice.budget or None),
             md, grid, hardware_view.prediction_figure(rows), *runtime_views(ctx, acc, budget, depth))
-
-
-def runtime_profiles(ctx: AppContext) -> list[tuple[str, object, str]]:
-    """(runtime, profile, source) for each runtime with a profile measured on this machine: the loaded pair's
-    own, and for the other runtimes the one the finder would pick for their default models (never measured here)."""
-    loaded = ctx.pair().backend if ctx.loaded else None
-    out = []
-    for backend in BACKENDS:
-        if backend == loaded and ctx.profile is not None:
-            out.append((backend, ctx.profile, "in use"))
-            continue
-        choice = find_profile(_expected_fingerprint(backend), cache_dir=ctx.cache_dir, assets_dir=ctx.assets_dir)
-        if choice.profile is not None:
-            out.append((backend, choice.profile, choice.source))
-    return out
-
-
-def _expected_fingerprint(backend: str):
-    """This machine's fingerprint for the embedded pair on ``backend`` as it would load by default."""
-    cpu = torch.device("cpu")
-    stand_in = SimpleNamespace(device=cpu, dtype=torch.bfloat16, draft_dtype=torch.bfloat16, target_quant="none",
-                               draft_quant=default_draft_scheme("cpu", cpu_facts()[1]), blocked_weights=True,
-                               backend=backend, threads=os.cpu_count() if backend == "llamacpp" else None,
-                               name="not loaded")
-    return replace(machine_fingerprint(stand_in), pair="")
 
 
 def runtime_views(ctx: AppContext, acceptance, budget: int, depth: int):

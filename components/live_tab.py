@@ -23,6 +23,7 @@ from sequoia.core.cost import baseline_ms
 from sequoia.core.request import BY_NAME, PAGE_METHODS
 from sequoia.core.trace import StepRecord
 from sequoia.runtime.dynamic import MAX_DEPTH
+from sequoia.runtime.finder import DEFAULT_ENTRY
 
 from . import inspector_view, serving, stats_view, text_view, tree_view, validation
 from .context import (
@@ -31,6 +32,7 @@ from .context import (
     AppContext,
     acceptance_catalogue,
     default_acceptance_label,
+    fastest_elsewhere,
     follow_temperature,
 )
 from .frames import FRAME_S, Throttle
@@ -61,6 +63,7 @@ class LiveSession:
     records: list[StepRecord] = field(default_factory=list)
     prompt: str = ""
     target_tps: float | None = None   # the profile's predicted tokens/s of the target alone (None: no profile)
+    elsewhere: str = ""               # the fastest configuration measured here, when another one (see context)
 
 
 def budget_help() -> str:
@@ -100,13 +103,21 @@ def summary(session: LiveSession) -> str:
     """The statistics line plus this run's speed against the target alone (predicted by the profile)."""
     md = stats_view.summary_markdown(session.records)
     line = stats_view.speedup_markdown(session.records, session.target_tps)
-    return md + ("  \n" + line if line else "")
+    return md + ("  \n" + line if line else "") + ("  \n" + session.elsewhere if session.elsewhere else "")
 
 
 def first_frame(prompt: str) -> tuple[str, str]:
     """What the page shows the moment Decode is pressed: the prompt and a note, before any step is done."""
     return (text_view.html_view([], prompt=prompt or "", waiting="drafting the first step…"),
             "*Drafting and verifying the first step…*")
+
+
+def _elsewhere(ctx: AppContext, acceptance, method: str) -> str:
+    """The fastest configuration measured on this machine when another one; a summary line must never fail."""
+    try:
+        return fastest_elsewhere(ctx, acceptance if acceptance is not None else DEFAULT_ENTRY.values, method)
+    except (OSError, ValueError):   # an unreadable cached profile: the Hardware tab says why
+        return ""
 
 
 def _predicted_target_tps(ctx: AppContext) -> float | None:
@@ -138,7 +149,8 @@ def decode_stream(ctx: AppContext, prompt, method, budget, depth, temperature, t
         raise gr.Error(str(exc), title="Cannot decode") from None
     if job.note:
         gr.Warning(job.note)
-    session = LiveSession(prompt=prompt, target_tps=_predicted_target_tps(ctx))
+    session = LiveSession(prompt=prompt, target_tps=_predicted_target_tps(ctx),
+                          elsewhere=_elsewhere(ctx, acceptance, req.method.name))
     try:
         with closing(run_decode(ctx, replace(job, inspect=True))) as steps:
             yield from _stream_views(session, steps)

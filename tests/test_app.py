@@ -377,3 +377,18 @@ def test_auto_says_when_the_optimizer_keeps_the_target_alone(ctx):
         assert method.tree.size > 0 and note == ""
     finally:
         ctx.profile = None
+
+
+def test_live_summary_names_the_fastest_configuration_when_it_is_another(ctx):
+    from sequoia.core.profile import HardwareProfile
+
+    from components.context import fastest_elsewhere
+
+    ctx.profile = HardwareProfile.hand_made(lambda n: 30.0 * n, lambda w: 10.0)   # compute-bound: no tree pays
+    try:
+        line = fastest_elsewhere(ctx, DEFAULT_ACCEPTANCE, "sequoia")
+        assert "the target alone on hf" in line and "tokens/s" in line
+        ctx.profile = HardwareProfile.hand_made(lambda n: 30.0 + 0.1 * n, lambda w: 1.0)  # trees pay: Sequoia is it
+        assert fastest_elsewhere(ctx, DEFAULT_ACCEPTANCE, "sequoia") == ""
+    finally:
+        ctx.profile = None
