@@ -148,8 +148,11 @@ def main(argv=None) -> int:
             ours, a = runner_decode(runner, prompt, args.decode)
             runner.close()
             bare, b = bare_decode(path, options.threads, options.n_ctx, prompt, args.decode)
+            same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
             print(f"greedy decode of {args.decode} tokens after 128: runner {ours:.1f} tok/s, "
-                  f"bare Llama.eval loop {bare:.1f} tok/s, same tokens: {a == b}")
+                  f"bare Llama.eval loop {bare:.1f} tok/s, "
+                  + ("same tokens" if same is None else f"tokens differ from #{same} on (Llama repacks weights: "
+                     "another rounding; run with --repack to compare like with like)"))
         runner.close()
     print(f"\nload average after: {loadavg()}")
     return 0
