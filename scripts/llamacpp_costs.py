@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from llama_cpp import Llama
+from llama_cpp import Llama, llama_get_logits_ith
 
 from sequoia.runners.embedded import EMBEDDED, default_cache_dir, ensure_gguf
 from sequoia.runners.llamacpp import LlamaCppOptions, load_embedded_llamacpp, load_llamacpp_runner
@@ -92,13 +92,17 @@ def bare_decode(path: Path, threads: int, n_ctx: int, prompt: list[int], n: int)
     """The same greedy loop on llama-cpp-python's high-level Llama (its own batch and logits copy)."""
     llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
                 n_batch=512, verbose=False)
+    # Llama.eval keeps no logits unless logits_all (a copy of every row): read the last row from the context.
+    def last_argmax() -> int:
+        return int(np.argmax(np.ctypeslib.as_array(llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),))))
+
     try:
         llm.eval(prompt)
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        tok = last_argmax()
         out, t0 = [tok], time.perf_counter()
         for _ in range(n - 1):
             llm.eval([tok])
-            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            tok = last_argmax()
             out.append(tok)
         return (n - 1) / (time.perf_counter() - t0), out
     finally:
