@@ -252,3 +252,20 @@ def test_the_dynamic_gate_declines_trees_that_do_not_pay_at_a_long_context():
     assert not dyn.can_pay and not dyn.wants_draft()
     dyn.start()                                                             # a new generation starts short again
     assert dyn.can_pay
+
+
+def test_llamacpp_costs_make_the_optimizer_and_the_gate_keep_the_target_alone():
+    """llama.cpp's few-row products on 2 cores cost ~k one-token steps (Zen 4, Q4_K_M target, Q4_0 draft, ms as
+    measured in shared/MODELS.md): no tree beats the target alone, so sequoia-auto picks none and the dynamic
+    gate never drafts -- Sequoia on that runtime runs at the target alone's speed, not below it."""
+    from sequoia.core.optimizer import choose_tree
+    from sequoia.runtime.dynamic import DynamicTreeProposer
+    from sequoia.runtime.methods import DEFAULT_ACCEPTANCE
+
+    target = dict(zip((1, 2, 4, 8, 16, 32, 64), (28.8, 55.7, 98.0, 218.0, 273.0, 461.0, 779.0)))
+    draft = dict(zip((1, 2, 4, 8, 16, 32, 64), (12.5, 23.5, 33.4, 56.2, 87.4, 168.0, 305.0)))
+    prof = HardwareProfile.hand_made(target.get, draft.get, target_n=tuple(target), draft_width=tuple(draft))
+    assert choose_tree(DEFAULT_ACCEPTANCE, prof, max_budget=63, max_depth=12).budget == 0
+    dyn = DynamicTreeProposer(profile=prof)
+    dyn.start()
+    assert not dyn.can_pay and not dyn.wants_draft()
