@@ -1,6 +1,6 @@
 """Regenerate the shipped acceptance vectors of the embedded pair (assets/acceptance/).
 
-    .venv/bin/python scripts/measure_acceptance_assets.py [max_new_tokens] [only] [sets]
+    python scripts/measure_acceptance_assets.py [max_new_tokens] [only] [sets]
 
 ``only`` (e.g. ``chat-t1.0``) regenerates just the files whose name contains it.
 ``sets`` is a comma-separated list of shipped prompt sets (default ``code,chat``),
@@ -21,15 +21,18 @@ continuations are written by the target, so this takes a while on a CPU
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from sequoia.core.config import SamplingConfig
-from sequoia.runtime.acceptance import load_prompts, measure_acceptance
-from sequoia.runtime.models import load_pair
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain script from anywhere
+
+from sequoia.core.config import SamplingConfig  # noqa: E402
+from sequoia.runtime.acceptance import load_prompts, measure_acceptance  # noqa: E402
+from sequoia.runtime.models import load_pair  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ROOT / "assets" / "prompts"
@@ -58,5 +61,14 @@ def main(max_new_tokens: int = 48, only: str = "", sets: str = "code,chat") -> N
                   f"({time.perf_counter() - t0:.0f} s)", flush=True)
 
 
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("max_new_tokens", nargs="?", type=int, default=48, help="target-written tokens per prompt")
+    ap.add_argument("only", nargs="?", default="", help="regenerate only files whose name contains this")
+    ap.add_argument("sets", nargs="?", default="code,chat", help="comma-separated shipped prompt sets")
+    return ap.parse_args(argv)
+
+
 if __name__ == "__main__":
-    main(*(int(a) for a in sys.argv[1:2]), *sys.argv[2:4])
+    args = parse_args()
+    main(args.max_new_tokens, args.only, args.sets)

@@ -2,9 +2,9 @@
 
 Run from the repository root:
 
-    .venv/bin/python scripts/profile_step.py --method sequoia --budget 16 --tokens 48
-    .venv/bin/python scripts/profile_step.py --compare /tmp/base   # before/after, interleaved
-    .venv/bin/python scripts/profile_step.py --methods sequoia-dynamic,sequoia-auto,chain,hf-assisted
+    python scripts/profile_step.py --method sequoia --budget 16 --tokens 48
+    python scripts/profile_step.py --compare /tmp/base   # before/after, interleaved
+    python scripts/profile_step.py --methods sequoia-dynamic,sequoia-auto,chain,hf-assisted
 
 Each component is timed by wrapping the library function that does it (no
 edits to the library): draft begin (pending tokens -> q at the root), draft
@@ -34,6 +34,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain script from anywhere
+
+#: The modules whose functions are timed, under the package (``sequoia`` or a snapshot of it).
+COMPONENT_MODULES = ("runtime.drafter", "runtime.engine", "runtime.kv_cache", "runtime.methods")
 
 PROMPTS = {
     "code": "Write a Python function that parses a CSV file and returns a list of dictionaries.",
@@ -80,9 +83,7 @@ class Timers:
 
 def instrument(pkg: str, timers: Timers):
     """Wrap the components of package ``pkg`` (``sequoia`` or a snapshot of it)."""
-    drafter = importlib.import_module(f"{pkg}.drafter")
-    engine = importlib.import_module(f"{pkg}.engine")
-    kv = importlib.import_module(f"{pkg}.kv_cache")
+    drafter, engine, kv, _ = (importlib.import_module(f"{pkg}.{m}") for m in COMPONENT_MODULES)
     timers.wrap(drafter.Drafter, "begin", "draft_begin")
     timers.wrap(drafter.Drafter, "expand", "draft_levels")
     timers.wrap(engine.SpeculativeEngine, "_verify_forward", "target_forward")
@@ -193,7 +194,7 @@ def main() -> int:
         impls.insert(0, ("sequoia_base", "before"))
     timers = {name: Timers() for _, name in impls}
     engines = {name: instrument(pkg, timers[name]) for pkg, name in impls}
-    methods = {name: importlib.import_module(f"{pkg}.methods") for pkg, name in impls}
+    methods = {name: importlib.import_module(f"{pkg}.runtime.methods") for pkg, name in impls}
     lm_timer = Timers()
     lm_timer.hook_module(pair.target.lm_head, "target_lm_head")
     tps = defaultdict(list)
