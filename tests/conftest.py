@@ -133,7 +133,7 @@ def tiny_app_pair(tiny_target):
 
 @pytest.fixture(scope="session")
 def embedded_pair_fp32():
-    """The real embedded pair with an fp32 target: exactness tests need fp32 logits (see MODELS.md)."""
+    """The real embedded pair with an fp32 target: exactness tests need fp32 logits (docs/models.md)."""
     import os
 
     from sequoia.runtime.models import load_pair

@@ -19,6 +19,8 @@ from components import (
     tree_view,
 )
 from components.context import LoadStatus
+from sequoia.core import dp, optimizer
+from sequoia.core import profile as hw
 from sequoia.core.stats import summarize
 from sequoia.core.trace import ACCEPTED, REJECTED, UNREACHED, DynamicInfo, NodeCheck, StepRecord
 from sequoia.core.tree import Tree
@@ -217,7 +219,6 @@ def test_dp_tree_figure_and_curves():
 
 
 def test_dp_view_with_real_dp():
-    dp = pytest.importorskip("sequoia.core.dp")
     res = dp.optimal_tree([0.797, 0.104, 0.048, 0.02, 0.01, 0.005], 16, 6)
     fig = dp_view.tree_figure(res.tree(16, 6), res.acceptance, res.value(16, 6))
     assert len(_nodes(fig)) == res.tree(16, 6).n_nodes
@@ -265,16 +266,14 @@ def test_hardware_figures():
 
 
 def test_hardware_from_profile_and_choice():
-    hw = pytest.importorskip("sequoia.core.profile")
-    opt = pytest.importorskip("sequoia.core.optimizer")
     prof = hw.HardwareProfile.hand_made(lambda n: 300 + 2 * n, lambda w: 40 + w)
     cost = hardware_view.cost_series(prof)
     assert cost.target_n == prof.target_n and cost.draft_ms == prof.draft_ms
-    choice = opt.choose_tree([0.797, 0.104, 0.048, 0.02, 0.01, 0.005], prof, max_budget=32, max_depth=8)
+    choice = optimizer.choose_tree([0.797, 0.104, 0.048, 0.02, 0.01, 0.005], prof, max_budget=32, max_depth=8)
     md = hardware_view.choice_markdown(choice, "code")
     assert f"{choice.budget} draft tokens" in md and "speedup" in md
     slow_draft = hw.HardwareProfile.hand_made(lambda n: 10.0, lambda w: 1000.0)
-    assert "No speculation" in hardware_view.choice_markdown(opt.choose_tree([0.5], slow_draft, 8, 4))
+    assert "No speculation" in hardware_view.choice_markdown(optimizer.choose_tree([0.5], slow_draft, 8, 4))
 
 
 # ------------------------------------------------------------------ status banner
