@@ -1,4 +1,4 @@
-"""The README's library example runs as written, on the tiny random-weight pair instead of the embedded one.
+"""The README and docs/ cannot rot: the library example runs, the commands stay, every path a page names exists.
 
 The example is taken from README.md (the first ``python`` block of its "Library" section) and executed
 unchanged; only :func:`sequoia.runtime.models.load_pair` is swapped for one that returns the tiny pair
@@ -15,7 +15,8 @@ import pytest
 
 from sequoia.runtime import models
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 
 
 def section(title: str) -> str:
@@ -71,3 +72,48 @@ def test_the_readme_stays_short_and_current():
     assert text.startswith("---\ntitle: Sequoia Studio\n")   # the Spaces front matter stays on top
     assert len(text.splitlines()) < 150
     assert not re.search(r"\b(session|round) \d+", text, re.I), "history belongs in git, not the README"
+
+
+# ------------------------------------------------------------------ docs/ as a reference
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+PATH_PREFIXES = ("docs/", "assets/", "scripts/", "sequoia/", "components/", "tests/")
+
+
+def _expand(path: str) -> list[str]:
+    """``a/{b,c}.json`` -> ``a/b.json``, ``a/c.json`` (one brace group, as the docs write them)."""
+    m = re.search(r"\{([^{}]*)\}", path)
+    if not m:
+        return [path]
+    return [path[:m.start()] + alt + path[m.end():] for alt in m.group(1).split(",")]
+
+
+def _cited_paths(md: Path) -> set[str]:
+    """Repository paths a page names: relative links, and backticked paths under the project's folders."""
+    text = md.read_text()
+    out = set()
+    for link in re.findall(r"\]\(([^)#\s]+)\)", text):
+        if not re.match(r"[a-z]+://", link):
+            out.add(str((md.parent / link).resolve().relative_to(ROOT)))
+    for path in re.findall(r"`([^`\s]+)`", text):
+        path = path.rstrip(".,;:")
+        if path.startswith(PATH_PREFIXES) and "<" not in path and "*" not in path:
+            out.update(_expand(path))
+    return out
+
+
+@pytest.mark.parametrize("page", [README] + DOCS, ids=lambda p: p.name)
+def test_every_path_a_page_names_exists(page):
+    missing = sorted(p for p in _cited_paths(page) if not (ROOT / p).exists())
+    assert not missing, f"{page.name} names paths that do not exist: {missing}"
+
+
+def test_docs_data_holds_only_files_the_docs_cite():
+    cited = set().union(*(_cited_paths(p) for p in [README] + DOCS + sorted((ROOT / "docs" / "data").glob("*.md"))))
+    files = {str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "data").iterdir()}
+    assert files - cited == set(), "docs/data files no page cites (remove them; git keeps them)"
+
+
+@pytest.mark.parametrize("page", DOCS, ids=lambda p: p.name)
+def test_docs_describe_the_present(page):
+    assert not re.search(r"\b(session|round) \d+", page.read_text(), re.I), \
+        f"{page.name}: history belongs in git, not the docs"
