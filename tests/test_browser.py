@@ -4,6 +4,11 @@ The server runs in this process (so a test can watch the engine's generators),
 the browser is the system's ``/usr/bin/chromium`` (never a downloaded one) with
 a fresh profile.  Screenshots go to pytest's tmp dir, and also to
 ``out/screenshots/`` when ``SEQUOIA_SCREENSHOTS`` is set.
+
+``SEQUOIA_SCREENSHOT=1`` also runs the last test, which redraws the README's figure
+``docs/figures/live-tab.png`` on the embedded pair (the only test here that loads it):
+
+    SEQUOIA_SCREENSHOT=1 python -m pytest tests/test_browser.py -q -k readme_figure
 """
 
 import os
@@ -24,6 +29,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--no-first-run", "--disable-quic", "--disable-sync"]
 SCREENSHOTS = Path(__file__).resolve().parent.parent / "out" / "screenshots"
+README_FIGURE = Path(__file__).resolve().parent.parent / "docs" / "figures" / "live-tab.png"
 
 pytestmark = [
     pytest.mark.browser,
@@ -239,3 +245,34 @@ def test_a_long_prompt_decodes(long_server, browser_context):
         assert page.get_by_text("draft nodes; the maximum is").count() == 0
     finally:
         page.close()
+
+
+@pytest.mark.embedded
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("SEQUOIA_SCREENSHOT"),
+                    reason="set SEQUOIA_SCREENSHOT=1 to redraw docs/figures/live-tab.png on the embedded pair")
+def test_readme_figure_the_live_tab_mid_decode(browser_context, monkeypatch, tmp_path):
+    """The README's figure: the guided example on the embedded pair, caught while it decodes."""
+    from sequoia.runtime.models import load_pair
+
+    demo = app.build_demo(load_pair(), max_budget=32)
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True,
+                            quiet=True, css_paths=[app.CSS_PATH])
+    runs = _slow_steps(monkeypatch, 1.5)  # hold each step on screen, so the page is caught mid-decode
+    page = browser_context.new_page()
+    try:
+        page.goto(url, wait_until="domcontentloaded")
+        page.locator("#sq-prompt textarea").wait_for()
+        page.get_by_role("button", name=re.compile("Guided example")).click()
+        _wait_for(lambda: runs.steps >= 4, timeout_s=600)
+        sync_api.expect(page.locator("#sq-text")).to_contain_text("fizzbuzz")
+        assert page.locator("#sq-tree .scatterlayer .point").count() >= 3
+        time.sleep(1.0)  # let the last frame render
+        shot = _screenshot(page, tmp_path, "live-tab")
+        sync_api.expect(page.locator("#sq-summary")).not_to_contain_text("finished", timeout=1_000)
+        README_FIGURE.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, README_FIGURE)
+        page.get_by_role("button", name="Stop").click()
+    finally:
+        page.close()
+        demo.close()
