@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +30,8 @@ def test_there_are_scripts():
 @pytest.fixture(scope="module")
 def helps() -> dict[str, subprocess.CompletedProcess]:
     """``--help`` of every script, all started at once; name -> (returncode, stdout, stderr)."""
-    procs = {p.name: subprocess.Popen([sys.executable, str(p.relative_to(ROOT)), "--help"], cwd=ROOT,
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # eleven interpreters at once: no thread pools fighting
+    procs = {p.name: subprocess.Popen([sys.executable, str(p.relative_to(ROOT)), "--help"], cwd=ROOT, env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for p in SCRIPTS}
     out = {}
