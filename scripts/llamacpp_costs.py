@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -25,8 +26,10 @@ import numpy as np
 import torch
 from llama_cpp import Llama, llama_get_logits_ith
 
-from sequoia.runners.embedded import EMBEDDED, default_cache_dir, ensure_gguf
-from sequoia.runners.llamacpp import LlamaCppOptions, load_embedded_llamacpp, load_llamacpp_runner
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain script from anywhere
+
+from sequoia.runners.embedded import EMBEDDED, default_cache_dir, ensure_gguf  # noqa: E402
+from sequoia.runners.llamacpp import LlamaCppOptions, load_embedded_llamacpp, load_llamacpp_runner  # noqa: E402
 
 
 def loadavg() -> str:
