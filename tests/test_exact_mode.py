@@ -196,6 +196,18 @@ def test_distribution_tab_handler_and_app(tiny_pairs, tmp_path):
     assert "Distribution check" in demo.config["components"].__repr__()
 
 
+def test_cli_exact_flag_loads_the_exact_pair(monkeypatch):
+    from sequoia.tools import bench_cli, cli
+
+    seen = {}
+    monkeypatch.setattr(bench_cli, "load_exact_pair", lambda *a, **k: seen.update(k) or "exact pair")
+    for argv in (["generate", "--prompt", "x", "--exact"], ["bench", "--exact"]):
+        assert bench_cli.load_pair_for(cli.build_parser().parse_args(argv)) == "exact pair"
+    assert seen["device"] is None and seen["blocked_weights"]
+    with pytest.raises(ValueError, match="--exact"):
+        bench_cli.load_pair_for(cli.build_parser().parse_args(["generate", "--prompt", "x", "--exact", "--dtype", "bf16"]))
+
+
 # ------------------------------------------------------------------ the embedded pair
 @pytest.mark.embedded
 @pytest.mark.slow
