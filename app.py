@@ -138,7 +138,8 @@ def exact_loader_from_env(env: Mapping[str, str] = os.environ):
     def load(pair, progress):
         from sequoia.runtime.exactness import load_exact_target
 
-        return load_exact_target(env.get("SEQUOIA_TARGET") or "embedded", pair.device, progress=progress)
+        return load_exact_target(env.get("SEQUOIA_TARGET") or "embedded", pair.device, progress=progress,
+                                 name=pair.target_name)
     return load
 
 

@@ -165,8 +165,8 @@ class AppContext:
         None, "none", None, "the models are not loaded yet"))
     profiling: LoadStatus | None = None       # progress of the background measurement; None: none started
     requests: Any = field(default=None, repr=False)   # parsed requests by raw values (components.validation.memo)
-    # Exact mode (sequoia.runtime.exactness): (pair, progress) -> the float32 plain target, loaded on first use
-    # and kept; None: a float32 copy of the loaded target (unquantized small models, tests).
+    # Exact mode (sequoia.runtime.exactness): (pair, progress) -> the float32 plain target runner, loaded on first
+    # use and kept; None: a float32 copy of the loaded target's model (unquantized small models, tests).
     exact_loader: Callable[[Any, ProgressFn], Any] | None = None
     exact_status: LoadStatus | None = None    # progress of that load; None: not started
     _exact: Any = field(default=None, repr=False)
@@ -252,7 +252,7 @@ class AppContext:
                 else:
                     status = self.exact_status = LoadStatus()
                     status(0.0, "loading the float32 target for exact mode")
-                    load = self.exact_loader or (lambda p, progress: exact_copy(p.target))
+                    load = self.exact_loader or (lambda p, progress: exact_copy(p.target, p.target_name))
                     target_pair = exact_pair(pair, load(pair, status))
                     status(1.0, "float32 target ready")
                     status.ready = True

@@ -13,7 +13,7 @@ from components.compare_view import REFERENCE
 from components.context import AppContext
 from sequoia.core.config import GenerationConfig, SamplingConfig
 from sequoia.core.distribution import RULES, check_rule
-from sequoia.runtime.attention import use_few_query_attention
+from sequoia.runners.hf.loading import wrap_model
 from sequoia.runtime.divergence import explain, explain_all, first_divergence, kernel_views
 from sequoia.runtime.distribution_check import root_distributions, run_check
 from sequoia.runtime.engine import SpeculativeEngine
@@ -21,7 +21,7 @@ from sequoia.runtime.exactness import certify, exact_copy, exact_pair, is_exact,
 from sequoia.runtime.methods import make_method
 from sequoia.runtime.runner import run_method
 
-from conftest import app_pair, make_pair, perturbed, tiny_model
+from conftest import app_pair, make_pair, perturbed, runner, tiny_model
 
 ENGINE = {"chain": dict(budget=4), "specinfer": dict(width=2, depth=3), "kary": dict(width=2, depth=3),
           "sequoia": dict(budget=12, depth=4)}
@@ -39,8 +39,7 @@ def low_precision_pair():
     target = tiny_model(0)
     draft = perturbed(target, 0.5, 1)
     low = copy.deepcopy(target).to(torch.bfloat16)
-    use_few_query_attention(low)
-    return app_pair(draft, low)
+    return app_pair(draft, wrap_model(low, "tiny-target", "target", plain=False))
 
 
 # ------------------------------------------------------------------ exact mode
@@ -48,9 +47,9 @@ def test_exact_pair_is_float32_plain_and_shares_the_draft(low_precision_pair):
     assert not is_exact(low_precision_pair)
     exact = exact_pair(low_precision_pair, exact_copy(low_precision_pair.target))
     assert is_exact(exact) and exact.draft is low_precision_pair.draft
-    assert exact.target.dtype == torch.float32 and exact.target.config._attn_implementation == "sdpa"
+    assert exact.target.model.dtype == torch.float32 and exact.target.config._attn_implementation == "sdpa"
     assert exact.target_name.endswith("(fp32, exact)")
-    assert low_precision_pair.target.dtype == torch.bfloat16      # the pair itself is left as it was
+    assert low_precision_pair.target.model.dtype == torch.bfloat16      # the pair itself is left as it was
 
 
 @pytest.mark.parametrize("prompt_seed", [0, 1, 2])
@@ -65,10 +64,10 @@ def test_every_method_equals_the_target_alone_in_exact_mode(low_precision_pair, 
 def test_kernel_gap_certifies_a_float32_run(tiny_target):
     ids = list(range(1, 20))
     ref = _greedy(make_pair(tiny_target, tiny_target, 48), "ar", ids, 16)
-    gap = certify(tiny_target, ids, ref, 48)
+    gap = certify(runner(tiny_target), ids, ref, 48)
     assert gap.rows == 16 and gap.same_argmax == gap.rows
     assert gap.max_abs < 1e-3 and gap.certified
-    low = copy.deepcopy(tiny_target).to(torch.bfloat16)
+    low = runner(copy.deepcopy(tiny_target).to(torch.bfloat16))
     assert kernel_gap(low, ids, list(ref), 48).max_abs > gap.max_abs   # bf16 kernels are further apart
 
 
@@ -140,11 +139,11 @@ def test_divergence_report_on_a_forced_near_tie(tiny_target):
     ref, other = _greedy(pair, "ar", ids, 8), _greedy(pair, "chain", ids, 8)
     assert ref[0] == other[0] == B          # the prompt's forward is many-row for both
     assert ref != other
-    d = explain(tied, pair.tokenizer, ids, ref, other, "chain", 48)
+    d = explain(pair.target, pair.tokenizer, ids, ref, other, "chain", 48)
     assert d.position == 1 and (d.reference_token, d.other_token) == (A, B)
     assert d.one_row.argmax == A and d.many_row.argmax == B and d.kernels_disagree
     assert d.one_row.margin == pytest.approx(1e-3, rel=1e-2) and d.many_row.margin == pytest.approx(1e-3, rel=1e-2)
-    text = divergence_view.markdown(explain_all(tied, pair.tokenizer, ids, ref, {"chain": other, "same": ref}, 48))
+    text = divergence_view.markdown(explain_all(pair.target, pair.tokenizer, ids, ref, {"chain": other, "same": ref}, 48))
     assert "**chain**" in text and "same" not in text and "one-row forward" in text and "exact mode" in text
     assert "token 2" in text and "<5>" in text and "<9>" in text
 

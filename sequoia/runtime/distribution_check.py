@@ -19,7 +19,6 @@ from ..core.config import SamplingConfig
 from ..core.distribution import (DEFAULT_CHILDREN, DEFAULT_TRIALS, RULES, RULES_BY_NAME, RuleResult, check_rule,
                                  head_of)
 from ..core.sampling import warp
-from .kv_cache import KVCache
 from .models import shared_vocab
 
 MAX_TRIALS = 20000
@@ -40,20 +39,13 @@ class CheckState:
     seconds: float = 0.0                              # everything so far
 
 
-@torch.inference_mode()
 def root_distributions(pair, prompt_ids: list[int], sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """(p, q) at the position after ``prompt_ids``: one prompt forward of each model, warped.  # [V], [V]"""
     if sampling.greedy:
         raise ValueError("the distribution check needs a temperature above 0 (at 0 both are point masses)")
     vocab = shared_vocab(pair)
-    rows = []
-    for model in (pair.target, pair.draft):
-        device = next(model.parameters()).device
-        ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
-        out = model(input_ids=ids, position_ids=torch.arange(len(prompt_ids), device=device)[None],
-                    past_key_values=KVCache(model.config).cache, use_cache=True, logits_to_keep=1)
-        rows.append(warp(out.logits[0, -1, :vocab], sampling).cpu())
-    return rows[0], rows[1]
+    rows = [runner.session().forward(prompt_ids, keep=1)[-1, :vocab] for runner in (pair.target, pair.draft)]
+    return warp(rows[0], sampling).cpu(), warp(rows[1], sampling).cpu()
 
 
 def iter_check(pair, prompt_ids: list[int], sampling: SamplingConfig, n: int = DEFAULT_TRIALS,

@@ -81,10 +81,10 @@ def kernel_views(one: torch.Tensor, many: torch.Tensor, ref_tok: int, other_tok:
     return view("one-row", one), view("many-row", many)
 
 
-@torch.inference_mode()
 def explain(target, tokenizer, prompt_ids: list[int], reference: Sequence[int], other: Sequence[int],
             method: str, vocab: int, context_tokens: int = 6) -> Divergence | None:
-    """The first divergence of ``other`` from ``reference`` (the target alone's tokens), measured on ``target``.
+    """The first divergence of ``other`` from ``reference`` (the target alone's tokens), measured on the
+    ``target`` runner.
 
     Costs one forward per token up to the position (the one-row replay) plus one many-row forward.
     None when the outputs are equal.

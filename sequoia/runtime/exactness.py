@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import torch
 
 from ..runners.embedded import EMBEDDED, ProgressFn, default_cache_dir, ensure_converted
-from .kv_cache import KVCache
-from .models import EMBEDDED_NAME, load_model, load_pair
+from ..runners.hf.loading import load_model, resolve_device, wrap_model
+from .models import EMBEDDED_NAME, load_pair
 
 #: The dtype of an exact target.
 EXACT_DTYPE = torch.float32
@@ -44,13 +44,18 @@ SAFETY = 2.0
 
 
 def is_exact(pair) -> bool:
-    """The pair's target already runs as exact mode runs it (float32, plain forward, unquantized)."""
+    """The pair's target already runs as exact mode runs it: a Hugging Face runner on the plain path (the
+    model's own forward and kernels), float32 weights, unquantized."""
     target = pair.target
-    params = next(target.parameters(), None)
-    attn = getattr(getattr(target, "config", None), "_attn_implementation", None)
-    return (params is not None and params.dtype in (torch.float32, torch.float64)
-            and getattr(pair, "target_quant", "none") == "none" and attn in PLAIN_ATTENTION
-            and not getattr(target, "_multi_row_kernel", "") and not getattr(target, "_single_row_kernel", ""))
+    model = getattr(target, "model", None)
+    if model is None or getattr(target, "forward_fn", None) is None:
+        return False                     # another runtime (llama.cpp): its own kernels, never exact here
+    params = next(model.parameters(), None)
+    attn = getattr(model.config, "_attn_implementation", None)
+    info = target.info
+    return (params is not None and params.dtype in (torch.float32, torch.float64) and attn in PLAIN_ATTENTION
+            and getattr(info, "quant", "none") == "none" and not getattr(info, "single_row_kernel", "")
+            and not getattr(info, "multi_row_kernel", "") and not getattr(target, "single_row_kernel", ""))
 
 
 def plain_forward(model: torch.nn.Module) -> torch.nn.Module:
@@ -60,9 +65,14 @@ def plain_forward(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def exact_runner(model: torch.nn.Module, name: str = ""):
+    """A float32 model behind the plain runner path (its own forward, torch's own kernels)."""
+    return wrap_model(plain_forward(model), name, "target", plain=True)
+
+
 def load_exact_target(target: str = EMBEDDED_NAME, device: str | torch.device | None = None,
-                      cache_dir=None, progress: ProgressFn | None = None) -> torch.nn.Module:
-    """The target as exact mode runs it: float32, plain forward (``target``: "embedded", a hub id or a path).
+                      cache_dir=None, progress: ProgressFn | None = None, name: str = ""):
+    """The target runner as exact mode runs it: float32, plain (``target``: "embedded", a hub id or a path).
 
     The embedded target comes from its converted bf16 directory (converted first if needed), so its
     float32 weights are the bf16 ones widened: the same numbers the bf16 pair holds.
@@ -73,9 +83,9 @@ def load_exact_target(target: str = EMBEDDED_NAME, device: str | torch.device | 
         cache = cache_dir if cache_dir is not None else default_cache_dir()
         path = ensure_converted(EMBEDDED["target"], cache, lambda f, d: report(0.5 * f, d))
     report(0.5, "loading the float32 target")
-    model = plain_forward(load_model(path, device, "fp32"))
+    runner = exact_runner(load_model(path, resolve_device(device), EXACT_DTYPE), name or str(target))
     report(1.0, "float32 target ready")
-    return model
+    return runner
 
 
 def load_exact_pair(draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME, device: str | None = None,
@@ -85,14 +95,13 @@ def load_exact_pair(draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME, dev
     as :func:`~sequoia.runtime.models.load_pair` makes it (its speed kernels included)."""
     pair = load_pair(draft, target, device=device, dtype="fp32", draft_quant=draft_quant, target_quant="none",
                      cache_dir=cache_dir, progress=progress, blocked_weights=blocked_weights)
-    plain_forward(pair.target)
-    return dataclasses.replace(pair, target_name=f"{pair.target_name} (fp32, exact)")
+    return exact_pair(pair, exact_runner(pair.target.model, pair.target.name))
 
 
-def exact_pair(pair, target_model: torch.nn.Module):
-    """``pair`` with ``target_model`` (float32, plain) as its target; the draft (and its kernels) is shared."""
+def exact_pair(pair, target_runner):
+    """``pair`` with ``target_runner`` (float32, plain) as its target; the draft (and its kernels) is shared."""
     name = f"{pair.target_name} (fp32, exact)"
-    changes = dict(target=target_model, dtype=EXACT_DTYPE, target_name=name)
+    changes = dict(target=target_runner, dtype=EXACT_DTYPE, target_name=name)
     if dataclasses.is_dataclass(pair):
         return dataclasses.replace(pair, target_quant="none", **changes)
     out = copy.copy(pair)          # a stand-in (tests): same fields, new target
@@ -101,45 +110,35 @@ def exact_pair(pair, target_model: torch.nn.Module):
     return out
 
 
-def exact_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A float32 plain copy of an unquantized model already in memory (tiny models, tests)."""
-    out = copy.deepcopy(model).float()
-    return plain_forward(out).eval().requires_grad_(False)
+def exact_copy(runner_or_model, name: str = ""):
+    """A float32 plain runner over a copy of an unquantized model already in memory (tiny models, tests)."""
+    model = getattr(runner_or_model, "model", runner_or_model)
+    out = copy.deepcopy(model).float().eval().requires_grad_(False)
+    return exact_runner(out, name or getattr(runner_or_model, "name", ""))
 
 
 # ------------------------------------------------------------------ one-row vs many-row logits
-@torch.inference_mode()
-def one_row_logits(model, prompt_ids: list[int], tokens: list[int], vocab: int) -> torch.Tensor:
+def one_row_logits(target, prompt_ids: list[int], tokens: list[int], vocab: int) -> torch.Tensor:
     """The target alone's logits: the prompt's forward, then one forward per token.  # [len(tokens) + 1, vocab]
 
-    Row j predicts ``tokens[j]`` (row 0 from the prompt's forward, as the engine's step 0 does it).
+    ``target``: a runner.  Row j predicts ``tokens[j]`` (row 0 from the prompt's forward, as the engine's step 0).
     """
-    cache = KVCache(model.config)
-    rows = [_forward(model, cache, prompt_ids, keep=1)]
+    session = target.session()
+    rows = [session.forward(prompt_ids, keep=1)]
     for tok in tokens:
-        rows.append(_forward(model, cache, [tok], keep=1))
+        rows.append(session.forward([tok], keep=1))
     return torch.cat(rows)[:, :vocab].float()
 
 
-@torch.inference_mode()
-def many_row_logits(model, prompt_ids: list[int], tokens: list[int], vocab: int) -> torch.Tensor:
+def many_row_logits(target, prompt_ids: list[int], tokens: list[int], vocab: int) -> torch.Tensor:
     """Verification's logits: the prompt's forward, then ONE forward of all ``tokens``.  # [len(tokens) + 1, vocab]
 
     Row j predicts ``tokens[j]`` as in :func:`one_row_logits`; the last row is that of the last token.
     """
-    cache = KVCache(model.config)
-    first = _forward(model, cache, prompt_ids, keep=1)
-    rest = _forward(model, cache, tokens, keep=0) if tokens else first[:0]
+    session = target.session()
+    first = session.forward(prompt_ids, keep=1)
+    rest = session.forward(tokens, keep=0) if tokens else first[:0]
     return torch.cat([first, rest])[:, :vocab].float()
-
-
-def _forward(model, cache: KVCache, ids: list[int], keep: int) -> torch.Tensor:
-    device = next(model.parameters()).device
-    start = len(cache)
-    x = torch.tensor([ids], dtype=torch.long, device=device)
-    pos = torch.arange(start, start + len(ids), device=device)[None]
-    out = model(input_ids=x, position_ids=pos, past_key_values=cache.cache, use_cache=True, logits_to_keep=keep)
-    return out.logits[0]
 
 
 def top2_margin(logits: torch.Tensor) -> torch.Tensor:
@@ -164,20 +163,20 @@ class KernelGap:
         return self.same_argmax == self.rows and (self.bit_equal or self.min_margin > SAFETY * 2 * self.max_abs)
 
 
-def kernel_gap(model, prompt_ids: list[int], tokens: list[int], vocab: int) -> KernelGap:
+def kernel_gap(target, prompt_ids: list[int], tokens: list[int], vocab: int) -> KernelGap:
     """Compare :func:`one_row_logits` and :func:`many_row_logits` on ``prompt_ids`` + ``tokens``."""
-    one = one_row_logits(model, prompt_ids, tokens, vocab)
-    many = many_row_logits(model, prompt_ids, tokens, vocab)
+    one = one_row_logits(target, prompt_ids, tokens, vocab)
+    many = many_row_logits(target, prompt_ids, tokens, vocab)
     return KernelGap(max_abs=float((one - many).abs().max()),
                      same_argmax=int((one.argmax(-1) == many.argmax(-1)).sum()), rows=one.shape[0],
                      min_margin=float(top2_margin(one).min()), bit_equal=bool(torch.equal(one, many)))
 
 
-def certify(model, prompt_ids: list[int], tokens: list[int], vocab: int) -> KernelGap:
+def certify(target, prompt_ids: list[int], tokens: list[int], vocab: int) -> KernelGap:
     """The check run after an exact-mode comparison at T=0 on the target alone's output ``tokens``.
 
     Speculative methods agree with the target alone as long as every one of their forwards picks the
     same argmax, and their logits differ from the target alone's by the kernel gap at most; a top-2
     margin larger than twice that gap (with the :data:`SAFETY` factor) cannot flip.
     """
-    return kernel_gap(model, prompt_ids, list(tokens[:-1]) if len(tokens) > 1 else list(tokens), vocab)
+    return kernel_gap(target, prompt_ids, list(tokens[:-1]) if len(tokens) > 1 else list(tokens), vocab)
