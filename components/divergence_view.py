@@ -44,7 +44,8 @@ def markdown(divergences: Sequence[Divergence]) -> str:
         return ""
     return "\n".join(["**Where the outputs part** (the target's logits at the first differing token, "
                       "measured by replaying the shared prefix):", *map(describe, divergences),
-                      "", "Tick **exact mode** (or press *Rerun in exact mode*) to see every method match."])
+                      "", "Press **Run in exact mode** (under the Run button) to rerun with the float32 target: every "
+                      "method then matches."])
 
 
 def exact_markdown(all_identical: bool, gap=None) -> str:
