@@ -37,7 +37,7 @@ def after_comparison(ctx, prompt: str, chat: bool, rows: Sequence[CompareRow], t
         gap = None if differing else certify(pair.target, ids, ref.token_ids, vocab)
         extra.append(divergence_view.exact_markdown(not differing, gap))
     if differing:
-        yield gr.skip(), gr.skip(), notes + "\n\n*Finding where the outputs part (replaying the prefix on the target)…*"
+        yield gr.skip(), gr.skip(), notes + "\n\n*Finding where the outputs part (replaying the prefix)…*"
         found = explain_all(pair.target, pair.tokenizer, ids, ref.token_ids, differing, vocab)
         extra.append(divergence_view.markdown(found))
     yield gr.skip(), gr.skip(), notes + "\n\n" + "\n\n".join(extra)

@@ -9,7 +9,6 @@ import torch
 
 import app
 from components import compare_tab, distribution_tab, distribution_view, divergence_view
-from components.compare_view import REFERENCE
 from components.context import AppContext
 from sequoia.core.config import GenerationConfig, SamplingConfig
 from sequoia.core.distribution import RULES, check_rule
@@ -143,7 +142,8 @@ def test_divergence_report_on_a_forced_near_tie(tiny_target):
     assert d.position == 1 and (d.reference_token, d.other_token) == (A, B)
     assert d.one_row.argmax == A and d.many_row.argmax == B and d.kernels_disagree
     assert d.one_row.margin == pytest.approx(1e-3, rel=1e-2) and d.many_row.margin == pytest.approx(1e-3, rel=1e-2)
-    text = divergence_view.markdown(explain_all(pair.target, pair.tokenizer, ids, ref, {"chain": other, "same": ref}, 48))
+    found = explain_all(pair.target, pair.tokenizer, ids, ref, {"chain": other, "same": ref}, 48)
+    text = divergence_view.markdown(found)
     assert "**chain**" in text and "same" not in text and "one-row forward" in text and "exact mode" in text
     assert "token 2" in text and "<5>" in text and "<9>" in text
 
@@ -204,7 +204,8 @@ def test_cli_exact_flag_loads_the_exact_pair(monkeypatch):
         assert bench_cli.load_pair_for(cli.build_parser().parse_args(argv)) == "exact pair"
     assert seen["device"] is None and seen["blocked_weights"]
     with pytest.raises(ValueError, match="--exact"):
-        bench_cli.load_pair_for(cli.build_parser().parse_args(["generate", "--prompt", "x", "--exact", "--dtype", "bf16"]))
+        argv = ["generate", "--prompt", "x", "--exact", "--dtype", "bf16"]
+        bench_cli.load_pair_for(cli.build_parser().parse_args(argv))
 
 
 # ------------------------------------------------------------------ the embedded pair
