@@ -294,8 +294,9 @@ def build(ctx: AppContext) -> None:
                               methods)
 
     @functools.partial(serving.on_gpu, duration=lambda *a: serving.gpu_seconds(a[5], 2 * len(a[9] or ()) + 2))
-    def exact_handler(*args):
-        yield from on_compare(ctx, *args, exact=True)
+    def exact_handler(prompt, budget, depth, temperature, top_p, max_new_tokens, seed, acceptance, chat, methods):
+        yield from on_compare(ctx, prompt, budget, depth, temperature, top_p, max_new_tokens, seed, acceptance, chat,
+                              methods, exact=True)
 
     # ``methods`` sits where the validator (components.validation) expects its last input, and is not checked there.
     event = run_btn.click(handler, [prompt, budget, depth, temperature, top_p, max_new, seed, acceptance, chat,

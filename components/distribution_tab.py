@@ -28,7 +28,7 @@ share of the N trials. Each panel's title has the χ² goodness-of-fit p-value a
 The red panel is a **deliberately broken verifier** (a teaching foil, never used to decode): it accepts a draft token
 when u·q < {FOIL_FACTOR}·p, which over-emits the tokens the draft likes more than the target. With enough trials the
 test catches it, while the three real rules pass (each fails by chance 1% of the time).
-The far tails of p and q (1e-5 of their mass) are cut before the trials so that a step costs less; the test is
+The far tails of p and q (1e-3 of their mass) are cut before the trials so that a step costs less; the test is
 against the cut p.
 """
 
@@ -66,7 +66,7 @@ def build(ctx: AppContext) -> None:
             chat = gr.Checkbox(value=True, label="apply the chat template")
             with gr.Row():
                 temperature = gr.Slider(0.05, 2, value=1.0, step=0.05, label="temperature")
-                top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p")
+                top_p = gr.Slider(0.05, 1, value=0.95, step=0.05, label="top-p")
             with gr.Row():
                 trials = gr.Number(DEFAULT_TRIALS, precision=0, minimum=100, maximum=MAX_TRIALS,
                                    label="trials N per rule")

@@ -289,10 +289,11 @@ def build(ctx: AppContext) -> None:
                                  acceptance, chat)
 
     @functools.partial(serving.on_gpu, duration=lambda *a: serving.gpu_seconds(a[6]) * 2)  # ZeroGPU only
-    def exact_handler(*args):
+    def exact_handler(prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed, acceptance, chat):
         if not ctx.exact_loaded:  # first use: the float32 target loads (components/context.py)
             yield gr.skip(), gr.skip(), gr.skip(), EXACT_LOADING, gr.skip(), gr.skip()
-        yield from decode_stream(ctx.exact_context(), *args)
+        yield from decode_stream(ctx.exact_context(), prompt, method, budget, depth, temperature, top_p,
+                                 max_new_tokens, seed, acceptance, chat)
 
     inputs = [prompt, method, budget, depth, temperature, top_p, max_new, seed, acceptance, chat]
     outputs = [text, tree, stats, summary_md, step, session]

@@ -3,7 +3,7 @@
 One forward of each model over the prompt gives the target's p and the draft's q
 at the position after it, warped with the page's sampling settings exactly as the
 engine warps them (:func:`sequoia.core.sampling.warp`); :mod:`sequoia.core.distribution`
-does the rest.  The far tails of p and q (1e-5 of the mass) are cut before the
+does the rest.  The far tails of p and q (1e-3 of the mass) are cut before the
 trials (:func:`~sequoia.core.distribution.head_of`), and the test is against the cut p.
 """
 
