@@ -6,8 +6,10 @@ Pure: :class:`sequoia.runtime.divergence.Divergence` values in, text out.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from sequoia.runtime.divergence import Divergence, KernelView
+if TYPE_CHECKING:  # views load no model code (tests/test_request.py): the types are for the reader only
+    from sequoia.runtime.divergence import Divergence, KernelView
 
 
 def _tok(text: str) -> str:

@@ -1,6 +1,6 @@
 """The Distribution check tab's work from the command line, timed (the pair the app loads by default).
 
-    python scripts/distribution_check.py ["PROMPT"] [TEMPERATURE] [TRIALS] [SEEDS]
+    python scripts/distribution_check.py ["PROMPT"] [TEMPERATURE] [TRIALS] [SEEDS] [TOP_P]
 
 Loads the default pair (as ``python app.py`` does), then runs :func:`sequoia.runtime.distribution_check.iter_check`
 (both prompt forwards, then every rule's trials) SEEDS times (default 1) and prints each rule's verdict,
@@ -24,6 +24,7 @@ def main(argv: list[str]) -> int:
     temperature = float(argv[1]) if len(argv) > 1 else 1.0
     trials = int(argv[2]) if len(argv) > 2 else DEFAULT_TRIALS
     seeds = int(argv[3]) if len(argv) > 3 else 1
+    top_p = float(argv[4]) if len(argv) > 4 else 0.95   # the tab's default
     t0 = time.perf_counter()
     pair = load_pair()
     print(f"loaded {pair.draft_name} -> {pair.target_name} in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -31,7 +32,7 @@ def main(argv: list[str]) -> int:
     right = 0
     for seed in range(seeds):
         t1 = time.perf_counter()
-        state = run_check(pair, ids, SamplingConfig(temperature=temperature), trials, DEFAULT_CHILDREN, seed)
+        state = run_check(pair, ids, SamplingConfig(temperature=temperature, top_p=top_p), trials, DEFAULT_CHILDREN, seed)
         seconds = time.perf_counter() - t1
         right += all(r.as_expected for r in state.results)
         support = int(((state.p > 0) | (state.q > 0)).sum())
