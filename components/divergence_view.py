@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # views load no model code (tests/test_request.py): the types are for the reader only
+if TYPE_CHECKING:
+    # Views load no model code (tests/test_request.py): the types are for the reader only.
     from sequoia.runtime.divergence import Divergence, KernelView
 
 
