@@ -23,7 +23,7 @@ from typing import Any
 
 import gradio as gr
 
-from components import compare_tab, dp_tab, hardware_tab, live_tab, status_view, validation
+from components import compare_tab, distribution_tab, dp_tab, hardware_tab, live_tab, status_view, validation
 from components.context import ASSETS, AppContext, LoadStatus, budget_cap_for
 
 CSS_PATH = ASSETS / "studio.css"
@@ -39,16 +39,20 @@ the target verifies it in one forward, and the output is distributed exactly as 
 
 def build_demo(pair_or_loader: Any | Callable[[], Any], assets_dir: Path = ASSETS,
                max_budget: int | None = None, status: LoadStatus | None = None,
-               cache_dir: Path | None = None, auto_profile: bool = False, owner: bool = False) -> gr.Blocks:
+               cache_dir: Path | None = None, auto_profile: bool = False, owner: bool = False,
+               exact_loader: Callable[[Any, Callable[[float, str], None]], Any] | None = None) -> gr.Blocks:
     """The whole app for a model pair, or a zero-argument callable that loads one.
 
     A loader runs on first use, or in the background once ``demo.sequoia_context.start_loading()``
     is called; ``status`` is the progress object the loader reports to (shown in the page banner).
     ``auto_profile``: when no cached or shipped profile matches this machine, measure one in the background
     once the pair is loaded (cached under ``cache_dir``).  ``owner``: allow server-wide changes (Profile now).
+    ``exact_loader``: (pair, progress) -> the float32 target of exact mode, loaded on its first use (None: a
+    float32 copy of the loaded target, which suits small unquantized models).
     """
     ctx = AppContext.from_pair_or_loader(pair_or_loader, assets_dir=Path(assets_dir), max_budget=max_budget,
                                          cache_dir=cache_dir, auto_profile=auto_profile, owner=owner,
+                                         exact_loader=exact_loader,
                                          **({"status": status} if status is not None else {}))
     if ctx.loaded:
         ctx.find_profile()
@@ -63,6 +67,8 @@ def build_demo(pair_or_loader: Any | Callable[[], Any], assets_dir: Path = ASSET
                 dp_tab.build(ctx, demo)
             with gr.Tab("Compare"):
                 compare_tab.build(ctx)
+            with gr.Tab("Distribution check"):
+                distribution_tab.build(ctx)
             with gr.Tab("Hardware") as hardware:
                 hardware_tab.build(ctx, demo, refresh_on=(hardware.select, ready.change))
         _wire_status(ctx, demo, banner, ready)
@@ -126,6 +132,17 @@ def load_from_env(env: Mapping[str, str] = os.environ, progress: Callable[[float
     )
 
 
+def exact_loader_from_env(env: Mapping[str, str] = os.environ):
+    """Exact mode's loader for the pair :func:`load_from_env` loads: the same target (SEQUOIA_TARGET) in float32
+    with the plain forward, on the same device, read again from its converted or cached files."""
+    def load(pair, progress):
+        from sequoia.runtime.exactness import load_exact_target
+
+        return load_exact_target(env.get("SEQUOIA_TARGET") or "embedded", pair.device, progress=progress,
+                                 name=pair.target_name)
+    return load
+
+
 def _env_budget_cap(env: Mapping[str, str] = os.environ) -> int | None:
     """The tree-size cap for the device the pair will load on (sliders are laid out before it loads)."""
     from sequoia.runtime.models import resolve_device
@@ -146,7 +163,8 @@ def main() -> None:
     status = LoadStatus(listener=_ConsoleProgress())
     # SEQUOIA_OWNER=1: this server's owner may change server-wide state (Profile now); visitors may not.
     demo = build_demo(lambda: load_from_env(progress=status), max_budget=_env_budget_cap(), status=status,
-                      auto_profile=True, owner=os.environ.get("SEQUOIA_OWNER") == "1")
+                      auto_profile=True, owner=os.environ.get("SEQUOIA_OWNER") == "1",
+                      exact_loader=exact_loader_from_env())
     demo.sequoia_context.start_loading()
     # GRADIO_SERVER_NAME / GRADIO_SERVER_PORT are read by gradio itself.
     demo.launch(css_paths=[CSS_PATH] if CSS_PATH.exists() else None, show_error=True)

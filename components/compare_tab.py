@@ -27,8 +27,9 @@ import gradio as gr
 from sequoia._meta import ProgressFn
 from sequoia.runtime.runner import RunResult, iter_run, run_method, warmup
 
-from . import compare_view, serving, validation
+from . import compare_view, divergence_view, serving, validation
 from .context import MODEL_WORK, AppContext, acceptance_catalogue, default_acceptance_label, follow_temperature
+from .exact_compare import after_comparison
 from .frames import FRAME_S, Throttle
 
 
@@ -187,15 +188,20 @@ def _notes_markdown(rows, notes, temperature) -> str:
     return "\n\n".join(lines)
 
 
-def on_compare(ctx, prompt, budget, depth, temperature, top_p, max_new, seed, acceptance_name, chat, methods):
+def on_compare(ctx, prompt, budget, depth, temperature, top_p, max_new, seed, acceptance_name, chat, methods,
+               exact=False):
     """Generator handler: the bars and table grow as each method finishes; a line says what runs now.
 
-    ``methods``: the ticked checkbox labels (:data:`METHODS`).
+    ``methods``: the ticked checkbox labels (:data:`METHODS`).  ``exact``: run on the exact-mode pair
+    (:meth:`AppContext.exact_context`); at T=0 a differing output gets its first divergence explained.
     """
     acceptance = acceptance_catalogue(ctx.assets_dir).get(acceptance_name)
     shown, frame = -1, Throttle(FRAME_S)
     try:
-        for state in iter_comparison(ctx, prompt, budget, depth, temperature, top_p, max_new, seed, acceptance,
+        if exact and not ctx.exact_loaded:
+            yield gr.skip(), gr.skip(), divergence_view.LOADING
+        run_ctx = ctx.exact_context() if exact else ctx
+        for state in iter_comparison(run_ctx, prompt, budget, depth, temperature, top_p, max_new, seed, acceptance,
                                      chat, methods=list(methods or ())):
             if len(state.rows) == shown and state.running and not frame.due(time.monotonic()):
                 continue  # only the "n tokens so far" line would change: at most once a frame
@@ -207,6 +213,7 @@ def on_compare(ctx, prompt, budget, depth, temperature, top_p, max_new, seed, ac
                 continue
             shown = len(state.rows)
             yield compare_view.figure(state.rows), compare_view.table(state.rows), md
+        yield from after_comparison(run_ctx, prompt, chat, state.rows, temperature, exact, md)
     except ValueError as exc:
         raise gr.Error(str(exc), title="Cannot compare") from None
     except RuntimeError as exc:
@@ -273,6 +280,8 @@ def build(ctx: AppContext) -> None:
             with gr.Row():
                 run_btn = gr.Button("Run comparison", variant="primary")
                 stop_btn = gr.Button("Stop", variant="stop")
+            exact_btn = gr.Button("Run in exact mode (float32 target: T=0 outputs identical)", size="sm",
+                                  elem_id="sq-compare-exact")
         with gr.Column(scale=2):
             bars = gr.Plot(label="comparison")
             table = gr.Dataframe(headers=compare_view.HEADERS, label="results", interactive=False)
@@ -284,10 +293,18 @@ def build(ctx: AppContext) -> None:
         yield from on_compare(ctx, prompt, budget, depth, temperature, top_p, max_new_tokens, seed, acceptance, chat,
                               methods)
 
+    @functools.partial(serving.on_gpu, duration=lambda *a: serving.gpu_seconds(a[5], 2 * len(a[9] or ()) + 2))
+    def exact_handler(prompt, budget, depth, temperature, top_p, max_new_tokens, seed, acceptance, chat, methods):
+        yield from on_compare(ctx, prompt, budget, depth, temperature, top_p, max_new_tokens, seed, acceptance, chat,
+                              methods, exact=True)
+
     # ``methods`` sits where the validator (components.validation) expects its last input, and is not checked there.
     event = run_btn.click(handler, [prompt, budget, depth, temperature, top_p, max_new, seed, acceptance, chat,
                                     methods], [bars, table, notes], api_name="compare_stream",
                           api_visibility="private", **MODEL_WORK)  # the name: components.validation finds it
-    stop_btn.click(None, None, None, cancels=[event], api_visibility="private")
+    exact_event = exact_btn.click(exact_handler, [prompt, budget, depth, temperature, top_p, max_new, seed, acceptance,
+                                                  chat, methods], [bars, table, notes], api_visibility="private",
+                                  **MODEL_WORK)
+    stop_btn.click(None, None, None, cancels=[event, exact_event], api_visibility="private")
     gr.api(compare_api_fn(ctx), api_name="compare", **MODEL_WORK)
     follow_temperature(temperature, acceptance, ctx.assets_dir)

@@ -15,6 +15,7 @@ it is a ``ValueError`` so every handler's "readable message" path shows it.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import os
 import threading
@@ -34,6 +35,7 @@ from sequoia.core.request import parse_vector
 from sequoia.core.profile import HardwareProfile
 from sequoia.runtime import finder
 from sequoia.runtime.engine import SpeculativeEngine
+from sequoia.runtime.exactness import exact_copy, exact_pair, is_exact
 from sequoia.runtime.finder import DEFAULT_ENTRY, ProfileChoice
 from sequoia.core.optimizer import choose_tree
 from sequoia.runners.hf.cpu import cpu_facts
@@ -163,6 +165,12 @@ class AppContext:
         None, "none", None, "the models are not loaded yet"))
     profiling: LoadStatus | None = None       # progress of the background measurement; None: none started
     requests: Any = field(default=None, repr=False)   # parsed requests by raw values (components.validation.memo)
+    # Exact mode (sequoia.runtime.exactness): (pair, progress) -> the float32 plain target runner, loaded on first
+    # use and kept; None: a float32 copy of the loaded target's model (unquantized small models, tests).
+    exact_loader: Callable[[Any, ProgressFn], Any] | None = None
+    exact_status: LoadStatus | None = None    # progress of that load; None: not started
+    _exact: Any = field(default=None, repr=False)
+    _exact_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _pair: Any = field(default=None, repr=False)
     _engine: Any = field(default=None, repr=False)
     _load_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -230,6 +238,34 @@ class AppContext:
             if self._engine is None:
                 self._engine = SpeculativeEngine(pair)
             return self._engine
+
+    def exact_context(self) -> "AppContext":
+        """This context with the exact-mode pair (float32 plain target, the same draft object) and its own
+        engine; loads that target on first use (blocking, progress in ``exact_status``) and keeps it."""
+        if self._exact is not None:
+            return self._exact
+        pair = self.pair()
+        with self._exact_lock:
+            if self._exact is None:
+                if is_exact(pair):
+                    target_pair = pair
+                else:
+                    status = self.exact_status = LoadStatus()
+                    status(0.0, "loading the float32 target for exact mode")
+                    load = self.exact_loader or (lambda p, progress: exact_copy(p.target, p.target_name))
+                    target_pair = exact_pair(pair, load(pair, status))
+                    status(1.0, "float32 target ready")
+                    status.ready = True
+                # Its own engine and its own memo of parsed requests (their proposers belong to one engine's runs).
+                view = dataclasses.replace(self, loader=lambda: target_pair, _pair=target_pair, _engine=None,
+                                           _engine_lock=threading.Lock(), _exact=None, requests=None)
+                view._exact = view
+                self._exact = view
+        return self._exact
+
+    @property
+    def exact_loaded(self) -> bool:
+        return self._exact is not None
 
     def budget_cap(self) -> int:
         if self.max_budget is not None:

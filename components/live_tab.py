@@ -26,6 +26,7 @@ from sequoia.runtime.dynamic import MAX_DEPTH
 from sequoia.runtime.finder import DEFAULT_ENTRY
 
 from . import inspector_view, serving, stats_view, text_view, tree_view, validation
+from .divergence_view import LOADING as EXACT_LOADING
 from .context import (
     LIGHT_WORK,
     MODEL_WORK,
@@ -264,6 +265,8 @@ def build(ctx: AppContext) -> None:
             with gr.Row():
                 go_btn = gr.Button("Decode", variant="primary")
                 stop_btn = gr.Button("Stop", variant="stop")
+            exact_btn = gr.Button("Decode in exact mode (float32 target: at T=0 exactly the target alone's text)",
+                                  size="sm", elem_id="sq-exact")
             guided_btn = gr.Button("▶ Guided example: a code prompt at T=0.6 (the tree branches)", size="sm",
                                    elem_id="sq-guided")
         with gr.Column(scale=2):
@@ -285,6 +288,13 @@ def build(ctx: AppContext) -> None:
         yield from decode_stream(ctx, prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed,
                                  acceptance, chat)
 
+    @functools.partial(serving.on_gpu, duration=lambda *a: serving.gpu_seconds(a[6]) * 2)  # ZeroGPU only
+    def exact_handler(prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed, acceptance, chat):
+        if not ctx.exact_loaded:  # first use: the float32 target loads (components/context.py)
+            yield gr.skip(), gr.skip(), gr.skip(), EXACT_LOADING, gr.skip(), gr.skip()
+        yield from decode_stream(ctx.exact_context(), prompt, method, budget, depth, temperature, top_p,
+                                 max_new_tokens, seed, acceptance, chat)
+
     inputs = [prompt, method, budget, depth, temperature, top_p, max_new, seed, acceptance, chat]
     outputs = [text, tree, stats, summary_md, step, session]
     # The first frame comes from a light event outside the model queue, so it shows at once (even while
@@ -300,7 +310,8 @@ def build(ctx: AppContext) -> None:
                          show_progress="hidden", concurrency_limit=None)
     guided_run = guided.then(handler, inputs, outputs, api_visibility="private", **MODEL_WORK)
     # Cancelling closes the handler's generator, and with it the engine's (see decode_stream).
-    stop_btn.click(None, None, None, cancels=[event, guided_run], api_visibility="private")
+    exact_event = exact_btn.click(exact_handler, inputs, outputs, api_visibility="private", **MODEL_WORK)
+    stop_btn.click(None, None, None, cancels=[event, guided_run, exact_event], api_visibility="private")
     # input (user moves only, not the updates streamed during decoding); always_last drops stale drags.
     step.input(show_step, [step, session], [tree, text], api_visibility="private", trigger_mode="always_last",
                **LIGHT_WORK)

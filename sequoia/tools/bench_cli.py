@@ -18,6 +18,7 @@ import torch
 
 from .._meta import ASSETS, pair_name, write_json
 from ..runtime.dynamic import MAX_DEPTH
+from ..runtime.exactness import load_exact_pair
 from ..runtime.finder import ProfileChoice, find_ngram_acceptance, list_acceptance
 from ..runtime.methods import STATIC_DEPTH
 from ..runtime.models import BACKENDS
@@ -31,6 +32,24 @@ from .common import add_model_args, backend_of, load_from_args, profile_for
 
 #: What the bench runs on llama.cpp: its target alone, and the methods that choose trees by its costs.
 LLAMACPP_METHODS = ("ar", "sequoia", "sequoia-dynamic", "sequoia-ngram")
+
+EXACT_HELP = ("exact mode: the target in float32 with its plain forward (no int8/int4 or oneDNN-blocked weights, "
+              "the model's own attention), so its one-row and many-row forwards make the same greedy choices and "
+              "every method prints the target alone's text at T=0; slower, and the embedded 1.5B target holds "
+              "6.2 GB instead of 3.1 (the draft keeps its kernels)")
+
+
+def load_pair_for(args):
+    """The pair the model options name; with ``--exact`` the exact-mode pair (:mod:`sequoia.runtime.exactness`)."""
+    if not getattr(args, "exact", False):
+        return load_from_args(args)
+    if args.dtype not in ("auto", "fp32", "float32") or args.target_quant != "none":
+        raise ValueError("--exact runs the target in float32, unquantized: drop --dtype and --target-quant")
+    return load_exact_pair(args.draft, args.target, device=args.device,
+                           draft_quant="none" if args.no_int8 else args.draft_quant, cache_dir=args.cache_dir,
+                           blocked_weights=not args.no_blocked_weights)
+
+
 QUICK = dict(limit=1, max_new_tokens=16, temperatures="0", warmup=2)
 
 
@@ -71,6 +90,7 @@ def add_bench_parser(sub) -> None:
                    help="comma-separated runtimes to bench one after the other in this process, into one table "
                         f"(default: --backend's); on llamacpp the methods are {', '.join(LLAMACPP_METHODS)} and "
                         "its rows are named llamacpp:METHOD")
+    p.add_argument("--exact", action="store_true", help=EXACT_HELP)
     add_model_args(p)
 
 
@@ -136,7 +156,7 @@ def _bench_one(args, sets, config, out: Path, prefix: str):
                          or LLAMACPP_METHODS)
         if "ar" not in config.methods:   # the runtime's own target alone: the reference its rows compare with
             config = replace(config, methods=("ar",) + config.methods)
-    pair = load_from_args(args)
+    pair = load_pair_for(args)
     clock = process_clock() if args.clock == "cpu" else time.perf_counter
     choice, trees, dynamic = None, [], None
     if {"sequoia", *WORKLOAD_METHODS} & set(config.methods):

@@ -27,7 +27,7 @@ from ..runtime.finder import cache_profile, find_calibration, find_ngram_accepta
 from ..runtime.methods import ENGINE_METHODS, PRICED_METHODS, make_method
 from ..runtime.profiling import measure_profile
 from . import calibrate_cli
-from .bench_cli import add_bench_parser, main_bench
+from .bench_cli import EXACT_HELP, add_bench_parser, load_pair_for, main_bench
 from .common import add_model_args, expected_fingerprint, load_from_args, profile_for
 
 
@@ -64,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--quiet-steps", action="store_true", help="only the text, no per-step lines")
     gen.add_argument("--trace", default=None, help="write the step records as JSON lines here")
+    gen.add_argument("--exact", action="store_true", help=EXACT_HELP)
     for add in (add_model_args, _add_sampling_args, _add_method_args):
         add(gen)
 
@@ -143,7 +144,7 @@ def _generate(args) -> int:
     proposer = proposer_from_args(args)  # validate before the slow model load; priced methods rebuilt below
     if args.profile is not None:
         HardwareProfile.load(args.profile)
-    pair = load_from_args(args)
+    pair = load_pair_for(args)
     if args.method in PRICED_METHODS:  # without --profile: this machine's, found or measured now
         proposer = proposer_from_args(args, profile_for(pair, args.profile, args.cache_dir).profile)
     ids = pair.encode_prompt(args.prompt, chat=not args.no_chat)

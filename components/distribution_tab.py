@@ -1,0 +1,93 @@
+"""The "Distribution check" tab: at T > 0, do a method's tokens follow the target's distribution?
+
+One forward of each model gives p and q after the prompt; then each rule (Sequoia, SpecInfer, chain and a
+broken teaching foil) runs one verification step N times and its first emitted tokens are tested against
+p (:mod:`sequoia.core.distribution`, :mod:`sequoia.runtime.distribution_check`).  Stop ends the check
+between two rules.
+"""
+
+# No ``from __future__ import annotations``: gradio reads handler annotations.
+
+import functools
+
+import gradio as gr
+
+from sequoia.core.config import SamplingConfig
+from sequoia.core.distribution import DEFAULT_CHILDREN, DEFAULT_TRIALS, FOIL_FACTOR, RULES
+from sequoia.runtime.distribution_check import MAX_TRIALS, iter_check
+
+from . import distribution_view, serving
+from .context import MODEL_WORK, AppContext
+
+#: Trials the tab opens with.  tests/test_distribution.py checks the verdicts at DEFAULT_TRIALS (5000: the
+#: foil caught in 99 of 100 LM-like cases); on the embedded pair at T=1, top-p 0.95, a haiku prompt, the foil
+#: slipped through at 5000 (p = 0.08) and was caught at 20000 (p = 5e-7), the whole check 22 s there.
+PAGE_TRIALS = max(DEFAULT_TRIALS, 20000)
+
+HOW_TO_READ = f"""\
+At temperature > 0 a speculative method's text differs from the target alone's run to run; what must match is the
+*distribution* of every token. This check takes the prompt's next position, computes the target's exact distribution
+p and the draft's q there (one forward each), then runs one verification step N times with each method's real rule
+(the functions the engine calls) and compares how often each token came out with p: grey bars p, green bars the
+share of the N trials. Each panel's title has the χ² goodness-of-fit p-value and the verdict.
+The red panel is a **deliberately broken verifier** (a teaching foil, never used to decode): it accepts a draft token
+when u·q < {FOIL_FACTOR}·p, which over-emits the tokens the draft likes more than the target. With enough trials the
+test catches it, while the three real rules pass (each fails by chance 1% of the time).
+The far tails of p and q (1e-3 of their mass) are cut before the trials so that a step costs less; the test is
+against the cut p.
+"""
+
+
+def on_check(ctx: AppContext, prompt, temperature, top_p, trials, children, seed, chat):
+    """Generator handler: the verdicts and bars appear rule by rule."""
+    try:
+        temperature = float(temperature)
+        if temperature <= 0:
+            raise ValueError("the distribution check needs a temperature above 0 (at 0 the output is the argmax)")
+        sampling = SamplingConfig(temperature=temperature, top_p=float(top_p))
+        pair = ctx.pair()
+        ids = pair.encode_prompt(prompt, chat=bool(chat))
+        decode = lambda t: pair.tokenizer.decode([t])  # noqa: E731
+        yield gr.skip(), "*Forwarding the prompt through both models…*"
+        for state in iter_check(pair, ids, sampling, int(trials), int(children), int(seed)):
+            title = f"first emitted token after the prompt, T={temperature:g}, top-p={float(top_p):g}"
+            fig = distribution_view.figure(state.p, state.results, decode, title)
+            md = distribution_view.summary(state.results, state.p, state.seconds if state.running is None else None)
+            if state.running is not None:
+                label = next(r.label for r in RULES if r.name == state.running)
+                md = f"*Running **{label}** ({len(state.results) + 1} of {len(RULES)}), {state.n} trials…*\n\n" + md
+            yield fig, md
+    except ValueError as exc:
+        raise gr.Error(str(exc), title="Cannot run the check") from None
+
+
+def build(ctx: AppContext) -> None:
+    with gr.Accordion("How to read this", open=False):
+        gr.Markdown(HOW_TO_READ)
+    with gr.Row():
+        with gr.Column(scale=1, min_width=300):
+            prompt = gr.Textbox(label="Prompt (short: its next token is tested)", lines=3,
+                                value="Write a haiku about autumn leaves.")
+            chat = gr.Checkbox(value=True, label="apply the chat template")
+            with gr.Row():
+                temperature = gr.Slider(0.05, 2, value=1.0, step=0.05, label="temperature")
+                top_p = gr.Slider(0.05, 1, value=0.95, step=0.05, label="top-p")
+            with gr.Row():
+                trials = gr.Number(PAGE_TRIALS, precision=0, minimum=100, maximum=MAX_TRIALS,
+                                   label="trials N per rule")
+                children = gr.Slider(1, 16, value=DEFAULT_CHILDREN, step=1, label="children at the root (k)")
+                seed = gr.Number(0, precision=0, minimum=0, label="seed")
+            with gr.Row():
+                run_btn = gr.Button("Run the check", variant="primary")
+                stop_btn = gr.Button("Stop", variant="stop")
+        with gr.Column(scale=2):
+            verdicts = gr.Markdown()
+            plot = gr.Plot(label="target p vs emitted tokens")
+
+    @functools.partial(serving.on_gpu, duration=lambda *a: 60)  # ZeroGPU only
+    def handler(*args):
+        yield from on_check(ctx, *args)
+
+    event = run_btn.click(handler, [prompt, temperature, top_p, trials, children, seed, chat], [plot, verdicts],
+                          api_visibility="private", **MODEL_WORK)
+    stop_btn.click(None, None, None, cancels=[event], api_visibility="private")

@@ -1,0 +1,75 @@
+"""The first divergence of each method from the target alone at T=0, in Markdown.
+
+Pure: :class:`sequoia.runtime.divergence.Divergence` values in, text out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    # Views load no model code (tests/test_request.py): the types are for the reader only.
+    from sequoia.runtime.divergence import Divergence, KernelView
+
+
+def _tok(text: str) -> str:
+    return f"`{text!r}`"
+
+
+def _kernel(v: KernelView, d: Divergence, what: str) -> str:
+    picked = d.reference_text if v.argmax == d.reference_token else d.other_text if v.argmax == d.other_token \
+        else f"token {v.argmax}"
+    lead = f"{_tok(d.reference_text)} leads {_tok(d.other_text)} by {v.lead:+.4f}"
+    return f"{what}: picks {_tok(picked)}; top-2 margin {v.margin:.4f} ({lead})"
+
+
+def describe(d: Divergence) -> str:
+    """One Markdown bullet for one method."""
+    head = (f"- **{d.method}** leaves the target alone at token {d.position + 1} (after …{_tok(d.context)}): "
+            f"target alone {_tok(d.reference_text)}, {d.method} {_tok(d.other_text)}.")
+    if d.one_row is None or d.many_row is None:
+        return head + " One output ended before the other."
+    body = [f"  - {_kernel(d.one_row, d, 'one-row forward (what the target alone ran)')}",
+            f"  - {_kernel(d.many_row, d, 'many-row forward (what verification ran)')}"]
+    if d.kernels_disagree:
+        why = ("  - The two kernels pick different tokens: a near-tie that rounding breaks one way or the other. "
+               "Both outputs are greedy decodes of the target; exact mode removes the difference.")
+    else:
+        why = ("  - Both kernels pick the same token on this prefix, so the flip came from rows this replay "
+               "does not reproduce (the verifying tree's own rows); the margin above says how close it was.")
+    return "\n".join([head, *body, why])
+
+
+def markdown(divergences: Sequence[Divergence]) -> str:
+    """The whole section ("" when nothing diverged)."""
+    if not divergences:
+        return ""
+    return "\n".join(["**Where the outputs part** (the target's logits at the first differing token, "
+                      "measured by replaying the shared prefix):", *map(describe, divergences),
+                      "", "Press **Run in exact mode** (under the Run button) to rerun with the float32 target: every "
+                      "method then matches."])
+
+
+def exact_markdown(all_identical: bool, gap=None) -> str:
+    """The line under an exact-mode comparison at T=0; ``gap``: the run's
+    :class:`~sequoia.runtime.exactness.KernelGap` certificate (None: not measured)."""
+    if not all_identical:
+        return ("**Exact mode:** a method differs from the float32 target alone. That should not happen; "
+                "the report below says where.")
+    text = ("**Exact mode (float32 target, plain forward):** every method reproduces the target alone ✓. "
+            "Here equality is a guarantee, not a hope: verification accepts a token exactly when it is the "
+            "target's argmax, and the target's one-row and many-row forwards now differ only by float32 rounding, "
+            "far below any top-2 margin the text came near.")
+    if gap is not None:
+        verdict = ("certified: no token on this path was close enough to flip" if gap.certified else
+                   "NOT certified: some top-2 margin is within the kernels' difference, so a flip was possible")
+        text += (f"\n\nCheck on this run: smallest top-2 margin on the target alone's path {gap.min_margin:.4f}; "
+                 f"one-row and many-row logits differ by at most {gap.max_abs:.2e} "
+                 f"({'bit for bit equal' if gap.bit_equal else 'float32 rounding'}); {verdict}.")
+    return text
+
+
+#: Shown while the float32 target loads on the first exact-mode run.
+LOADING = ("*Loading the float32 target for exact mode (first use only: about a minute and 6 GB for the "
+           "embedded 1.5B target; the draft is shared)…*")

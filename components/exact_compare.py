@@ -1,0 +1,43 @@
+"""What the Compare tab adds after a run at T=0: exact mode's certificate, or where the outputs part.
+
+Kept apart from ``compare_tab`` so that the tab's request path stays as it is; this module only reads the
+finished rows and asks the target (:mod:`sequoia.runtime.exactness`, :mod:`sequoia.runtime.divergence`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import gradio as gr
+
+from sequoia.runtime.divergence import explain_all
+from sequoia.runtime.exactness import certify
+from sequoia.runtime.models import shared_vocab
+
+from . import divergence_view
+from .compare_view import REFERENCE, CompareRow
+
+
+def after_comparison(ctx, prompt: str, chat: bool, rows: Sequence[CompareRow], temperature: float, exact: bool,
+                     notes: str) -> Iterator[tuple]:
+    """Yield (bars, table, notes) updates (only the notes change): at T=0, in exact mode, the run's margin
+    certificate; when a method differs, its first divergence with the target's top-2 margins there."""
+    ref = next((r for r in rows if r.method == REFERENCE), None)
+    if float(temperature) != 0 or ref is None:
+        return
+    differing = {r.method: r.token_ids for r in rows if r.identical is False}
+    if not exact and not differing:
+        return
+    pair = ctx.pair()
+    ids = pair.encode_prompt(prompt, chat=bool(chat))
+    vocab = shared_vocab(pair)
+    extra = []
+    if exact:
+        yield gr.skip(), gr.skip(), notes + "\n\n*Checking the target's margins along its path (one more replay)…*"
+        gap = None if differing else certify(pair.target, ids, ref.token_ids, vocab)
+        extra.append(divergence_view.exact_markdown(not differing, gap))
+    if differing:
+        yield gr.skip(), gr.skip(), notes + "\n\n*Finding where the outputs part (replaying the prefix)…*"
+        found = explain_all(pair.target, pair.tokenizer, ids, ref.token_ids, differing, vocab)
+        extra.append(divergence_view.markdown(found))
+    yield gr.skip(), gr.skip(), notes + "\n\n" + "\n\n".join(extra)
