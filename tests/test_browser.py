@@ -92,7 +92,7 @@ def _decode(page, prompt: str, max_new: int, method: str | None = None) -> None:
     if method:
         page.get_by_label("Method").first.click()
         page.get_by_role("option", name=method).click()
-    page.get_by_role("button", name="Decode").click()
+    page.get_by_role("button", name="Decode", exact=True).click()
 
 
 def _slow_steps(monkeypatch, delay_s: float, release: threading.Event | None = None) -> SimpleNamespace:
@@ -169,7 +169,7 @@ def test_stop_cancels_a_running_decode(page, tmp_path, monkeypatch):
     _decode(page, "while True:", 250, method="Target alone")  # ~25 s unless stopped
     summary = page.locator("#sq-summary")
     sync_api.expect(summary).to_contain_text("tokens in")
-    page.get_by_role("button", name="Stop").click()
+    page.get_by_role("button", name="Stop", exact=True).click()
     _wait_for(lambda: runs.closed)
     assert runs.closed == [True]  # Gradio closed the handler, which closed the engine's generator
     assert runs.steps < 250
@@ -187,7 +187,7 @@ def test_the_dp_explorer_answers_while_another_client_decodes(page, server, monk
         _wait_for(lambda: runs.steps > 0)
         page.get_by_role("tab", name="DP explorer").click()
         page.get_by_label("p_1, p_2, … (editable)").fill("0.5, 0.2")
-        page.get_by_role("button", name="Solve").click()
+        page.get_by_role("button", name="Solve", exact=True).click()
         value = dp_tab.solve("0.5, 0.2", 128, 16).value(32, 8)  # at the tab's default sliders
         sync_api.expect(page.locator("#sq-dp-cell")).to_contain_text(f"{value:.3f} expected tokens/step")
         assert not job.done() and not runs.closed  # answered while the model was busy
@@ -272,7 +272,7 @@ def test_readme_figure_the_live_tab_mid_decode(browser_context, monkeypatch, tmp
         sync_api.expect(page.locator("#sq-summary")).not_to_contain_text("finished", timeout=1_000)
         README_FIGURE.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(shot, README_FIGURE)
-        page.get_by_role("button", name="Stop").click()
+        page.get_by_role("button", name="Stop", exact=True).click()
     finally:
         page.close()
         demo.close()
