@@ -13,6 +13,9 @@ import os
 import sys
 import time
 
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain script from anywhere
+
 from sequoia.core.config import SamplingConfig
 from sequoia.core.distribution import DEFAULT_CHILDREN, DEFAULT_TRIALS
 from sequoia.runtime.distribution_check import run_check

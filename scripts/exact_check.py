@@ -11,6 +11,8 @@ prompt, one after the other.  Results are written after every prompt, so a run c
 
 from __future__ import annotations
 
+import argparse
+
 import json
 import os
 import sys
@@ -18,6 +20,8 @@ import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain script from anywhere
 
 from sequoia._meta import ASSETS
 from sequoia.core.config import GenerationConfig
@@ -32,11 +36,17 @@ METHODS = {"chain": dict(budget=4), "specinfer": dict(width=2, depth=4), "sequoi
 
 
 def main(argv: list[str]) -> int:
-    out = Path(argv[0])
-    sets = argv[1].split(",") if len(argv) > 1 and argv[1] else list(SETS)
-    per_set = int(argv[2]) if len(argv) > 2 else 5
-    tokens = int(argv[3]) if len(argv) > 3 else 32
-    torch.set_num_threads(int(argv[4]) if len(argv) > 4 else 1)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out", help="JSON file the results are written to (after every prompt)")
+    ap.add_argument("sets", nargs="?", default="", help="comma-separated prompt sets (default: all)")
+    ap.add_argument("prompts", nargs="?", type=int, default=5, help="prompts per set")
+    ap.add_argument("tokens", nargs="?", type=int, default=32, help="new tokens")
+    ap.add_argument("threads", nargs="?", type=int, default=1, help="torch threads")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    sets = args.sets.split(",") if args.sets else list(SETS)
+    per_set, tokens = args.prompts, args.tokens
+    torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     pair = load_exact_pair(progress=lambda f, d: print(f"  {f:.0%} {d}", file=sys.stderr))
     assert is_exact(pair), "the exact pair's target must be float32 with the plain forward"

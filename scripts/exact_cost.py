@@ -10,10 +10,14 @@ target alone (greedy, TOKENS new tokens, default 16) on both targets, interleave
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import sys
 import time
+
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain script from anywhere
 
 from sequoia.core.config import GenerationConfig
 from sequoia.runtime.engine import SpeculativeEngine
@@ -32,8 +36,11 @@ def rss_gb() -> float:
 
 
 def main(argv: list[str]) -> int:
-    tokens = int(argv[0]) if argv else 16
-    rounds = int(argv[1]) if len(argv) > 1 else 2
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("tokens", nargs="?", type=int, default=16, help="new tokens of each target-alone run")
+    ap.add_argument("rounds", nargs="?", type=int, default=2, help="interleaved rounds")
+    args = ap.parse_args(argv)
+    tokens, rounds = args.tokens, args.rounds
     t0 = time.perf_counter()
     pair = load_pair()
     print(f"default pair {pair.draft_name} -> {pair.target_name}: {time.perf_counter() - t0:.1f} s, "
