@@ -12,7 +12,6 @@ prompt, one after the other.  Results are written after every prompt, so a run c
 from __future__ import annotations
 
 import argparse
-
 import json
 import os
 import sys
