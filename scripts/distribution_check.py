@@ -9,6 +9,7 @@ p-value and the seconds each whole check took, the forwards included.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -23,11 +24,14 @@ from sequoia.runtime.models import load_pair
 
 
 def main(argv: list[str]) -> int:
-    prompt = argv[0] if argv else "Write a haiku about autumn leaves."
-    temperature = float(argv[1]) if len(argv) > 1 else 1.0
-    trials = int(argv[2]) if len(argv) > 2 else DEFAULT_TRIALS
-    seeds = int(argv[3]) if len(argv) > 3 else 1
-    top_p = float(argv[4]) if len(argv) > 4 else 0.95   # the tab's default
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("prompt", nargs="?", default="Write a haiku about autumn leaves.")
+    ap.add_argument("temperature", nargs="?", type=float, default=1.0)
+    ap.add_argument("trials", nargs="?", type=int, default=DEFAULT_TRIALS, help="trials per rule")
+    ap.add_argument("seeds", nargs="?", type=int, default=1, help="checks to run")
+    ap.add_argument("top_p", nargs="?", type=float, default=0.95, help="the tab's default")
+    args = ap.parse_args(argv)
+    prompt, temperature, trials, seeds, top_p = args.prompt, args.temperature, args.trials, args.seeds, args.top_p
     t0 = time.perf_counter()
     pair = load_pair()
     print(f"loaded {pair.draft_name} -> {pair.target_name} in {time.perf_counter() - t0:.1f} s", flush=True)
