@@ -245,17 +245,21 @@ def ensure_gguf(spec: EmbeddedSpec, cache_dir: str | Path, progress: ProgressFn 
     gguf = gguf_path(spec, cache_dir)
     if is_gguf_kept(spec, cache_dir):
         return gguf
-    try:
-        gguf.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise EmbeddedModelError(f"cannot create the model cache {gguf.parent} ({exc}); "
-                                 "set SEQUOIA_CACHE to a writable directory") from exc
+    _make_cache(gguf.parent)
     with _gguf_lock(gguf):
         if not is_gguf_kept(spec, cache_dir):  # another process may have finished while we waited
             _keep_gguf(spec, gguf, progress)
     if progress:
         progress(1.0, f"{spec.role} {spec.name} GGUF ready")
     return gguf
+
+
+def _make_cache(folder: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EmbeddedModelError(f"cannot create the model cache {folder} ({exc}); "
+                                 "set SEQUOIA_CACHE to a writable directory") from exc
 
 
 def _gguf_lock(gguf: Path) -> FileLock:
@@ -289,11 +293,7 @@ def ensure_converted(spec: EmbeddedSpec, cache_dir: str | Path, progress: Progre
     out = converted_dir(spec, cache_dir)
     if is_converted(spec, cache_dir):
         return out
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise EmbeddedModelError(f"cannot create the model cache {out.parent} ({exc}); "
-                                 "set SEQUOIA_CACHE to a writable directory") from exc
+    _make_cache(out.parent)
     with FileLock(str(out.parent / f".{spec.slug}.lock")):
         if is_converted(spec, cache_dir):  # another process finished while we waited
             return out
