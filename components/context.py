@@ -22,9 +22,8 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import gradio as gr
@@ -41,7 +40,7 @@ from sequoia.core.optimizer import choose_tree
 from sequoia.runners.hf.cpu import cpu_facts
 from sequoia.runners.hf.kernels import default_draft_scheme
 from sequoia.runtime.finder import find_profile
-from sequoia.runtime.fingerprint import machine_fingerprint
+from sequoia.runtime.fingerprint import expected_fingerprint, machine_fingerprint
 from sequoia.runtime.models import BACKENDS
 
 #: The catalogue label of the built-in vector (used when no measured file fits).
@@ -374,12 +373,8 @@ def runtime_profiles(ctx: AppContext) -> list[tuple[str, object, str]]:
 
 def _expected_fingerprint(backend: str):
     """This machine's fingerprint for the embedded pair on ``backend`` as it would load by default."""
-    cpu = torch.device("cpu")
-    stand_in = SimpleNamespace(device=cpu, dtype=torch.bfloat16, draft_dtype=torch.bfloat16, target_quant="none",
-                               draft_quant=default_draft_scheme("cpu", cpu_facts()[1]), blocked_weights=True,
-                               backend=backend, threads=os.cpu_count() if backend == "llamacpp" else None,
-                               name="not loaded")
-    return replace(machine_fingerprint(stand_in), pair="")
+    return expected_fingerprint(torch.device("cpu"), torch.bfloat16, default_draft_scheme("cpu", cpu_facts()[1]),
+                                backend=backend)
 
 
 def fastest_elsewhere(ctx: AppContext, acceptance, running: str) -> str:

@@ -9,13 +9,17 @@ target's one-token forwards (:func:`single_row_kernel`).
 
 from __future__ import annotations
 
+import os
+from dataclasses import replace
+from types import SimpleNamespace
+
 import torch
 
 from .._meta import pair_name
 from ..core.profile import Fingerprint
 from ..runners.hf import cpu
-from ..runners.hf.cpu import cpu_facts, onednn_bf16  # noqa: F401
-from ..runners.hf.loading import DTYPE_NAMES, dtype_name  # noqa: F401  (re-exported)  (re-exported: the fingerprint's facts)
+from ..runners.hf.cpu import cpu_facts, onednn_bf16  # noqa: F401  (re-exported: the fingerprint's facts)
+from ..runners.hf.loading import DTYPE_NAMES, dtype_name  # noqa: F401  (re-exported)
 
 
 
@@ -36,6 +40,21 @@ def machine_fingerprint(pair=None) -> Fingerprint:
     return Fingerprint(device_kind=device.type, cpu_model=model, cpu_features=features,
                        onednn_bf16=cpu.onednn_bf16(), threads=threads,
                        torch_version=torch.__version__, **gpu, **models)
+
+
+def expected_fingerprint(device: torch.device, dtype: torch.dtype, draft_quant: str, target_quant: str = "none",
+                         blocked_weights: bool = True, backend: str = "hf") -> Fingerprint:
+    """This machine's fingerprint with a pair as ``load_pair`` would load it, without loading it.
+
+    The pair's name is left out (it is known only once loaded), so it does not decide a match.
+    """
+    # As load_pair stores them: a quantized draft runs with bf16 activations; llama.cpp runs all cores.
+    stand_in = SimpleNamespace(device=device, dtype=dtype,
+                               draft_dtype=torch.bfloat16 if draft_quant != "none" else dtype,
+                               draft_quant=draft_quant, target_quant=target_quant, name="not loaded",
+                               blocked_weights=blocked_weights, backend=backend,
+                               threads=os.cpu_count() if backend == "llamacpp" else None)
+    return replace(machine_fingerprint(stand_in), pair="")
 
 
 def _gpu_facts(device: torch.device) -> dict:

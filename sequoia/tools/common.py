@@ -9,13 +9,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import replace
-from types import SimpleNamespace
-
-import torch
 
 from ..core.profile import Fingerprint
 from ..runtime.finder import ProfileChoice, find_profile, measure_and_cache
+from ..runtime.fingerprint import expected_fingerprint as fingerprint_as_loaded
 from ..runtime.fingerprint import machine_fingerprint
 from ..runners.hf.kernels import SCHEMES
 from ..runtime.models import BACKENDS, load_pair, resolve_device, resolve_draft_quant, resolve_dtype
@@ -68,14 +65,9 @@ def expected_fingerprint(args) -> Fingerprint:
     The pair's name is left out (it is known only once loaded), so it does not decide a match here.
     """
     device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
-    dq = resolve_draft_quant(device, None, _draft_quant(args))
-    # As load_pair stores them: a quantized draft runs with bf16 activations.
-    stand_in = SimpleNamespace(device=device, dtype=dtype, draft_dtype=torch.bfloat16 if dq != "none" else dtype,
-                               draft_quant=dq, target_quant=args.target_quant, name="not loaded",
-                               blocked_weights=not args.no_blocked_weights, backend=backend_of(args),
-                               threads=os.cpu_count() if backend_of(args) == "llamacpp" else None)
-    return replace(machine_fingerprint(stand_in), pair="")
+    return fingerprint_as_loaded(device, resolve_dtype(args.dtype, device),
+                                resolve_draft_quant(device, None, _draft_quant(args)), args.target_quant,
+                                not args.no_blocked_weights, backend_of(args))
 
 
 def profile_for(pair, explicit: str | None, cache_dir: str | None) -> ProfileChoice:
