@@ -40,7 +40,8 @@ the target verifies it in one forward, and the output is distributed exactly as 
 def build_demo(pair_or_loader: Any | Callable[[], Any], assets_dir: Path = ASSETS,
                max_budget: int | None = None, status: LoadStatus | None = None,
                cache_dir: Path | None = None, auto_profile: bool = False, owner: bool = False,
-               exact_loader: Callable[[Any, Callable[[float, str], None]], Any] | None = None) -> gr.Blocks:
+               exact_loader: Callable[[Any, Callable[[float, str], None]], Any] | None = None,
+               reference_loader: Callable[[Any, Callable[[float, str], None]], Any] | None = None) -> gr.Blocks:
     """The whole app for a model pair, or a zero-argument callable that loads one.
 
     A loader runs on first use, or in the background once ``demo.sequoia_context.start_loading()``
@@ -48,11 +49,12 @@ def build_demo(pair_or_loader: Any | Callable[[], Any], assets_dir: Path = ASSET
     ``auto_profile``: when no cached or shipped profile matches this machine, measure one in the background
     once the pair is loaded (cached under ``cache_dir``).  ``owner``: allow server-wide changes (Profile now).
     ``exact_loader``: (pair, progress) -> the float32 target of exact mode, loaded on its first use (None: a
-    float32 copy of the loaded target, which suits small unquantized models).
+    float32 copy of the loaded target, which suits small unquantized models).  ``reference_loader``: (pair,
+    progress) -> the same target on llama.cpp, for Compare's reference row (None: no such row).
     """
     ctx = AppContext.from_pair_or_loader(pair_or_loader, assets_dir=Path(assets_dir), max_budget=max_budget,
                                          cache_dir=cache_dir, auto_profile=auto_profile, owner=owner,
-                                         exact_loader=exact_loader,
+                                         exact_loader=exact_loader, reference_loader=reference_loader,
                                          **({"status": status} if status is not None else {}))
     if ctx.loaded:
         ctx.find_profile()
@@ -143,6 +145,30 @@ def exact_loader_from_env(env: Mapping[str, str] = os.environ):
     return load
 
 
+def reference_loader_from_env(env: Mapping[str, str] = os.environ):
+    """Compare's llama.cpp reference for the pair :func:`load_from_env` loads: the same target as a GGUF on
+    llama.cpp (the embedded target's shipped Q4_K_M, or the file SEQUOIA_REFERENCE_GGUF names), loaded on first
+    use; None when the pair already runs on llama.cpp, no GGUF of its target is known, or llama-cpp-python is
+    not installed."""
+    import importlib.util
+
+    if (env.get("SEQUOIA_BACKEND") or "hf").strip().lower() == "llamacpp" or not importlib.util.find_spec("llama_cpp"):
+        return None
+    given = (env.get("SEQUOIA_REFERENCE_GGUF") or "").strip()
+    if not given and (env.get("SEQUOIA_TARGET") or "embedded") != "embedded":
+        return None
+
+    def load(pair, progress):
+        from sequoia.runners.embedded import EMBEDDED, default_cache_dir, ensure_gguf
+        from sequoia.runners.llamacpp import load_llamacpp_runner
+
+        if given:
+            return load_llamacpp_runner(given)
+        spec = EMBEDDED["target"]
+        return load_llamacpp_runner(ensure_gguf(spec, default_cache_dir(env), progress), name=f"{spec.name} (Q4_K_M)")
+    return load
+
+
 def _env_budget_cap(env: Mapping[str, str] = os.environ) -> int | None:
     """The tree-size cap for the device the pair will load on (sliders are laid out before it loads)."""
     from sequoia.runtime.models import resolve_device
@@ -164,7 +190,7 @@ def main() -> None:
     # SEQUOIA_OWNER=1: this server's owner may change server-wide state (Profile now); visitors may not.
     demo = build_demo(lambda: load_from_env(progress=status), max_budget=_env_budget_cap(), status=status,
                       auto_profile=True, owner=os.environ.get("SEQUOIA_OWNER") == "1",
-                      exact_loader=exact_loader_from_env())
+                      exact_loader=exact_loader_from_env(), reference_loader=reference_loader_from_env())
     demo.sequoia_context.start_loading()
     # GRADIO_SERVER_NAME / GRADIO_SERVER_PORT are read by gradio itself.
     demo.launch(css_paths=[CSS_PATH] if CSS_PATH.exists() else None, show_error=True)

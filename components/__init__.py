@@ -49,6 +49,7 @@ METHOD_COLORS = {
     "hf-assisted": "#17becf",
     "hf prompt lookup": "#1f3b8c",
     "hf-prompt-lookup": "#1f3b8c",
+    "llama.cpp target only": "#b15928",   # the same target alone on llama.cpp (Compare's reference row)
 }
 
 

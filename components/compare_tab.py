@@ -5,6 +5,9 @@ auto when a hardware profile is loaded, dynamic), the n-gram methods (copies
 from the context alone, and copied branches in the dynamic tree) and Hugging
 Face's two kinds of drafting (assisted generation with the draft model, prompt
 lookup) run with the same settings: all three kinds of drafting on one prompt.
+Where the server offers it (:attr:`AppContext.offers_reference`), the same
+target on llama.cpp, as its shipped GGUF, runs alone as a reference row: what a
+CPU user would run instead of any of them.
 The bars and the table come from :mod:`components.compare_view`.  At
 temperature 0 every lossless method must reproduce the target-only output
 token for token, which the "identical" column checks.  Every method runs
@@ -25,6 +28,7 @@ from dataclasses import dataclass, field
 import gradio as gr
 
 from sequoia._meta import ProgressFn
+from sequoia.runtime.exactness import is_exact
 from sequoia.runtime.runner import RunResult, iter_run, run_method, warmup
 
 from . import compare_view, divergence_view, serving, validation
@@ -40,6 +44,7 @@ class CompareMethod:
     label: str          # the checkbox's label; for engine methods also the live tab's method label
     row: str            # its name in the bars and the table (colours: components.method_color)
     hf: str = ""        # a Hugging Face baseline's runner name (sequoia.runtime.runner.HF_METHODS), else ""
+    runtime: str = ""   # "llamacpp": the target alone on that runtime (AppContext.reference_context), else ""
 
 
 #: Every method the tab offers, in run order; the first is the reference and always runs.
@@ -54,19 +59,22 @@ METHODS = (
     CompareMethod("n-gram copies only", "ngram"),
     CompareMethod("HF assisted", "hf assisted", hf="hf-assisted"),
     CompareMethod("HF prompt lookup", "hf prompt lookup", hf="hf-prompt-lookup"),
+    CompareMethod("llama.cpp target alone", compare_view.LLAMACPP_REFERENCE, runtime="llamacpp"),
 )
 _BY_LABEL = {m.label: m for m in METHODS}
 #: Ticked when the tab opens: the tree shapes, and each kind of drafting (draft model, copies, both).
 DEFAULT_METHODS = ("Target only", "Chain", "SpecInfer", "Sequoia (budget & depth)", "Sequoia (auto)",
-                   "Sequoia + n-gram copies", "HF assisted", "HF prompt lookup")
+                   "Sequoia + n-gram copies", "HF assisted", "HF prompt lookup", "llama.cpp target alone")
 #: Tokens of the untimed warm-up run of every method (first-call costs then land on none of them).
 WARMUP_TOKENS = 2
 _HF_ERRORS = (ValueError, RuntimeError, NotImplementedError, TypeError)
 
 
 def offered(ctx: AppContext) -> list[str]:
-    """The checkbox labels: Sequoia (auto) only with a hardware profile (without one it is the target alone)."""
-    return [m.label for m in METHODS if m.row != "sequoia-auto" or ctx.profile is not None]
+    """The checkbox labels: Sequoia (auto) only with a hardware profile (without one it is the target alone), the
+    llama.cpp reference only where the server offers it."""
+    return [m.label for m in METHODS if (m.row != "sequoia-auto" or ctx.profile is not None)
+            and (not m.runtime or ctx.offers_reference)]
 
 
 def choose_methods(ctx: AppContext, methods=None, include_hf: bool = True) -> list[CompareMethod]:
@@ -81,13 +89,28 @@ def choose_methods(ctx: AppContext, methods=None, include_hf: bool = True) -> li
     if unknown:
         raise ValueError(f"unknown method(s) {', '.join(map(str, unknown))}; choose from {', '.join(_BY_LABEL)}")
     picked = set(methods) | {METHODS[0].label}
-    return [m for m in METHODS if m.label in picked and (include_hf or not m.hf)]
+    return [m for m in METHODS if m.label in picked and (include_hf or not m.hf)
+            and (not m.runtime or ctx.offers_reference)]
 
 
 def _row(name: str, run: RunResult) -> compare_view.CompareRow:
     return compare_view.CompareRow(name, tokens=run.new_tokens, seconds=run.seconds,
                                    target_calls=run.target_calls, token_ids=run.tokens,
                                    first_token_s=run.first_token_s)
+
+
+def _why_no_reference(ctx: AppContext) -> str:
+    if ctx.loaded and ctx.pair().backend == "llamacpp":
+        return "the pair runs on llama.cpp already, so target only is that reference"
+    if ctx.loaded and is_exact(ctx.pair()):
+        return "exact mode compares one runtime, its float32 target"
+    return "this server has no GGUF of its target or no llama-cpp-python"
+
+
+def _reference_inputs(ctx: AppContext, base) -> tuple[AppContext, object]:
+    """The llama.cpp reference's context (its runner loaded on first use) and its target-alone inputs."""
+    ref_ctx = ctx.reference_context()
+    return ref_ctx, validation.engine_inputs(ref_ctx, base.for_method(METHODS[0].label))
 
 
 def _hf_row(ctx: AppContext, method: CompareMethod, req) -> compare_view.CompareRow | str:
@@ -132,14 +155,24 @@ def iter_comparison(ctx: AppContext, prompt, budget, depth, temperature, top_p, 
     Closing this generator (Stop) closes the running engine generator and frees its caches.
     """
     chosen = choose_methods(ctx, methods, include_hf)
-    engine = [m for m in chosen if not m.hf]
+    engine = [m for m in chosen if not m.hf and not m.runtime]
     # Parsed once (by the validator when the request came through the queue), then one proposer per method.
     base = validation.decode_request(ctx, prompt, validation.COMPARE_METHOD, budget, depth, temperature, top_p,
                                      max_new_tokens, seed, chat, acceptance)
     reqs = {m.label: validation.engine_inputs(ctx, base.for_method(m.label)) for m in engine}
     ref = reqs[METHODS[0].label]  # Hugging Face baselines take the reference's prompt ids and settings
-    state = CompareState(total=len(chosen))
+    skipped = [f"{m.label} was not run: {_why_no_reference(ctx)}"
+               for m in METHODS if m.runtime and m.label in (methods or ()) and m not in chosen]
+    state = CompareState(total=len(chosen) + len(skipped), notes=skipped)
+    others = {}  # label -> (context, inputs) of the methods on another runtime
+    for m in (m for m in chosen if m.runtime):
+        state.running = f"{m.row} (loading it on first use)"
+        yield state
+        others[m.label] = _reference_inputs(ctx, base)
     _warm_up(ctx, list(reqs.values()), [m for m in chosen if m.hf])
+    for run_ctx, req in others.values():
+        warmup(run_ctx.engine(), run_ctx.pair(), req.prompt_ids, [(req.proposer.name, req.proposer)],
+               min(WARMUP_TOKENS, req.config.max_new_tokens))
     for m in chosen:
         state.running, state.tokens = m.row, 0
         yield state
@@ -150,8 +183,9 @@ def iter_comparison(ctx: AppContext, prompt, budget, depth, temperature, top_p, 
             else:
                 state.rows = compare_view.mark_identical([*state.rows, row])
             continue
-        req = reqs[m.label]
-        with closing(iter_run(ctx.engine(), ctx.pair(), m.row, req.prompt_ids, req.config, req.proposer)) as steps:
+        run_ctx, req = others[m.label] if m.runtime else (ctx, reqs[m.label])
+        with closing(iter_run(run_ctx.engine(), run_ctx.pair(), m.row, req.prompt_ids, req.config,
+                              req.proposer)) as steps:
             while True:
                 try:
                     state.tokens += next(steps).n_new
@@ -185,7 +219,8 @@ def _notes_markdown(rows, notes, temperature) -> str:
                      else f"differs for {', '.join(bad)} (near-ties in low precision can flip tokens)"))
     else:
         lines.append("At temperature > 0 outputs differ by design; only their distribution matches the target's.")
-    return "\n\n".join(lines)
+    lines.append(compare_view.reference_note(rows))
+    return "\n\n".join(line for line in lines if line)
 
 
 def on_compare(ctx, prompt, budget, depth, temperature, top_p, max_new, seed, acceptance_name, chat, methods,

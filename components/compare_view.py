@@ -21,6 +21,9 @@ from sequoia.core.trace import StepRecord
 from . import method_color
 
 REFERENCE = "target only"
+#: The row of the same target alone on llama.cpp (its shipped GGUF): a speed reference on other kernels, whose
+#: output is never flagged identical or different (greedy ties can break otherwise there).
+LLAMACPP_REFERENCE = "llama.cpp target only"
 HEADERS = ["method", "tokens", "latency (s)", "first token (s)", "tokens/s", "target calls", "tokens/call", "speedup",
            "identical"]
 
@@ -56,7 +59,8 @@ def mark_identical(rows: Sequence[CompareRow], reference: str = REFERENCE) -> li
     ref = next((r for r in rows if r.method == reference), None)
     if ref is None:
         return list(rows)
-    return [replace(r, identical=(r.token_ids == ref.token_ids)) for r in rows]
+    return [r if r.method == LLAMACPP_REFERENCE else replace(r, identical=(r.token_ids == ref.token_ids))
+            for r in rows]
 
 
 def speedups(rows: Sequence[CompareRow], reference: str = REFERENCE) -> list[float | None]:
@@ -68,7 +72,24 @@ def speedups(rows: Sequence[CompareRow], reference: str = REFERENCE) -> list[flo
 
 
 def _flag(row: CompareRow) -> str:
+    if row.method == LLAMACPP_REFERENCE:
+        return "– other kernels"
     return {True: "✓ identical", False: "✗ differs", None: "–"}[row.identical]
+
+
+def reference_note(rows: Sequence[CompareRow], reference: str = REFERENCE) -> str:
+    """One sentence on the llama.cpp reference row, when there is one ("" otherwise)."""
+    row = next((r for r in rows if r.method == LLAMACPP_REFERENCE), None)
+    if row is None:
+        return ""
+    ratio = dict(zip((r.method for r in rows), speedups(rows, reference))).get(row.method)
+    fastest = max(rows, key=lambda r: r.tokens_per_s)
+    best = ("the fastest row here" if fastest is row else
+            f"{fastest.method} is {fastest.tokens_per_s / row.tokens_per_s:.2f}x it" if row.tokens_per_s else "")
+    vs = f", {ratio:.2f}x {reference}" if ratio is not None else ""
+    return (f"**{LLAMACPP_REFERENCE}**: the same target alone on llama.cpp, as its shipped Q4_K_M GGUF (what a "
+            f"CPU user would run instead): {row.tokens_per_s:.1f} tokens/s{vs}; {best}. Its kernels round "
+            "differently, so its text is not compared token for token.")
 
 
 def figure(rows: Sequence[CompareRow], reference: str = REFERENCE, title: str = "") -> go.Figure:

@@ -168,6 +168,11 @@ class AppContext:
     # use and kept; None: a float32 copy of the loaded target's model (unquantized small models, tests).
     exact_loader: Callable[[Any, ProgressFn], Any] | None = None
     exact_status: LoadStatus | None = None    # progress of that load; None: not started
+    # Compare's reference row on the runtime a CPU user would run instead: (pair, progress) -> a runner of the
+    # same target on llama.cpp (the shipped GGUF), loaded on first use and kept; None: no such row offered.
+    reference_loader: Callable[[Any, ProgressFn], Any] | None = None
+    _reference: Any = field(default=None, repr=False)
+    _reference_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _exact: Any = field(default=None, repr=False)
     _exact_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _pair: Any = field(default=None, repr=False)
@@ -257,7 +262,8 @@ class AppContext:
                     status.ready = True
                 # Its own engine and its own memo of parsed requests (their proposers belong to one engine's runs).
                 view = dataclasses.replace(self, loader=lambda: target_pair, _pair=target_pair, _engine=None,
-                                           _engine_lock=threading.Lock(), _exact=None, requests=None)
+                                           _engine_lock=threading.Lock(), _exact=None, requests=None,
+                                           reference_loader=None, _reference=None)
                 view._exact = view
                 self._exact = view
         return self._exact
@@ -265,6 +271,30 @@ class AppContext:
     @property
     def exact_loaded(self) -> bool:
         return self._exact is not None
+
+    @property
+    def offers_reference(self) -> bool:
+        """Compare can add the target alone on llama.cpp: a loader is set and the pair itself runs elsewhere."""
+        return self.reference_loader is not None and (not self.loaded or self.pair().backend != "llamacpp")
+
+    def reference_context(self) -> "AppContext":
+        """This context with the target on llama.cpp (the draft object kept, never used by the target alone) and
+        its own engine; loads that runner on first use (blocking) and keeps it.  ValueError when none is offered."""
+        if not self.offers_reference:
+            raise ValueError("no llama.cpp reference target is offered on this server")
+        if self._reference is not None:
+            return self._reference
+        pair = self.pair()
+        with self._reference_lock:
+            if self._reference is None:
+                runner = self.reference_loader(pair, lambda f, d: None)
+                ref_pair = dataclasses.replace(pair, target=runner, target_name=runner.name, backend="llamacpp",
+                                               dtype=torch.float32)
+                view = dataclasses.replace(self, loader=lambda: ref_pair, _pair=ref_pair, _engine=None,
+                                           _engine_lock=threading.Lock(), _exact=None, requests=None,
+                                           reference_loader=None, _reference=None)
+                self._reference = view
+        return self._reference
 
     def budget_cap(self) -> int:
         if self.max_budget is not None:

@@ -15,6 +15,7 @@ from runner_checks import TREE, check_runner_conformance, tree_path  # noqa: E40
 from sequoia.runners.base import Runner, Session  # noqa: E402
 from sequoia.runners.embedded import TARGET, EmbeddedModelError, ensure_gguf, locate_parts  # noqa: E402
 from sequoia.runners.llamacpp import LlamaCppOptions, load_llamacpp_runner  # noqa: E402
+from sequoia.runners.llamacpp.quantize import requantize, requantized_path  # noqa: E402
 
 SMALL = LlamaCppOptions(n_threads=1, n_ctx=1024)  # tiny models gain nothing from threads on a shared machine
 
@@ -112,6 +113,24 @@ def test_loader_names_what_is_wrong(tmp_path):
         load_llamacpp_runner(bad)
     with pytest.raises(ValueError, match="n_ubatch <= n_batch"):
         LlamaCppOptions(n_batch=64, n_ubatch=128)
+
+
+def test_requantize_writes_once_and_the_copy_runs(tiny_gguf, tmp_path):
+    src = tmp_path / "tiny.Q4_K_M.gguf"   # named as the shipped files are, to check the new name
+    src.write_bytes(tiny_gguf.read_bytes())
+    assert requantized_path(src, "Q8_0") == tmp_path / "tiny.Q8_0.gguf"
+    out = requantize(src, "q8_0")
+    assert out == tmp_path / "tiny.Q8_0.gguf" and not list(tmp_path.glob("*.tmp-*"))
+    made = out.stat().st_mtime_ns
+    assert requantize(src, "Q8_0") == out and out.stat().st_mtime_ns == made   # kept, not written again
+    with load_llamacpp_runner(out, SMALL) as q8, load_llamacpp_runner(tiny_gguf, SMALL) as f32:
+        assert q8.info.weights == "Q8_0"
+        a, b = (r.session().forward([5, 17, 3, 99], keep=1) for r in (q8, f32))
+        assert (a - b).abs().max() < 0.1 * b.abs().max()   # 8-bit weights: close to the f32 model's logits
+    with pytest.raises(ValueError, match="unknown GGUF weight type 'Q3_X'"):
+        requantize(src, "Q3_X")
+    with pytest.raises(FileNotFoundError, match="no GGUF file"):
+        requantize(tmp_path / "missing.gguf", "Q4_0")
 
 
 def test_many_runners_open_and_close(tiny_gguf):

@@ -3,6 +3,7 @@
 * :mod:`.plan`   -- slots -> positions, sequence ids and cache copies (pure Python, no llama.cpp)
 * :mod:`.runner` -- :class:`LlamaCppRunner` / :class:`LlamaCppSession` over llama.cpp's C API
 * :mod:`.load`   -- loading a GGUF path or the embedded pair, with readable errors
+* :mod:`.quantize` -- a GGUF requantized by llama.cpp's own quantizer (e.g. a Q4_0 draft), kept beside it
 
 The runner needs ``llama-cpp-python`` (``pip install llama-cpp-python==0.3.36``).
 Its names are resolved on first use (PEP 562), so ``.plan`` and its tests work
@@ -17,6 +18,7 @@ import importlib
 _EXPORTS = {
     "LlamaCppOptions": "runner", "LlamaCppRunner": "runner", "LlamaCppSession": "runner",
     "load_llamacpp_runner": "load", "load_embedded_llamacpp": "load",
+    "requantize": "quantize", "requantized_path": "quantize",
 }
 __all__ = sorted(_EXPORTS)
 
