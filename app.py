@@ -118,7 +118,8 @@ def load_from_env(env: Mapping[str, str] = os.environ, progress: Callable[[float
     """Load the pair named by SEQUOIA_DRAFT / SEQUOIA_TARGET / SEQUOIA_DEVICE / SEQUOIA_DTYPE and the weight
     quantization SEQUOIA_DRAFT_QUANT / SEQUOIA_TARGET_QUANT (none / int8 / int4; default: this machine's best);
     SEQUOIA_BLOCKED_WEIGHTS=0 keeps one copy of the weights (less memory, slower verification on CPU);
-    SEQUOIA_BACKEND=llamacpp runs GGUF files through llama.cpp (the embedded pair as shipped, or .gguf paths)."""
+    SEQUOIA_BACKEND=llamacpp runs GGUF files through llama.cpp (the embedded pair as shipped, or .gguf paths);
+    SEQUOIA_BACKEND=mixed the Hugging Face target with the draft on llama.cpp (the embedded draft as Q4_0)."""
     from sequoia.runtime.models import load_pair
 
     return load_pair(

@@ -168,12 +168,17 @@ def iter_comparison(ctx: AppContext, prompt, budget, depth, temperature, top_p, 
     for m in (m for m in chosen if m.runtime):
         state.running = f"{m.row} (loading it on first use)"
         yield state
-        others[m.label] = _reference_inputs(ctx, base)
+        try:
+            others[m.label] = _reference_inputs(ctx, base)
+        except (OSError, RuntimeError, ValueError) as exc:   # a reference that cannot load costs its row only
+            state.notes.append(f"{m.label} was not run: {exc}")
     _warm_up(ctx, list(reqs.values()), [m for m in chosen if m.hf])
     for run_ctx, req in others.values():
         warmup(run_ctx.engine(), run_ctx.pair(), req.prompt_ids, [(req.proposer.name, req.proposer)],
                min(WARMUP_TOKENS, req.config.max_new_tokens))
     for m in chosen:
+        if m.runtime and m.label not in others:
+            continue
         state.running, state.tokens = m.row, 0
         yield state
         if m.hf:

@@ -123,7 +123,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=7, help="timed runs per cell (median)")
     ap.add_argument("--decode", type=int, default=64, help="tokens of the greedy decode comparison (0: skip)")
     ap.add_argument("--models", default="target,draft", help="which of target,draft to measure")
-    ap.add_argument("--repack", action="store_true", help="re-lay quantized weights for SIMD gemm (more RAM)")
+    ap.add_argument("--repack", action=argparse.BooleanOptionalAction, default=None,
+                    help="re-lay quantized weights for SIMD gemm (more RAM; default: the runner's, on with AVX-512)")
     ap.add_argument("--flash-attn", action="store_true", help="llama.cpp's flash attention (off in the runner)")
     ap.add_argument("--pair-load", action="store_true",
                     help="only time loading the embedded pair (warm cache) and report its resident memory")
@@ -134,7 +135,7 @@ def main(argv=None) -> int:
     options = LlamaCppOptions(n_threads=args.threads, n_ctx=max(contexts) + max(rows) + 256, repack=args.repack,
                               flash_attn=args.flash_attn)
     gen = torch.Generator().manual_seed(0)
-    print(f"threads {options.threads}, repack {options.repack}, flash_attn {options.flash_attn}, "
+    print(f"threads {options.threads}, repack {options.repacks}, flash_attn {options.flash_attn}, "
           f"load average before: {loadavg()}")
     if args.pair_load:
         pair_ready(args.cache or default_cache_dir(),

@@ -74,3 +74,13 @@ def test_the_app_offers_the_reference_for_the_embedded_target_on_the_hf_runtime(
     assert app.reference_loader_from_env({"SEQUOIA_TARGET": "Qwen/Qwen2.5-7B-Instruct"}) is None  # no GGUF known
     assert callable(app.reference_loader_from_env({"SEQUOIA_TARGET": "Qwen/Qwen2.5-7B-Instruct",
                                                    "SEQUOIA_REFERENCE_GGUF": "/models/qwen7b.Q4_K_M.gguf"}))
+
+
+def test_a_reference_that_cannot_load_costs_its_row_only(tiny_app_pair, tmp_path):
+    def broken(pair, progress):
+        raise FileNotFoundError("no GGUF file at /nowhere/target.gguf")
+
+    ctx = AppContext.from_pair_or_loader(tiny_app_pair, assets_dir=tmp_path, reference_loader=broken)
+    rows, notes = compare_tab.run_comparison(ctx, "x = 1", 8, 3, 0.0, 1.0, 4, 0, methods=PICKED)
+    assert [r.method for r in rows] == ["target only", "chain", "sequoia"]
+    assert notes == ["llama.cpp target alone was not run: no GGUF file at /nowhere/target.gguf"]

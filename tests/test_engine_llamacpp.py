@@ -98,3 +98,19 @@ def test_sampled_output_matches_the_targets_distribution(small_vocab_pair, name,
     exact = sum(share * _exact_joint(pair.target, prompt + [x1], sampling)
                 for x1, share in enumerate(shares.tolist()) if share > 0)
     assert _joint_pvalue(counts, exact) > 1e-6
+
+
+@pytest.mark.parametrize("name,kwargs", METHODS[:5], ids=[m[0] for m in METHODS[:5]])
+def test_a_llamacpp_draft_beside_a_hugging_face_target_keeps_its_greedy_output(tmp_path_factory, name, kwargs):
+    """The mixed runtime: the draft on llama.cpp, the target a Hugging Face model (plain path, f32)."""
+    from llamacpp_fixtures import TINY_VOCAB
+    from sequoia.runtime.fingerprint import machine_fingerprint
+
+    draft = _runners(tmp_path_factory, TINY_VOCAB, seeds=(1,))[0]
+    pair = make_pair(draft, tiny_qwen2(seed=0), TINY_VOCAB)
+    try:
+        assert machine_fingerprint(pair).runtime == "llamacpp+hf"
+        cfg = GenerationConfig(max_new_tokens=24, stop_at_eos=False)
+        assert _tokens(pair, make_method(name, **kwargs), cfg) == _tokens(pair, make_method("ar"), cfg)
+    finally:
+        draft.close()

@@ -187,3 +187,33 @@ def test_embedded_target_tree_argmax_equals_chain(embedded_target, record_proper
     print(f"embedded Q4_K_M target: tree vs chain max |logit diff| {worst:.3g}; the same chain split in two "
           f"batches differs by {noise:.3g} ({time.perf_counter() - t0:.1f} s)")
     assert worst < 2.0, "a wrong mask or position shifts logits by whole units, not tenths"
+
+
+@pytest.mark.embedded
+def test_the_mixed_backend_pairs_the_hugging_face_target_with_a_q4_0_draft_on_llamacpp():
+    """``backend="mixed"``: the embedded draft requantized once by llama.cpp, the bf16 target on torch; the pair's
+    fingerprint names both runtimes, and the engine drafts with one and verifies with the other."""
+    try:
+        locate_parts(TARGET)
+    except EmbeddedModelError as exc:
+        pytest.skip(f"embedded parts not installed: {exc}")
+    from sequoia.core.config import GenerationConfig
+    from sequoia.runtime.engine import SpeculativeEngine
+    from sequoia.runtime.fingerprint import expected_fingerprint, machine_fingerprint
+    from sequoia.runtime.methods import make_method
+    from sequoia.runtime.models import load_pair
+
+    pair = load_pair(backend="mixed", dtype="bf16")
+    try:
+        assert pair.backend == "mixed" and pair.draft.info.runtime == "llamacpp" and pair.target.info.runtime == "hf"
+        assert pair.draft.info.weights == "Q4_0" and pair.draft.path.name.endswith(".Q4_0.gguf")
+        fp = machine_fingerprint(pair)
+        assert fp.runtime == "llamacpp+hf" and fp.draft_dtype == "Q4_0"
+        predicted = expected_fingerprint(pair.device, pair.dtype, "int4", backend="mixed")
+        assert not predicted.mismatches(fp)   # the profile a mixed server measures is found again before loading
+        ids = pair.encode_prompt("Write a Python function that reverses a list.")
+        steps = list(SpeculativeEngine(pair).generate(ids, make_method("chain", budget=4),
+                                                      GenerationConfig(max_new_tokens=16), with_texts=False))
+        assert sum(s.n_new for s in steps) == 16 and sum(s.n_accepted for s in steps) > 0
+    finally:
+        pair.draft.close()

@@ -46,14 +46,18 @@ def test_shipped_calibrations_and_profile():
 @pytest.mark.parametrize("path", sorted(PROFILES.glob("*.json")), ids=lambda p: p.stem)
 def test_shipped_profiles_say_what_they_were_measured_on(path):
     prof = HardwareProfile.load(path)
-    assert prof.device.startswith("cpu") and prof.dtype == "torch.bfloat16" and prof.target_n[0] == 1
+    assert prof.device.startswith("cpu") and prof.target_n[0] == 1
     fp = prof.fingerprint
     assert fp is not None and fp.device_kind == "cpu" and fp.threads == 2 and "Qwen2.5-Coder" in fp.pair
-    # The file name says the configuration: ...-<target dtype>-<draft quantization>.json
-    assert (fp.target_dtype, fp.target_quant, fp.draft_quant) == ("bf16", "none", Path(path).stem.rsplit("-", 1)[1])
     assert prof.note  # says how it was made and that the overheads are unknown
     kind = "avx512bf16" if "avx512_bf16" in fp.cpu_features else "avx2"
-    assert path.stem == f"embedded-cpu-{kind}-bf16-{fp.draft_quant}"
+    # The file name says the configuration, per runtime (GGUF weight types in lower case):
+    names = {"hf": f"bf16-{fp.draft_quant}",                                   # <target dtype>-<draft quantization>
+             "llamacpp": f"llamacpp-{fp.target_dtype.lower()}",                 # llamacpp-<target weights>
+             "llamacpp+hf": f"mixed-{fp.target_dtype}-{fp.draft_dtype.lower()}"}  # mixed-<target dtype>-<draft weights>
+    assert path.stem == f"embedded-cpu-{kind}-{names[fp.runtime]}"
+    if fp.runtime != "llamacpp":   # a torch target: bf16, unquantized
+        assert prof.dtype == "torch.bfloat16" and (fp.target_dtype, fp.target_quant) == ("bf16", "none")
 
 
 def test_the_int4_draft_profile_measured_here_prices_a_deep_tree():

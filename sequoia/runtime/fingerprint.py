@@ -83,7 +83,7 @@ def _model_facts(pair) -> dict:
     target_dtype = getattr(pair, "dtype", None)
     device_type = torch.device(getattr(pair, "device", None) or "cpu").type
     many = cpu.multi_row_kernel(device_type, target_dtype) if getattr(pair, "blocked_weights", True) else ""
-    return dict(
+    facts = dict(
         runtime=getattr(pair, "backend", "hf"),
         target_dtype=dtype_name(target_dtype), single_row_kernel=cpu.single_row_kernel(device_type, target_dtype),
         multi_row_kernel=many, target_quant=getattr(pair, "target_quant", None) or "none",
@@ -91,3 +91,6 @@ def _model_facts(pair) -> dict:
         draft_quant=draft_quant,
         pair=pair_name(pair),
     )
+    if facts["runtime"] == "mixed":   # the Hugging Face target, the draft a GGUF on llama.cpp (as loaded: draft+target)
+        facts.update(runtime="llamacpp+hf", draft_dtype=getattr(pair, "gguf_draft", "Q4_0"), draft_quant="none")
+    return facts

@@ -30,7 +30,8 @@ from .bench_report import markdown_table, summarize_runs, to_dict, write_markdow
 from .bench_trees import choose_trees, dynamic_proposers
 from .common import add_model_args, backend_of, load_from_args, profile_for
 
-#: What the bench runs on llama.cpp: its target alone, and the methods that choose trees by its costs.
+#: What the bench runs on llama.cpp and on the mixed runtime (a llama.cpp draft beside the Hugging Face target):
+#: the runtime's target alone, and the methods that choose trees by its costs.
 LLAMACPP_METHODS = ("ar", "sequoia", "sequoia-dynamic", "sequoia-ngram")
 
 EXACT_HELP = ("exact mode: the target in float32 with its plain forward (no int8/int4 or oneDNN-blocked weights, "
@@ -88,8 +89,8 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--no-png", action="store_true", help="HTML charts only")
     p.add_argument("--backends", default=None,
                    help="comma-separated runtimes to bench one after the other in this process, into one table "
-                        f"(default: --backend's); on llamacpp the methods are {', '.join(LLAMACPP_METHODS)} and "
-                        "its rows are named llamacpp:METHOD")
+                        f"(default: --backend's); on llamacpp and mixed the methods are {', '.join(LLAMACPP_METHODS)}"
+                        " and the rows are named llamacpp:METHOD, mixed:METHOD")
     p.add_argument("--exact", action="store_true", help=EXACT_HELP)
     add_model_args(p)
 
@@ -151,7 +152,7 @@ def _merged(a, b):
 
 def _bench_one(args, sets, config, out: Path, prefix: str):
     """The bench on one backend; its rows are named ``prefix + method`` (llama.cpp: its own method set)."""
-    if args.backend == "llamacpp":
+    if args.backend in ("llamacpp", "mixed"):
         config = replace(config, methods=tuple(m for m in config.methods if m in LLAMACPP_METHODS)
                          or LLAMACPP_METHODS)
         if "ar" not in config.methods:   # the runtime's own target alone: the reference its rows compare with

@@ -21,8 +21,9 @@ from ..runtime.models import BACKENDS, load_pair, resolve_device, resolve_draft_
 def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models")
     g.add_argument("--backend", choices=BACKENDS, default=None,
-                   help="the runtime the models run on: hf (transformers/torch, any hub pair) or llamacpp (GGUF "
-                   "files through llama.cpp: the embedded pair as shipped, or --draft/--target .gguf paths); "
+                   help="the runtime the models run on: hf (transformers/torch, any hub pair), llamacpp (GGUF "
+                   "files through llama.cpp: the embedded pair as shipped, or --draft/--target .gguf paths) or mixed "
+                   "(the hf target, the draft on llama.cpp: the embedded draft as Q4_0, or a --draft .gguf path); "
                    "default: $SEQUOIA_BACKEND, else hf")
     g.add_argument("--draft", default="embedded", help="draft model: 'embedded' (offline default), a hub id or a path")
     g.add_argument("--target", default="embedded", help="target model: 'embedded', a hub id or a path")

@@ -60,10 +60,11 @@ class LlamaCppOptions:
     n_batch: int = 512            # tokens per llama_decode call; a longer forward is split in order
     n_ubatch: int = 512           # tokens per compute graph inside one llama_decode
     flash_attn: bool = False      # see LlamaCppRunner._context_params for why it is off by default
-    # Re-lay quantized weights for the CPU's SIMD gemm at load (llama.cpp's "extra buffer types").  Off by
-    # default: it keeps a second copy of those weights (+0.5 GB RSS for the embedded pair, load 2.5 s -> 7.7 s)
-    # and was no faster on a 2-core AVX2 EPYC for 1..64-token batches.
-    repack: bool = False
+    # Re-lay quantized weights for the CPU's SIMD gemm at load (llama.cpp's "extra buffer types"; its own default).
+    # None: on where llama.cpp was built with AVX-512 (2-core Zen 4: the target's one-token step 45 -> 32 ms, wider
+    # batches alike), off elsewhere (2-core AVX2 EPYC: no faster for 1..64-token batches, +0.5 GB RSS for the
+    # embedded pair, load 2.5 s -> 7.7 s).
+    repack: bool | None = None
 
     def __post_init__(self) -> None:
         if self.n_threads is not None and self.n_threads < 1:
@@ -76,6 +77,16 @@ class LlamaCppOptions:
     def threads(self) -> int:
         return self.n_threads or os.cpu_count() or 1
 
+    @property
+    def repacks(self) -> bool:
+        """Whether weights are re-laid at load: ``repack``, or by default where llama.cpp runs AVX-512 kernels."""
+        return self.repack if self.repack is not None else _built_with_avx512()
+
+
+def _built_with_avx512() -> bool:
+    info = llama_cpp.llama_print_system_info().decode(errors="replace")
+    return "AVX512 = 1" in info
+
 
 class LlamaCppRunner:
     """One GGUF model and its llama.cpp context (a unified KV cache of ``max_context`` cells)."""
@@ -87,7 +98,7 @@ class LlamaCppRunner:
         self.path, self.options = Path(path), options
         self._model = self._ctx = None
         mparams = llama_cpp.llama_model_default_params()
-        mparams.use_extra_bufts = options.repack
+        mparams.use_extra_bufts = options.repacks
         self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
             raise ValueError(f"llama.cpp could not load {self.path} (an architecture or quantization this "
@@ -109,7 +120,8 @@ class LlamaCppRunner:
         weights = _file_type(self._model)
         self.name = name or f"{_meta(self._model, 'general.name') or self.path.stem} ({weights})"
         self.info = RunnerInfo(runtime="llamacpp", weights=weights, device="cpu", threads=options.threads,
-                               kernels=f"n_batch={options.n_batch} n_ubatch={options.n_ubatch} kv_unified")
+                               kernels=f"n_batch={options.n_batch} n_ubatch={options.n_ubatch} kv_unified"
+                               + (" repack" if options.repacks else ""))
         self._batch = _Batch(options.n_batch)
         self._active: LlamaCppSession | None = None
         self.forward_calls = 0   # every session forward, for the bench's count of target calls
