@@ -159,3 +159,17 @@ def test_copy_acceptance_of_no_known_kind_pools_every_kind_at_the_nearest_temper
     assert find_ngram_acceptance("", 0.7, tmp_path).table == c.table
     with pytest.raises(ValueError):
         pool_ngram_acceptance([])
+
+
+def test_measurements_of_the_same_models_serve_every_quantization_and_runtime():
+    """The shipped vectors and calibrations (torch int8/int4 draft) serve the same models as GGUF files on llama.cpp
+    and on the mixed runtime; other models never."""
+    from sequoia.runtime.finder import find_calibration, list_acceptance, same_models
+
+    torch_pair = "Qwen2.5-Coder-0.5B-Instruct (int4)+Qwen2.5-Coder-1.5B-Instruct"
+    for other in ("Qwen2.5-Coder-0.5B-Instruct (Q4_0, llama.cpp)+Qwen2.5-Coder-1.5B-Instruct",
+                  "Qwen2.5-Coder-0.5B-Instruct (Q4_K_M)+Qwen2.5-Coder-1.5B-Instruct (Q4_K_M)"):
+        assert same_models(torch_pair, other)
+        assert {e.kind for e in list_acceptance(pair=other)} >= {"code", "chat"}
+        assert find_calibration(0.0, pair=other) is not None
+    assert not same_models(torch_pair, "Qwen2.5-0.5B-Instruct (Q4_0, llama.cpp)+Qwen2.5-7B-Instruct (Q4_K_M)")

@@ -113,6 +113,8 @@ def test_loader_names_what_is_wrong(tmp_path):
         load_llamacpp_runner(bad)
     with pytest.raises(ValueError, match="n_ubatch <= n_batch"):
         LlamaCppOptions(n_batch=64, n_ubatch=128)
+    with pytest.raises(ValueError, match="n_batch must be at least 256"):   # llama.cpp would abort the process
+        LlamaCppOptions(n_batch=128, n_ubatch=128)
 
 
 def test_requantize_writes_once_and_the_copy_runs(tiny_gguf, tmp_path):

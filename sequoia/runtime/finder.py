@@ -157,17 +157,18 @@ class AcceptanceEntry:
 
 
 def same_models(a: str, b: str) -> bool:
-    """Whether two pair names name the same models, whatever their weight quantization.
+    """Whether two pair names name the same models, whatever their weight quantization or runtime.
 
     Acceptance vectors and calibrations measured with an int8 draft serve an int4 one of the same
-    model (top-1 agreement with the target 0.88 vs 0.86 on the embedded pair); a hardware profile
-    does not, and its fingerprint compares quantization on its own.
+    model (top-1 agreement with the target 0.88 vs 0.86 on the embedded pair), and the same models as
+    GGUF files on llama.cpp ("... (Q4_K_M)", "... (Q4_0, llama.cpp)"): the embedded torch models are
+    those files dequantized.  A hardware profile does not, and its fingerprint compares both on its own.
     """
     strip = lambda name: _QUANT_SUFFIX.sub("", name)  # noqa: E731
     return strip(a) == strip(b)
 
 
-_QUANT_SUFFIX = re.compile(r" \((?:int8|int4)\)")
+_QUANT_SUFFIX = re.compile(r" \((?:int8|int4|[QF]\d+(?:_[0-9A-Z]+)*|BF16)(?:, llama\.cpp)?\)")
 
 #: The built-in vector (measured on the embedded pair, code prompts, greedy) when no file fits.
 DEFAULT_ENTRY = AcceptanceEntry(label="built-in: code, T=0 (embedded pair)", path=None, kind="code",

@@ -72,6 +72,10 @@ class LlamaCppOptions:
         if self.n_ctx < 1 or self.n_batch < 1 or not 1 <= self.n_ubatch <= self.n_batch:
             raise ValueError(f"need n_ctx >= 1 and 1 <= n_ubatch <= n_batch, got n_ctx={self.n_ctx} "
                              f"n_batch={self.n_batch} n_ubatch={self.n_ubatch}")
+        # llama.cpp reserves an output row per sequence id, and aborts the whole process when it cannot.
+        if self.n_batch < MAX_SEQ:
+            raise ValueError(f"n_batch must be at least {MAX_SEQ} (one output row per sequence id a tree may "
+                             f"open), got {self.n_batch}")
 
     @property
     def threads(self) -> int:
