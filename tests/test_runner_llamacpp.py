@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import time
 
 import pytest
@@ -46,7 +47,9 @@ def test_runner_describes_itself(runner):
 
 
 def test_conformance_on_the_tiny_gguf(runner, record_property):
-    report = check_runner_conformance(runner, atol=1e-4)
+    # f32 rounding only: few-row and one-row products sum in different orders (4.8e-5 with AVX2 kernels, 2.7e-4
+    # with AVX-512 ones, repacked or not); a wrong mask or position moves logits by whole units.
+    report = check_runner_conformance(runner, atol=1e-3)
     for check, diff in report.max_diff.items():
         record_property(f"max_diff_{check}", diff)
     print("llama.cpp tiny f32 max |logit diff| vs chain:", {k: f"{v:.2g}" for k, v in report.max_diff.items()})
@@ -205,13 +208,13 @@ def test_the_mixed_backend_pairs_the_hugging_face_target_with_a_q4_0_draft_on_ll
     from sequoia.runtime.methods import make_method
     from sequoia.runtime.models import load_pair
 
-    pair = load_pair(backend="mixed", dtype="bf16")
+    pair = load_pair(backend="mixed", dtype="bf16", blocked_weights=False)   # one copy of the target: less memory
     try:
         assert pair.backend == "mixed" and pair.draft.info.runtime == "llamacpp" and pair.target.info.runtime == "hf"
         assert pair.draft.info.weights == "Q4_0" and pair.draft.path.name.endswith(".Q4_0.gguf")
         fp = machine_fingerprint(pair)
         assert fp.runtime == "llamacpp+hf" and fp.draft_dtype == "Q4_0"
-        predicted = expected_fingerprint(pair.device, pair.dtype, "int4", backend="mixed")
+        predicted = expected_fingerprint(pair.device, pair.dtype, "int4", blocked_weights=False, backend="mixed")
         assert not predicted.mismatches(fp)   # the profile a mixed server measures is found again before loading
         ids = pair.encode_prompt("Write a Python function that reverses a list.")
         steps = list(SpeculativeEngine(pair).generate(ids, make_method("chain", budget=4),
@@ -219,3 +222,5 @@ def test_the_mixed_backend_pairs_the_hugging_face_target_with_a_q4_0_draft_on_ll
         assert sum(s.n_new for s in steps) == 16 and sum(s.n_accepted for s in steps) > 0
     finally:
         pair.draft.close()
+        del pair
+        gc.collect()   # the suite's process holds other embedded models: give this target's memory back now

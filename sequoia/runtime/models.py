@@ -244,8 +244,8 @@ def _load_mixed_pair(draft: str, target: str, device, dtype, target_quant, cache
     """The Hugging Face target (as :func:`load_pair` loads it) with the draft on llama.cpp: the embedded draft
     requantized to :data:`MIXED_DRAFT_TYPE`, or a ``.gguf`` path.  The two runtimes share nothing but token ids,
     so any draft GGUF whose vocabulary is the target tokenizer's will do."""
-    from ..runners import llamacpp
-    from ..runners.llamacpp.quantize import requantize
+    # Imported here: llama-cpp-python is a native build that the rest of the library does not need.
+    from ..runners.llamacpp import load_llamacpp_runner, requantize
 
     report = progress or (lambda frac, desc: None)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -258,7 +258,7 @@ def _load_mixed_pair(draft: str, target: str, device, dtype, target_quant, cache
         gguf, name = Path(draft), None
     else:
         raise ValueError(f"on the mixed backend the draft runs on llama.cpp: give it as a .gguf path, not {draft!r}")
-    draft_runner = llamacpp.load_llamacpp_runner(gguf, name=name)
+    draft_runner = load_llamacpp_runner(gguf, name=name)
     try:
         return _load_hf_pair(str(gguf), target, device, dtype, None, cache, lambda f, d: report(0.2 + 0.8 * f, d),
                              None, target_quant, blocked_weights, plain, gguf_draft=draft_runner)
