@@ -160,13 +160,12 @@ def reference_loader_from_env(env: Mapping[str, str] = os.environ):
         return None
 
     def load(pair, progress):
-        from sequoia.runners.embedded import EMBEDDED, default_cache_dir, ensure_gguf
-        from sequoia.runners.llamacpp import load_llamacpp_runner
+        from sequoia.runners.embedded import default_cache_dir
+        from sequoia.runners.llamacpp import load_embedded_runner, load_llamacpp_runner
 
         if given:
             return load_llamacpp_runner(given)
-        spec = EMBEDDED["target"]
-        return load_llamacpp_runner(ensure_gguf(spec, default_cache_dir(env), progress), name=f"{spec.name} (Q4_K_M)")
+        return load_embedded_runner("target", default_cache_dir(env), progress=progress)
     return load
 
 

@@ -260,10 +260,7 @@ class AppContext:
                     target_pair = exact_pair(pair, load(pair, status))
                     status(1.0, "float32 target ready")
                     status.ready = True
-                # Its own engine and its own memo of parsed requests (their proposers belong to one engine's runs).
-                view = dataclasses.replace(self, loader=lambda: target_pair, _pair=target_pair, _engine=None,
-                                           _engine_lock=threading.Lock(), _exact=None, requests=None,
-                                           reference_loader=None, _reference=None)
+                view = self._view(target_pair)
                 view._exact = view
                 self._exact = view
         return self._exact
@@ -290,11 +287,14 @@ class AppContext:
                 runner = self.reference_loader(pair, lambda f, d: None)
                 ref_pair = dataclasses.replace(pair, target=runner, target_name=runner.name, backend="llamacpp",
                                                dtype=torch.float32)
-                view = dataclasses.replace(self, loader=lambda: ref_pair, _pair=ref_pair, _engine=None,
-                                           _engine_lock=threading.Lock(), _exact=None, requests=None,
-                                           reference_loader=None, _reference=None)
-                self._reference = view
+                self._reference = self._view(ref_pair)
         return self._reference
+
+    def _view(self, pair) -> "AppContext":
+        """This context around another pair, with its own engine and its own memo of parsed requests (their
+        proposers belong to one engine's runs); its exact mode and llama.cpp reference are unset."""
+        return dataclasses.replace(self, loader=lambda: pair, _pair=pair, _engine=None, _engine_lock=threading.Lock(),
+                                   _exact=None, requests=None, reference_loader=None, _reference=None)
 
     def budget_cap(self) -> int:
         if self.max_budget is not None:

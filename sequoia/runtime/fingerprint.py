@@ -20,6 +20,7 @@ from ..core.profile import Fingerprint
 from ..runners.hf import cpu
 from ..runners.hf.cpu import cpu_facts, onednn_bf16  # noqa: F401  (re-exported: the fingerprint's facts)
 from ..runners.hf.loading import DTYPE_NAMES, dtype_name  # noqa: F401  (re-exported)
+from .models import MIXED_DRAFT_TYPE
 
 
 
@@ -92,5 +93,5 @@ def _model_facts(pair) -> dict:
         pair=pair_name(pair),
     )
     if facts["runtime"] == "mixed":   # the Hugging Face target, the draft a GGUF on llama.cpp (as loaded: draft+target)
-        facts.update(runtime="llamacpp+hf", draft_dtype=getattr(pair, "gguf_draft", "Q4_0"), draft_quant="none")
+        facts.update(runtime="llamacpp+hf", draft_dtype=MIXED_DRAFT_TYPE, draft_quant="none")
     return facts

@@ -17,7 +17,7 @@ import importlib
 
 _EXPORTS = {
     "LlamaCppOptions": "runner", "LlamaCppRunner": "runner", "LlamaCppSession": "runner",
-    "load_llamacpp_runner": "load", "load_embedded_llamacpp": "load",
+    "load_llamacpp_runner": "load", "load_embedded_llamacpp": "load", "load_embedded_runner": "load",
     "requantize": "quantize", "requantized_path": "quantize",
 }
 __all__ = sorted(_EXPORTS)

@@ -27,6 +27,13 @@ def load_llamacpp_runner(path: str | Path, options: LlamaCppOptions | None = Non
     return LlamaCppRunner(path, options or LlamaCppOptions(), name=name)
 
 
+def load_embedded_runner(role: str, cache_dir: str | Path, options: LlamaCppOptions | None = None,
+                         progress: ProgressFn | None = None) -> LlamaCppRunner:
+    """One embedded model (``role``: "draft" or "target") as shipped (Q4_K_M), from its kept GGUF."""
+    spec = EMBEDDED[role]
+    return load_llamacpp_runner(ensure_gguf(spec, cache_dir, progress), options, name=f"{spec.name} (Q4_K_M)")
+
+
 def load_embedded_llamacpp(cache_dir: str | Path, options: LlamaCppOptions | None = None,
                            progress: ProgressFn | None = None) -> dict[str, LlamaCppRunner]:
     """``{"draft": runner, "target": runner}`` for the embedded Q4_K_M pair, straight from the kept GGUFs.
@@ -36,11 +43,10 @@ def load_embedded_llamacpp(cache_dir: str | Path, options: LlamaCppOptions | Non
     """
     runners: dict[str, LlamaCppRunner] = {}
     try:
-        for i, (role, spec) in enumerate(EMBEDDED.items()):
+        for i, role in enumerate(EMBEDDED):
             span = (i / len(EMBEDDED), (i + 1) / len(EMBEDDED))
             report = (lambda f, d, lo=span[0], hi=span[1]: progress(lo + (hi - lo) * f, d)) if progress else None
-            runners[role] = load_llamacpp_runner(ensure_gguf(spec, cache_dir, report), options,
-                                                 name=f"{spec.name} (Q4_K_M)")
+            runners[role] = load_embedded_runner(role, cache_dir, options, report)
     except BaseException:
         for r in runners.values():
             r.close()

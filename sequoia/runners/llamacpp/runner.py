@@ -11,6 +11,7 @@ refuses every call instead of silently reading someone else's cache.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 import weakref
@@ -87,6 +88,7 @@ class LlamaCppOptions:
         return self.repack if self.repack is not None else _built_with_avx512()
 
 
+@functools.cache
 def _built_with_avx512() -> bool:
     info = llama_cpp.llama_print_system_info().decode(errors="replace")
     return "AVX512 = 1" in info
