@@ -24,7 +24,7 @@ depth of every node so far rather than a finished :class:`Tree`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -144,6 +144,20 @@ class Drafter:
             self._slots[v] = start + j
         return self.probs(logits)
 
+    def expand_ids(self, nodes: Sequence[int], parents: Sequence[int], ids: torch.Tensor) -> torch.Tensor:
+        """:meth:`expand` with the nodes' tokens as a device tensor (never read back).  # [len(nodes), V]"""
+        start = len(self.session)
+        nodes = list(nodes)
+        logits = self.session.forward(ids, [self._slots[parents[v]] for v in nodes])
+        for j, v in enumerate(nodes):
+            self._slots[v] = start + j
+        return self.probs(logits)
+
+    @property
+    def on_device(self) -> bool:
+        """The draft runner takes device token tensors: a static tree grows without reading back each level."""
+        return bool(getattr(self.runner, "device_tokens", False))
+
     def commit(self, path: list[int]) -> None:
         """Compact the cache to the accepted path (nodes the draft forwarded)."""
         keep = [self._slots[v] for v in path[1:] if v in self._slots]
@@ -168,6 +182,7 @@ class StaticTreeProposer(Proposer):
     tree: Tree
     mode: str = "without_replacement"
     name: str = "sequoia"
+    _levels: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # device -> [_Level]
 
     def wants_draft(self) -> bool:
         return self.tree.size > 0  # a root-only tree (``ar``) needs no draft forward
@@ -177,6 +192,8 @@ class StaticTreeProposer(Proposer):
         return self.tree.n_nodes
 
     def propose(self, drafter: Drafter, generator) -> Draft:
+        if drafter.on_device:
+            return _grow_on_device(self, drafter, generator)
         tree = self.tree
         tokens = [drafter.root_token] + [0] * tree.size
         q: dict[int, torch.Tensor] = {0: drafter.root_q}
@@ -189,6 +206,59 @@ class StaticTreeProposer(Proposer):
             drawn = drafter.sample(torch.stack([q[v] for v in parents]), k, self.mode, generator)
             _assign_children(tree, parents, drawn, q, tokens, q_token)
         return Draft(tree=tree, tokens=tokens, q=q, q_token=q_token)
+
+
+@dataclass(frozen=True)
+class _Level:
+    """One level of a static tree as device index tensors (built once per tree and device)."""
+
+    parents: list[int]                # nodes of this level with children
+    parent_ids: torch.Tensor          # [m] the same, on the device
+    k: int                            # most children of one of them
+    rows: torch.Tensor                # [c] row (parent) of each child
+    cols: torch.Tensor                # [c] rank of each child among its parent's draws
+    kids: torch.Tensor                # [c] node index of each child
+
+
+def _device_levels(proposer: "StaticTreeProposer", device: torch.device) -> list[_Level]:
+    tree, key = proposer.tree, str(device)
+    levels = proposer._levels.get(key)
+    if levels is None:
+        levels = []
+        for parents in _parents_by_level(tree):
+            rows, cols, kids = [], [], []
+            for r, v in enumerate(parents):
+                for c, kid in enumerate(tree.children[v]):
+                    rows.append(r), cols.append(c), kids.append(kid)
+            as_t = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
+            levels.append(_Level(parents, as_t(parents), max(len(tree.children[v]) for v in parents),
+                                 as_t(rows), as_t(cols), as_t(kids)))
+        proposer._levels[key] = levels
+    return levels
+
+
+def _grow_on_device(proposer: StaticTreeProposer, drafter: Drafter, generator) -> Draft:
+    """The static tree grown level by level on the device; tokens and q read back once at the end.
+
+    Same draws as the host path (one ``sample`` call per level over the same rows), so the same tree.
+    """
+    tree, dev = proposer.tree, drafter.device
+    tokens = torch.full((tree.n_nodes,), drafter.root_token, dtype=torch.long, device=dev)   # [n_nodes]
+    q_tok = torch.ones(tree.n_nodes, dtype=torch.float32, device=dev)                         # [n_nodes]
+    q: dict[int, torch.Tensor] = {0: drafter.root_q}
+    for depth, level in enumerate(_device_levels(proposer, dev)):
+        if depth == 0:
+            rows = drafter.root_q[None]
+        else:
+            rows = drafter.expand_ids(level.parents, tree.parents, tokens[level.parent_ids])
+            q.update(zip(level.parents, rows))
+        drawn = drafter.sample(rows, level.k, proposer.mode, generator)    # [m, k]
+        picked = drawn[level.rows, level.cols]                              # [c]
+        tokens[level.kids] = picked
+        q_tok[level.kids] = rows[level.rows, picked].float()
+    # Token ids below 2**53 are exact in float64: one readback for both.
+    back = torch.stack([tokens.double(), q_tok.double()]).tolist()
+    return Draft(tree=tree, tokens=[int(t) for t in back[0]], q=q, q_token=back[1])
 
 
 def _parents_by_level(tree: Tree) -> list[list[int]]:

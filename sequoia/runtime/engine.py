@@ -22,6 +22,8 @@ target step, no draft forward), ``propose()``, and ``observe(record)`` after it.
 
 Step timings (draft / verify / other) read the engine's ``clock`` (wall time by
 default); a caller timing a whole run with another clock passes the same one.
+On CUDA the phase boundaries are CUDA events, read once at the end of a step
+(after the step's last readback), so timing adds no host wait of its own.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ class SpeculativeEngine:
     def __init__(self, pair, clock: Callable[[], float] = time.perf_counter) -> None:
         self.pair = pair
         self.clock = clock                # seconds; read after draining the GPU queue (see _now)
-        self.device = pair.device
+        self.device = torch.device(pair.device)
         self.vocab_size = shared_vocab(pair)
 
     def generate(
@@ -87,8 +89,12 @@ class SpeculativeEngine:
             step += 1
             record = self._step(state, proposer, config, gen, step, with_texts, inspect)
 
-    def _now(self) -> float:
-        sync(self.device)
+    def _now(self):
+        """A phase boundary: a recorded CUDA event on a GPU (resolved in _conclude), else the clock's reading."""
+        if self.device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
         return self.clock()
 
     # ------------------------------------------------------------------ a step
@@ -124,6 +130,9 @@ class SpeculativeEngine:
             decode = self.pair.tokenizer.batch_decode if with_texts else (lambda ids: [""] * len(ids))
             record = dataclasses.replace(record, checks=checks_with_texts(walk.checks, decode))
         t3 = self._now()
+        if self.device.type == "cuda":   # events: one wait for the last, then the GPU timeline's gaps
+            t3.synchronize()
+            return _with_times(record, *(a.elapsed_time(b) / 1e3 for a, b in ((t0, t1), (t1, t2), (t2, t3))))
         return _with_times(record, t1 - t0, t2 - t1, t3 - t2)
 
     def _draft(self, state, proposer, gen) -> Draft:
@@ -225,11 +234,13 @@ def walk_tree(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, mode
     """
     tree, node, path, verified = draft.tree, 0, [0], set()
     checks: list[NodeCheck] | None = [] if inspect else None
+    # One readback of every node's argmax, not one per node on the path (each is a host wait on a GPU).
+    top = logits.argmax(-1).tolist() if sampling.greedy else None
     while True:
         kids = list(tree.children[node])
         kid_tokens = [draft.tokens[c] for c in kids]
         if sampling.greedy:
-            target = int(logits[node].argmax())
+            target = top[node]
             idx, bonus_dist = verify_greedy(target, kid_tokens), None
             verified.update(kids if idx is None else kids[: idx + 1])
             if checks is not None:  # the raw softmax, to show how sure each model was

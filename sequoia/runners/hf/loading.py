@@ -21,6 +21,7 @@ from ..base import RunnerInfo
 from .attention import use_few_query_attention
 from .cpu import MULTI_ROW_BLOCKED, cpu_facts, single_row_kernel
 from .kernels import block_weights, check_scheme, default_draft_scheme, describe, quantize_weights
+from .graph_runner import GraphRunner
 from .lean import draft_forward, model_forward
 from .runner import HFRunner
 
@@ -40,22 +41,28 @@ class ModelLoadError(RuntimeError):
 
 def load_runner(name_or_path: str | Path, display: str, device: torch.device, dtype: torch.dtype,
                 quant: str = "none", role: str = "target", blocked_weights: bool = True,
-                plain: bool = False) -> HFRunner:
+                plain: bool = False, graphs: bool | None = None) -> HFRunner | GraphRunner:
     """A model as a runner.  ``role`` "draft" takes the lean forward where the model allows it; ``plain``
-    (forced on CUDA) keeps the model's own forward and torch's own kernels."""
+    (forced on CUDA) keeps the model's own forward and torch's own kernels; ``graphs`` (default: on CUDA)
+    runs it on :class:`~sequoia.runners.hf.graph_runner.GraphRunner` (static cache, CUDA graphs)."""
     if (plain or device.type != "cpu") and quant != "none":
         raise ValueError(f"a {quant} model needs the CPU kernels; plain (GPU-path) runners take quant='none'")
     model = quantize_weights(load_model(name_or_path, device, dtype), check_scheme(quant), dtype)
-    return wrap_model(model, display, role, plain, quant, blocked_weights)
+    return wrap_model(model, display, role, plain, quant, blocked_weights, graphs)
 
 
 def wrap_model(model, name: str = "", role: str = "target", plain: bool = True, quant: str = "none",
-               blocked_weights: bool = False) -> HFRunner:
+               blocked_weights: bool = False, graphs: bool | None = None) -> HFRunner | GraphRunner:
     """A runner over a model already in memory.  ``plain`` (the default here, and always off the CPU): the
     model's own forward with a tree mask and torch's own kernels; else the CPU choices :func:`load_runner`
-    makes (few-query attention, blocked weights, the lean draft forward, the one-row kernel)."""
+    makes (few-query attention, blocked weights, the lean draft forward, the one-row kernel).  On CUDA
+    ``graphs`` (None: yes) takes the graph runner; False keeps the eager runner (e.g. ZeroGPU, where the
+    GPU is attached per call and captured graphs would not outlive it)."""
     device = next(model.parameters()).device
     dtype = getattr(model, "dtype", torch.float32)
+    if device.type == "cuda" and graphs is not False:
+        info = _info(model, device, quant, "", "")
+        return GraphRunner(model, name, RunnerInfo(**{**info.__dict__, "kernels": "cuda graphs, slot cache"}))
     if plain or device.type != "cpu":
         return HFRunner(model, name, _info(model, device, quant, "", ""))
     blocked = block_weights(model) if blocked_weights else False

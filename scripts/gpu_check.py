@@ -1,0 +1,103 @@
+"""The GPU check: is Sequoia lossless on this device, and what does it cost at real shapes?  No download.
+
+    python scripts/gpu_check.py --out DIR [--device cuda|cpu] [--compile] [--skip-costs] [--skip-correctness]
+
+(a) correctness on tiny fp32 models, on the graph runner (CUDA graphs over a slot cache) and the eager one:
+greedy equality of every method with the target's greedy ``generate``, a tree's logits against each node's
+chain, graph replay against eager, the chi-square of a sampled joint and of a broken residual (must fail);
+(b) costs with random bf16 weights at the embedded pair's shapes and a 7B target's: forwards by new-token
+count, the hardware profile, the optimizer's choice under each shipped acceptance vector, engine steps
+against the prediction, and baselines (target alone on graphs, HF ``generate`` eager; ``--compile``: with a
+static cache and torch.compile).  Writes DIR/gpu_check.json and DIR/gpu_check.md (after each part, so a run
+cut short keeps what it did).  ``--device cpu`` runs the same on tiny stand-in shapes in seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain script from anywhere
+
+import transformers  # noqa: E402
+
+from sequoia._meta import write_json  # noqa: E402
+from sequoia.tools.gpucheck.correctness import check_correctness  # noqa: E402
+from sequoia.tools.gpucheck.costs import check_costs  # noqa: E402
+from sequoia.tools.gpucheck.models import CPU_DRAFT, CPU_TARGET, DRAFT_05B, TARGET_7B, TARGET_15B  # noqa: E402
+from sequoia.tools.gpucheck.report import markdown  # noqa: E402
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def versions(device: torch.device) -> dict:
+    out = {"python": platform.python_version(), "torch": torch.__version__,
+           "transformers": transformers.__version__, "device": str(device)}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        out.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1), cuda=torch.version.cuda)
+    else:
+        out["cpu"] = platform.processor() or platform.machine()
+    return out
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="folder for gpu_check.json and gpu_check.md")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--trials", type=int, default=None, help="runs per chi-square (default 1500)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed forwards per point (default 20 cuda, 3 cpu)")
+    ap.add_argument("--ctx", type=int, default=128, help="cached tokens before timed forwards")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--targets", default="1.5b,7b", help="target shapes on CUDA: 1.5b, 7b")
+    ap.add_argument("--compile", action="store_true", help="also time HF generate with torch.compile (slow)")
+    ap.add_argument("--quick", action="store_true", help="one prompt and one sampled rule in part (a)")
+    ap.add_argument("--skip-correctness", action="store_true")
+    ap.add_argument("--skip-costs", action="store_true")
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: CUDA is not available here (use --device cpu)")
+    cuda = device.type == "cuda"
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result: dict = {"versions": versions(device), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    log(f"gpu_check on {result['versions']}")
+
+    def save() -> None:
+        write_json(out_dir / "gpu_check.json", result)
+        (out_dir / "gpu_check.md").write_text(markdown(result))
+
+    t0 = time.perf_counter()
+    if not args.skip_correctness:
+        log("(a) correctness, tiny fp32 models")
+        result["correctness"] = check_correctness(device, ("graph", "eager"), args.trials or 1500, log=log,
+                                                  quick=args.quick)
+        result["correctness"]["seconds"] = time.perf_counter() - t0
+        save()
+    if not args.skip_costs:
+        log("(b) costs, random bf16 weights at real shapes" if cuda else "(b) costs, tiny stand-in shapes (CPU)")
+        shapes = {"1.5b": TARGET_15B, "7b": TARGET_7B}
+        targets = [shapes[t.strip().lower()] for t in args.targets.split(",") if t.strip()] if cuda else [CPU_TARGET]
+        t1 = time.perf_counter()
+        result["costs"] = check_costs(device, torch.bfloat16, DRAFT_05B if cuda else CPU_DRAFT, targets, args.ctx,
+                                      args.new_tokens, args.repeats or (20 if cuda else 3), args.compile, log=log)
+        result["costs"]["seconds"] = time.perf_counter() - t1
+        save()
+    result["seconds"] = time.perf_counter() - t0
+    save()
+    passed = result.get("correctness", {}).get("passed", True)
+    log(f"done in {result['seconds']:.0f} s; correctness {'passed' if passed else 'FAILED'}; "
+        f"wrote {out_dir / 'gpu_check.md'}")
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

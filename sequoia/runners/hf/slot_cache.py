@@ -1,0 +1,90 @@
+"""A preallocated KV cache the runner owns, written at the slots it is told.
+
+Why not transformers' ``StaticCache``: in 5.23 it ignores where a forward's
+tokens belong and appends at its own on-device counter, advanced in place (also
+by graph replays), so forwarding a tree twice at the same slots walks off the
+end.  Here the writer says where: :attr:`SlotCache.write_slots` is a device
+tensor of slot numbers, one per new row, set (in place: a captured graph reads
+its address) before each forward.
+
+Layout: one tensor for every layer's keys and one for the values,
+``[layers, kv_heads, capacity + scratch, head_dim]``, so ``keep`` is one gather
+and one copy over all layers at once.  Rows padded to a graph's bucket write to
+the ``scratch`` slots past ``capacity``, which no real row ever attends to.
+A forward attends to keys ``[0, kv_len)``; the caller picks ``kv_len`` (a
+bucket, so a captured graph's shapes stay fixed) and masks what is not visible.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+
+class _SlotLayer(CacheLayerMixin):
+    """One layer's view of the shared buffers; ``update`` writes at the cache's slots."""
+
+    is_sliding = False
+
+    def __init__(self, owner: "SlotCache", index: int) -> None:
+        super().__init__()
+        self.owner = owner
+        self.keys = owner.k[index][None]     # [1, kv_heads, slots, head_dim] views: writes land in the buffer
+        self.values = owner.v[index][None]
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states, value_states) -> None:  # preallocated: nothing to do
+        pass
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        slots = self.owner.write_slots
+        self.keys.index_copy_(2, slots, key_states.to(self.keys.dtype))
+        self.values.index_copy_(2, slots, value_states.to(self.values.dtype))
+        n = self.owner.kv_len
+        return self.keys[:, :, :n], self.values[:, :, :n]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.kv_len, 0
+
+    def get_seq_length(self) -> int:
+        return self.owner.length
+
+    def get_max_length(self) -> int:
+        return self.owner.capacity
+
+
+class SlotCache(Cache):
+    """``capacity`` slots (plus ``scratch`` for padding) for every layer of one model, batch size 1."""
+
+    def __init__(self, config, capacity: int, scratch: int, dtype: torch.dtype, device: torch.device) -> None:
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        if any(kind != "full_attention" for kind in getattr(text, "layer_types", None) or ()):
+            raise NotImplementedError("a sliding-window layer cannot be compacted to a tree path; "
+                                      "the slot cache takes full-attention models only")
+        heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        shape = (text.num_hidden_layers, heads, capacity + scratch, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)   # [layers, kv_heads, slots, head_dim]
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.capacity, self.scratch = capacity, scratch
+        self.write_slots = torch.zeros(1, dtype=torch.long, device=device)  # [rows] replaced per forward
+        self.kv_len = capacity
+        self.length = 0                       # slots in use (the session's length)
+        super().__init__(layers=[_SlotLayer(self, i) for i in range(text.num_hidden_layers)])
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() * 2
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.length
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self.kv_len, 0
+
+    def move(self, prefix: int, slots: torch.Tensor) -> None:
+        """Copy ``slots`` (device, sorted, >= prefix) to ``prefix, prefix + 1, ...`` in every layer at once."""
+        end = prefix + slots.numel()
+        # index_select copies first, so the write cannot clobber a source slot it still needs.
+        self.k[:, :, prefix:end] = self.k.index_select(2, slots)
+        self.v[:, :, prefix:end] = self.v.index_select(2, slots)
