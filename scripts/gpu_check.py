@@ -58,6 +58,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--targets", default="1.5b,7b", help="target shapes on CUDA: 1.5b, 7b")
     ap.add_argument("--compile", action="store_true", help="also time HF generate with torch.compile (slow)")
+    ap.add_argument("--compile-runners", action="store_true",
+                    help="part (b) with graph runners whose forwards are compiled (inductor) before capture")
     ap.add_argument("--quick", action="store_true", help="one prompt and one sampled rule in part (a)")
     ap.add_argument("--skip-correctness", action="store_true")
     ap.add_argument("--skip-costs", action="store_true")
@@ -87,8 +89,10 @@ def main(argv: list[str]) -> int:
         shapes = {"1.5b": TARGET_15B, "7b": TARGET_7B}
         targets = [shapes[t.strip().lower()] for t in args.targets.split(",") if t.strip()] if cuda else [CPU_TARGET]
         t1 = time.perf_counter()
-        result["costs"] = check_costs(device, torch.bfloat16, DRAFT_05B if cuda else CPU_DRAFT, targets, args.ctx,
-                                      args.new_tokens, args.repeats or (20 if cuda else 3), args.compile, log=log)
+        result["costs"] = {}
+        check_costs(device, torch.bfloat16, DRAFT_05B if cuda else CPU_DRAFT, targets, args.ctx, args.new_tokens,
+                    args.repeats or (20 if cuda else 3), args.compile, log=log, compiled=args.compile_runners,
+                    out=result["costs"], saved=save)
         result["costs"]["seconds"] = time.perf_counter() - t1
         save()
     result["seconds"] = time.perf_counter() - t0

@@ -127,8 +127,8 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @cuda
 def test_graph_replays_equal_eager_forwards_on_cuda():
     model = tiny_model(3, vocab=64)
-    graphs = GraphRunner(model.cuda(), "g", INFO, graphs=True)
-    eager = GraphRunner(model, "e", INFO, graphs=False)
+    graphs = GraphRunner(model.cuda(), "g", INFO, graphs=True, capacity=1024)
+    eager = GraphRunner(model, "e", INFO, graphs=False, capacity=1024)
     for runner in (graphs, eager):
         s = runner.session()
         s.forward(list(range(1, 20)))

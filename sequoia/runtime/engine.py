@@ -28,6 +28,7 @@ On CUDA the phase boundaries are CUDA events, read once at the end of a step
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import time
 from collections.abc import Callable, Iterator
@@ -274,20 +275,35 @@ def node_target_probs(draft: Draft, logits: torch.Tensor, sampling: SamplingConf
     if tree.size == 0:
         return (1.0,)
     cfg = _DISPLAY if sampling.greedy else sampling
-    parents = torch.tensor(tree.parents[1:], device=logits.device)
-    toks = torch.tensor(draft.tokens[1:], device=logits.device)
-    rows, inv = torch.unique(parents, return_inverse=True)   # [u] parents, [n] row of each node's parent
-    out = torch.empty(len(toks), dtype=torch.float32, device=logits.device)
-    for lo in range(0, len(rows), 32):  # chunks bound the [rows, V] float32 copy
+    # Parent rows, nodes grouped by them, and chunk bounds are worked out on the host: boolean masks or a
+    # unique on the device would each wait for the GPU.
+    rows_list = sorted(set(tree.parents[1:]))
+    row_of = {p: i for i, p in enumerate(rows_list)}
+    order = sorted(range(tree.size), key=lambda j: row_of[tree.parents[j + 1]])   # nodes - 1, by parent row
+    inv_sorted = [row_of[tree.parents[j + 1]] for j in order]
+    host = torch.tensor([inv_sorted, [draft.tokens[j + 1] for j in order], order], dtype=torch.long)
+    dev = _to_device(host, logits.device)                                           # [3, n]
+    rows = _to_device(torch.tensor(rows_list, dtype=torch.long), logits.device)     # [u]
+    pieces = []
+    for lo in range(0, len(rows_list), 32):  # chunks bound the [rows, V] float32 copy
+        a, b = bisect.bisect_left(inv_sorted, lo), bisect.bisect_left(inv_sorted, lo + 32)
         part = logits[rows[lo: lo + 32]].float()
-        sel = (inv >= lo) & (inv < lo + 32)
-        r, t = inv[sel] - lo, toks[sel]
+        r, t = dev[0, a:b] - lo, dev[1, a:b]
         if cfg.top_k or cfg.top_p < 1.0:
-            out[sel] = warp(part, cfg)[r, t]
+            pieces.append(warp(part, cfg)[r, t])
         else:
             part = part / cfg.temperature
-            out[sel] = torch.exp(part[r, t] - torch.logsumexp(part, -1)[r])
+            pieces.append(torch.exp(part[r, t] - torch.logsumexp(part, -1)[r]))
+    out = torch.empty(tree.size, dtype=torch.float32, device=logits.device)
+    out[dev[2]] = torch.cat(pieces).float()
     return (1.0,) + tuple(out.tolist())
+
+
+def _to_device(t: torch.Tensor, device) -> torch.Tensor:
+    """A small host tensor on ``device`` without waiting for the device's queue (pinned, asynchronous)."""
+    if torch.device(device).type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def _with_times(record: StepRecord, draft_s: float, verify_s: float, other_s: float) -> StepRecord:

@@ -74,8 +74,11 @@ class GraphRunner:
     device_tokens = True          # forward accepts a device tensor of token ids (a draft level stays on the GPU)
 
     def __init__(self, model, name: str, info: RunnerInfo, capacity: int | None = None,
-                 graphs: bool | None = None, buckets: Sequence[int] = BUCKETS) -> None:
+                 graphs: bool | None = None, buckets: Sequence[int] = BUCKETS, compile: bool = False) -> None:
         self.model, self.name, self.info = model, name, info
+        # compile: inductor fuses the forward's many small kernels (norms, rotary, activations) before the
+        # graphs are captured; a graph of a small model replays ~40 kernels a layer and is bound by their count.
+        self._forward = torch.compile(model) if compile else model
         self.device = next(model.parameters()).device
         self.dtype = getattr(model, "dtype", torch.float32)
         self.vocab_size = int(model.config.vocab_size)
@@ -131,8 +134,8 @@ class GraphRunner:
 
     def call(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The model's own forward over the slot cache.  # [1, rows, V]"""
-        out = self.model(input_ids=ids, position_ids=pos, attention_mask={"full_attention": mask},
-                         past_key_values=self.cache, use_cache=True)
+        out = self._forward(input_ids=ids, position_ids=pos, attention_mask={"full_attention": mask},
+                            past_key_values=self.cache, use_cache=True)
         return out.logits
 
     def _capture(self, bucket: int, window: int) -> "_Graph | None":

@@ -108,32 +108,45 @@ def hf_generate(model, ctx: int, new_tokens: int, compile_static: bool = False) 
 
 
 def check_costs(device: torch.device, dtype: torch.dtype, draft_shape: Shape, targets: list[Shape], ctx: int,
-                new_tokens: int, repeats: int, compile_static: bool, log: Callable[[str], None] = print) -> dict:
-    """Part (b) for each target shape; results keyed by the shape's name."""
+                new_tokens: int, repeats: int, compile_static: bool, log: Callable[[str], None] = print,
+                compiled: bool = False, out: dict | None = None, saved: Callable[[], None] = lambda: None) -> dict:
+    """Part (b) for each target shape, results keyed by the shape's name, filled into ``out`` (``saved()``
+    after each part).  ``compiled``: the graph runners compile their forwards (inductor) before capturing."""
+    out = {} if out is None else out
+    t0 = time.perf_counter()
     draft_model = random_model(draft_shape, device, dtype, seed=1)
-    out = {"draft": draft_shape.name, "ctx": ctx, "targets": {}}
-    draft_costs = {kind: forward_ms(runner(draft_model, kind, "draft"), NS, ctx, repeats)
-                   for kind in ("graph", "eager")}
+    out.update({"draft": draft_shape.name, "ctx": ctx, "compiled_runners": compiled, "targets": {}})
+    kinds = ("graph",) if compiled else ("graph", "eager")
+    draft_graph = runner(draft_model, "graph", "draft", compile=compiled)
+    draft_costs = {kind: forward_ms(draft_graph if kind == "graph" else runner(draft_model, kind, "draft"), NS,
+                                    ctx, repeats) for kind in kinds}
     out["draft_forward_ms"] = draft_costs
-    log(f"  draft forwards graph {_fmt(draft_costs['graph'])} / eager {_fmt(draft_costs['eager'])} ms")
+    out["draft_seconds"] = time.perf_counter() - t0
+    saved()
+    log("  draft forwards " + " / ".join(f"{k} {_fmt(v)}" for k, v in draft_costs.items()) + " ms")
     for shape in targets:
         model = random_model(shape, device, dtype, seed=2)
-        out["targets"][shape.name] = _one_target(model, draft_model, shape, ctx, new_tokens, repeats,
-                                                  compile_static, log)
+        out["targets"][shape.name] = _one_target(model, draft_graph, shape, ctx, new_tokens, repeats,
+                                                  compile_static, log, compiled, saved)
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return out
 
 
-def _one_target(model, draft_model, shape: Shape, ctx, new_tokens, repeats, compile_static, log) -> dict:
+def _one_target(model, draft_graph, shape: Shape, ctx, new_tokens, repeats, compile_static, log, compiled,
+                saved) -> dict:
     res: dict = {"params_b": round(shape.params_b, 2)}
-    t_graph = runner(model, "graph", shape.name)
-    res["forward_ms"] = {"graph": forward_ms(t_graph, NS, ctx, repeats),
-                         "eager": forward_ms(runner(model, "eager", shape.name), NS, ctx, max(3, repeats // 4))}
-    log(f"  {shape.name}: target forwards graph {_fmt(res['forward_ms']['graph'])} / "
-        f"eager {_fmt(res['forward_ms']['eager'])} ms")
-    pair = pair_of(runner(draft_model, "graph", "draft"), t_graph, f"random {shape.name}")
+    t0 = time.perf_counter()
+    t_graph = runner(model, "graph", shape.name, compile=compiled)
+    res["forward_ms"] = {"graph": forward_ms(t_graph, NS, ctx, repeats)}
+    res["graph_seconds"] = time.perf_counter() - t0     # with compiled runners: compilation included
+    if not compiled:
+        res["forward_ms"]["eager"] = forward_ms(runner(model, "eager", shape.name), NS, ctx, max(3, repeats // 4))
+    saved()
+    log(f"  {shape.name}: target forwards " + " / ".join(f"{k} {_fmt(v)}" for k, v in res["forward_ms"].items())
+        + " ms")
+    pair = pair_of(draft_graph, t_graph, f"random {shape.name}")
     t0 = time.perf_counter()
     profile = measure_profile(pair, context_len=ctx, progress=lambda done, label: None)
     res["profile"] = {"seconds": time.perf_counter() - t0, "target_n": profile.target_n,
@@ -142,6 +155,7 @@ def _one_target(model, draft_model, shape: Shape, ctx, new_tokens, repeats, comp
                       "level_overhead_ms": profile.level_overhead_ms}
     log(f"  profile in {res['profile']['seconds']:.1f} s: step overhead {profile.step_overhead_ms:.2f} ms, "
         f"level overhead {profile.level_overhead_ms:.2f} ms")
+    saved()
     res["choices"] = {}
     for entry in list_acceptance():
         c = choose_tree(entry.values, profile)
@@ -163,9 +177,11 @@ def _one_target(model, draft_model, shape: Shape, ctx, new_tokens, repeats, comp
     log(f"  engine: ar {ar['step_ms']:.2f} ms/step; Sequoia ({res['projection']['tree']}) "
         f"{measured:.2f} ms/step, predicted {res['engine']['predicted_sequoia_step_ms'] or 0:.2f}; projected "
         f"{res['projection']['sequoia_tokens_per_s']:.0f} tok/s = {res['projection']['speedup']:.2f}x")
+    saved()
     res["baselines"] = {"graph target alone (engine ar)": {"tokens_per_s": 1e3 / ar["step_ms"],
                                                            "ms_per_token": ar["step_ms"]},
                         "HF generate, eager": hf_generate(model, ctx, new_tokens)}
+    saved()
     if compile_static:
         res["baselines"]["HF generate, static cache + torch.compile"] = hf_generate(model, ctx, new_tokens, True)
     for name, b in res["baselines"].items():

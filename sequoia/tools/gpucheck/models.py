@@ -81,14 +81,16 @@ def perturbed(model, scale: float, seed: int):
     return out
 
 
-def runner(model, kind: str, name: str, capacity: int | None = None):
-    """``kind`` "graph": the graph runner (CUDA graphs on a GPU, eager elsewhere); "eager": the plain runner."""
+def runner(model, kind: str, name: str, capacity: int | None = None, compile: bool = False):
+    """``kind`` "graph": the graph runner (CUDA graphs on a GPU, eager elsewhere; ``compile``: inductor-fused
+    forwards under the graphs); "eager": the plain runner."""
     if kind == "eager":
         return wrap_model(model, name, plain=True, graphs=False)
     device = next(model.parameters()).device
     info = RunnerInfo(runtime="hf", weights=dtype_name(model.dtype), device=str(device),
-                      kernels="cuda graphs, slot cache" if device.type == "cuda" else "slot cache, eager")
-    return GraphRunner(model, name, info, capacity=capacity)
+                      kernels=("compiled, " if compile else "")
+                      + ("cuda graphs, slot cache" if device.type == "cuda" else "slot cache, eager"))
+    return GraphRunner(model, name, info, capacity=capacity, compile=compile)
 
 
 class _Ids:
