@@ -119,7 +119,9 @@ def load_from_env(env: Mapping[str, str] = os.environ, progress: Callable[[float
     quantization SEQUOIA_DRAFT_QUANT / SEQUOIA_TARGET_QUANT (none / int8 / int4; default: this machine's best);
     SEQUOIA_BLOCKED_WEIGHTS=0 keeps one copy of the weights (less memory, slower verification on CPU);
     SEQUOIA_BACKEND=llamacpp runs GGUF files through llama.cpp (the embedded pair as shipped, or .gguf paths);
-    SEQUOIA_BACKEND=mixed the Hugging Face target with the draft on llama.cpp (the embedded draft as Q4_0)."""
+    SEQUOIA_BACKEND=mixed the Hugging Face target with the draft on llama.cpp (the embedded draft as Q4_0);
+    on CUDA both models run on the graph runner (CUDA graphs over a slot cache) unless SEQUOIA_GRAPHS=0 or
+    the Space is a ZeroGPU one (SPACES_ZERO_GPU: the GPU is attached per call, captured graphs would not last)."""
     from sequoia.runtime.models import load_pair
 
     return load_pair(
@@ -132,7 +134,15 @@ def load_from_env(env: Mapping[str, str] = os.environ, progress: Callable[[float
         blocked_weights=env.get("SEQUOIA_BLOCKED_WEIGHTS", "1").strip().lower() not in ("0", "false", "no", "off"),
         backend=(env.get("SEQUOIA_BACKEND") or "hf").strip().lower(),
         progress=progress,
+        graphs=graphs_from_env(env),
     )
+
+
+def graphs_from_env(env: Mapping[str, str] = os.environ) -> bool | None:
+    """False where CUDA graphs cannot pay or last (SEQUOIA_GRAPHS=0, ZeroGPU); None: the runtime's default."""
+    if env.get("SEQUOIA_GRAPHS", "1").strip().lower() in ("0", "false", "no", "off") or env.get("SPACES_ZERO_GPU"):
+        return False
+    return None
 
 
 def exact_loader_from_env(env: Mapping[str, str] = os.environ):

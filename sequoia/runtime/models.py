@@ -139,7 +139,7 @@ def load_pair(draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME, device: s
               dtype: str = "auto", draft_int8: bool | None = None, cache_dir: str | Path | None = None,
               progress: ProgressFn | None = None, draft_quant: str | None = None,
               target_quant: str = "none", blocked_weights: bool = True, plain: bool = False,
-              backend: str = "hf") -> ModelPair:
+              backend: str = "hf", graphs: bool | None = None) -> ModelPair:
     """Load and check a draft/target pair of Hugging Face runners.
 
     ``draft_quant`` ("none" | "int8" | "int4", see :mod:`sequoia.runners.hf.kernels`) defaults to the
@@ -152,6 +152,8 @@ def load_pair(draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME, device: s
     oneDNN has bf16 kernels (:func:`~sequoia.runners.hf.kernels.block_weights`: verification 0.6-0.9x the
     cost, for a second copy of the weights in memory); False keeps one copy.  ``plain`` runs both models
     through their own forward with no CPU kernel choice (what a GPU runs; the draft unquantized).
+    ``graphs`` (CUDA only; None: yes) runs both models on the graph runner (a slot cache and one CUDA graph
+    per forward size, :mod:`sequoia.runners.hf.graph_runner`); False keeps the eager runner (ZeroGPU).
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
@@ -160,11 +162,11 @@ def load_pair(draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME, device: s
     if backend == "mixed":
         return _load_mixed_pair(draft, target, device, dtype, target_quant, cache_dir, progress, blocked_weights, plain)
     return _load_hf_pair(draft, target, device, dtype, draft_int8, cache_dir, progress, draft_quant, target_quant,
-                         blocked_weights, plain)
+                         blocked_weights, plain, graphs=graphs)
 
 
 def _load_hf_pair(draft, target, device, dtype, draft_int8, cache_dir, progress, draft_quant, target_quant,
-                  blocked_weights, plain, gguf_draft: Runner | None = None) -> ModelPair:
+                  blocked_weights, plain, gguf_draft: Runner | None = None, graphs: bool | None = None) -> ModelPair:
     """:func:`load_pair` on the Hugging Face runtime; ``gguf_draft``: a loaded draft on llama.cpp to pair the
     target with instead (``draft`` is then only its path, and no Hugging Face draft is loaded)."""
     dev = resolve_device(device)
@@ -184,7 +186,8 @@ def _load_hf_pair(draft, target, device, dtype, draft_int8, cache_dir, progress,
     names = {"draft": _display_name(draft, "draft") + (f" ({dq})" if dq != "none" else ""),
              "target": _display_name(target, "target") + (f" ({tq})" if tq != "none" else "")}
     report(0.88, "loading the target")
-    target_runner = load_runner(paths["target"], names["target"], dev, dt, tq, "target", blocked_weights, plain)
+    target_runner = load_runner(paths["target"], names["target"], dev, dt, tq, "target", blocked_weights, plain,
+                                graphs)
     if gguf_draft is not None:
         dq, draft_dt, draft_runner, names["draft"] = "none", torch.float32, gguf_draft, gguf_draft.name
     else:
@@ -193,7 +196,7 @@ def _load_hf_pair(draft, target, device, dtype, draft_int8, cache_dir, progress,
         # fp32 target: the draft's precision affects speed and acceptance, never the output distribution.
         draft_dt = torch.bfloat16 if dq != "none" else dt
         draft_runner = load_runner(paths["draft"], names["draft"], dev, draft_dt, dq, "draft", blocked_weights,
-                                   plain)
+                                   plain, graphs)
     check_tokenizers_match(draft_tok, tok, draft_runner, target_runner)
     report(1.0, "models ready")
     return ModelPair(

@@ -28,16 +28,18 @@ One cache per runner: a new session takes it over and the older one is refused.
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import replace
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from ..base import RunnerInfo, check_forward_args, check_keep_args
-from .slot_cache import SlotCache
+from .slot_cache import SlotCache, slot_bytes
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)   # new-token counts a graph is captured for
 MIN_WINDOW = 256                           # smallest key window a forward attends to
+CACHE_SHARE = 0.25                         # most of the device's free memory one runner's cache may take
 _SHAPES = 512                              # tree shapes whose ancestor blocks stay cached
 
 
@@ -84,12 +86,18 @@ class GraphRunner:
         self.vocab_size = int(model.config.vocab_size)
         limit = getattr(model.config, "max_position_embeddings", None) or 4096
         self.capacity = int(capacity or min(limit, 4096))   # an explicit capacity wins (rope extrapolates)
+        per_slot = slot_bytes(model.config, self.dtype)
+        if self.device.type == "cuda":   # sized from what the device has free, not only what the model allows
+            free = torch.cuda.mem_get_info(self.device)[0]
+            self.capacity = max(MIN_WINDOW, min(self.capacity, int(CACHE_SHARE * free / per_slot)))
         self.max_context = self.capacity
         self.buckets = tuple(sorted(buckets))
         self.graphs = (self.device.type == "cuda") if graphs is None else bool(graphs)
         if self.graphs and self.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
         self.cache = SlotCache(model.config, self.capacity, self.buckets[-1], self.dtype, self.device)
+        said = f"slot cache {self.capacity} slots ({self.cache.nbytes / 2**20:.0f} MiB)"
+        self.info = replace(info, kernels=f"{info.kernels}; {said}" if info.kernels else said)
         self.forward_calls = 0
         eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         self.end_tokens = tuple(int(t) for t in ([eos] if isinstance(eos, int) else eos or ()))

@@ -53,11 +53,23 @@ class _SlotLayer(CacheLayerMixin):
         return self.owner.capacity
 
 
+def _text(config):
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def slot_bytes(config, dtype: torch.dtype) -> int:
+    """Bytes one cached token takes in every layer (keys and values)."""
+    text = _text(config)
+    heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    return 2 * text.num_hidden_layers * heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+
+
 class SlotCache(Cache):
     """``capacity`` slots (plus ``scratch`` for padding) for every layer of one model, batch size 1."""
 
     def __init__(self, config, capacity: int, scratch: int, dtype: torch.dtype, device: torch.device) -> None:
-        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        text = _text(config)
         if any(kind != "full_attention" for kind in getattr(text, "layer_types", None) or ()):
             raise NotImplementedError("a sliding-window layer cannot be compacted to a tree path; "
                                       "the slot cache takes full-attention models only")

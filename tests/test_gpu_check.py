@@ -1,0 +1,30 @@
+"""scripts/gpu_check.py runs on a CPU (tiny stand-in shapes), so the check a GPU machine runs cannot rot here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_gpu_check_runs_on_cpu_and_writes_json_and_markdown(tmp_path):
+    out = tmp_path / "check"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--out", str(out),
+                           "--device", "cpu", "--quick", "--repeats", "1", "--new-tokens", "16"],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads((out / "gpu_check.json").read_text())
+    assert result["versions"]["torch"] and result["versions"]["transformers"]
+    c = result["correctness"]
+    assert c["passed"] and c["greedy_graph"]["equal"] == c["greedy_graph"]["runs"] > 0
+    assert c["distribution"]["broken_residual_p"] < c["distribution"]["alpha"]   # the foil is caught
+    target = next(iter(result["costs"]["targets"].values()))
+    assert target["engine"]["ar"]["step_ms"] > 0 and target["profile"]["target_ms"]
+    page = (out / "gpu_check.md").read_text()
+    assert "greedy output = target's greedy generate" in page and "Projected Sequoia" in page
