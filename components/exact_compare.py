@@ -12,7 +12,7 @@ import gradio as gr
 
 from sequoia.runtime.divergence import explain_all
 from sequoia.runtime.exactness import certify
-from sequoia.runtime.models import shared_vocab
+from sequoia.runners.base import shared_vocab
 
 from . import divergence_view
 from .compare_view import REFERENCE, CompareRow

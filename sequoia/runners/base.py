@@ -88,6 +88,11 @@ class Runner(Protocol):
         """A fresh, empty cache.  A runtime with one cache per model may invalidate earlier sessions."""
 
 
+def shared_vocab(pair) -> int:
+    """Logit columns both runners of a pair share (embedding matrices are often padded beyond the tokenizer)."""
+    return min(int(r.vocab_size) for r in (pair.draft, pair.target))
+
+
 def chain_parents(start: int, n: int) -> list[int]:
     """Parents of ``n`` tokens continuing a chain whose last slot is ``start - 1``.  # [n]"""
     return list(range(start - 1, start + n - 1))

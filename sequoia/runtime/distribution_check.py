@@ -19,7 +19,7 @@ from ..core.config import SamplingConfig
 from ..core.distribution import (DEFAULT_CHILDREN, DEFAULT_TRIALS, RULES, RULES_BY_NAME, RuleResult, check_rule,
                                  head_of)
 from ..core.sampling import warp
-from .models import shared_vocab
+from ..runners.base import shared_vocab
 
 MAX_TRIALS = 20000
 

@@ -43,7 +43,7 @@ from ..core.trace import ACCEPTED, REJECTED, UNREACHED, NodeCheck, StepRecord
 from ..core.tree import Tree
 from ..runners.base import Session
 from .drafter import Draft, Drafter, Proposer
-from .models import shared_vocab
+from ..runners.base import shared_vocab
 
 _DISPLAY = SamplingConfig(temperature=1.0)  # at T=0, show the models' raw confidence
 

@@ -62,11 +62,6 @@ class ModelPair:
         return encode_prompt(self.tokenizer, prompt, chat)
 
 
-def shared_vocab(pair) -> int:
-    """Logit columns both models share (embedding matrices are often padded beyond the tokenizer)."""
-    return min(int(r.vocab_size) for r in (pair.draft, pair.target))
-
-
 # ------------------------------------------------------------------ tokenizers
 def check_tokenizers_match(draft_tok, target_tok, draft_model: Runner | None = None,
                            target_model: Runner | None = None) -> None:

@@ -32,7 +32,7 @@ from .drafter import StaticTreeProposer
 from .engine import SpeculativeEngine, sync
 from .fingerprint import machine_fingerprint
 from ..runners.base import Runner
-from .models import shared_vocab
+from ..runners.base import shared_vocab
 
 #: The quick profile's grids: enough points for the optimizer's range on a CPU.
 QUICK_TARGET_GRID = (1, 2, 4, 8, 16, 32, 64)

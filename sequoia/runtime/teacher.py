@@ -8,7 +8,7 @@ either what the target itself writes (:func:`target_continuation`, the
 contexts real decoding meets) or any given tokens (:func:`teacher_logits`).
 
 Logits are float32 on the CPU, cut to the vocabulary both models share
-(:func:`sequoia.runtime.models.shared_vocab`).
+(:func:`sequoia.runners.base.shared_vocab`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 from ..core.config import SamplingConfig
 from ..core.sampling import sample_token, warp
 from ..runners.base import Runner
-from .models import shared_vocab
+from ..runners.base import shared_vocab
 
 
 def target_continuation(runner: Runner, prompt: list[int], sampling: SamplingConfig, max_new: int,
