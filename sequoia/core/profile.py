@@ -103,8 +103,10 @@ class Fingerprint:
         if self.device_kind == "cpu":
             out.update(cpu_features=list(self.cpu_features), onednn_bf16=self.onednn_bf16, threads=self.threads,
                        single_row_kernel=self.single_row_kernel, multi_row_kernel=self.multi_row_kernel)
-        else:
+        else:   # a graph-captured runner's costs are not the eager one's ("cuda-graphs" vs "")
             out.update(gpu_name=self.gpu_name, gpu_capability=self.gpu_capability)
+            if self.multi_row_kernel:
+                out["multi_row_kernel"] = self.multi_row_kernel
         out.update(target_dtype=self.target_dtype, target_quant=self.target_quant,
                    draft_dtype=self.draft_dtype, draft_quant=self.draft_quant, pair=self.pair)
         return out

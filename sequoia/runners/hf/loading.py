@@ -26,6 +26,7 @@ from .lean import draft_forward, model_forward
 from .runner import HFRunner
 
 EMBEDDED_NAME = "embedded"
+GRAPHS = "cuda-graphs"   # the kernel facts of a graph runner (its costs are not the eager runner's)
 
 _DTYPES = {
     "fp32": torch.float32, "float32": torch.float32,
@@ -61,8 +62,8 @@ def wrap_model(model, name: str = "", role: str = "target", plain: bool = True, 
     device = next(model.parameters()).device
     dtype = getattr(model, "dtype", torch.float32)
     if device.type == "cuda" and graphs is not False:
-        info = _info(model, device, quant, "", "")
-        return GraphRunner(model, name, RunnerInfo(**{**info.__dict__, "kernels": "cuda graphs, slot cache"}))
+        info = _info(model, device, quant, GRAPHS, GRAPHS)
+        return GraphRunner(model, name, RunnerInfo(**{**info.__dict__, "kernels": "cuda graphs"}))
     if plain or device.type != "cpu":
         return HFRunner(model, name, _info(model, device, quant, "", ""))
     blocked = block_weights(model) if blocked_weights else False
