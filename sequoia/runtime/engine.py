@@ -285,9 +285,11 @@ def node_target_probs(draft: Draft, logits: torch.Tensor, sampling: SamplingConf
     dev = _to_device(host, logits.device)                                           # [3, n]
     rows = _to_device(torch.tensor(rows_list, dtype=torch.long), logits.device)     # [u]
     pieces = []
-    for lo in range(0, len(rows_list), 32):  # chunks bound the [rows, V] float32 copy
-        a, b = bisect.bisect_left(inv_sorted, lo), bisect.bisect_left(inv_sorted, lo + 32)
-        part = logits[rows[lo: lo + 32]].float()
+    # Chunks bound the [rows, V] float32 copy on a CPU; on a GPU one chunk saves a dozen launches per 32 rows.
+    size = 256 if logits.device.type == "cuda" else 32
+    for lo in range(0, len(rows_list), size):
+        a, b = bisect.bisect_left(inv_sorted, lo), bisect.bisect_left(inv_sorted, lo + size)
+        part = logits[rows[lo: lo + size]].float()
         r, t = dev[0, a:b] - lo, dev[1, a:b]
         if cfg.top_k or cfg.top_p < 1.0:
             pieces.append(warp(part, cfg)[r, t])
