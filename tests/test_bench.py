@@ -18,7 +18,7 @@ from sequoia.core.profile import HardwareProfile
 from sequoia.core.sampling import first_accepted
 from sequoia.core.tree import Tree
 from sequoia.runtime.acceptance import rejection_curves
-from sequoia.runtime.runner import RunResult, process_clock
+from sequoia.runtime.timing import RunResult, process_clock
 from sequoia.tools.bench import BenchConfig, PromptSet, TreeChoice, _compare_with_reference, load_prompt_sets, run_bench
 from sequoia.tools.bench_report import FORMAT, markdown_report, markdown_table, summarize_runs, to_dict
 
@@ -326,7 +326,7 @@ def test_process_clock_needs_one_thread_and_times_the_engine_steps(tiny_pairs):
     from sequoia.core.config import GenerationConfig
     from sequoia.runtime.engine import SpeculativeEngine
     from sequoia.runtime.methods import make_method
-    from sequoia.runtime.runner import run_method
+    from sequoia.runtime.timing import run_method
 
     before = torch.get_num_threads()
     try:

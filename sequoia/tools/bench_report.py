@@ -1,6 +1,6 @@
 """Summaries of a bench run (medians per prompt set) and their JSON / Markdown forms.
 
-Every number here is computed from :class:`sequoia.runtime.runner.RunResult` alone.
+Every number here is computed from :class:`sequoia.runtime.timing.RunResult` alone.
 ``speedup`` is the median over prompts of each prompt's tokens/s ratio to
 ``hf-generate`` on the same prompt and temperature (the target alone),
 ``vs_assisted`` the same ratio to ``hf-assisted``, and ``vs_best_hf`` the ratio
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from .._meta import read_json
 from ..runtime.methods import METHOD_LABELS
-from ..runtime.runner import RunResult
+from ..runtime.timing import RunResult
 from .bench import BENCH_METHODS, BenchResult
 
 FORMAT = "sequoia-bench/1"
