@@ -459,10 +459,10 @@ def test_every_bench_method_has_a_label_and_a_colour():
     import components
     from sequoia.tools.bench import BENCH_METHODS
     from sequoia.tools.bench_figures import _COLORS
-    from sequoia.tools.bench_report import METHOD_LABELS
+    from sequoia.tools.bench_report import LABEL_OF
 
     for m in BENCH_METHODS:
-        assert METHOD_LABELS[m] == components.METHOD_LABELS[m], m  # the bench and the app say the same
+        assert LABEL_OF[m] == components.LABEL_OF[m], m  # the bench and the app say the same
         assert m in _COLORS and components.method_color(m) != components.method_color("?"), m  # not the fallback
     new = ("hf-prompt-lookup", "ngram", "sequoia-ngram")
     assert len({_COLORS[m] for m in new} | {_COLORS[m] for m in ("hf-assisted", "sequoia", "sequoia-dynamic")}) == 6

@@ -110,7 +110,7 @@ def test_the_registry_says_what_budget_and_depth_mean_per_method():
     assert make_method(MethodSpec("sequoia-dynamic", 8, 3)).max_depth == MAX_DEPTH   # as deep as pays
     assert make_method(MethodSpec("sequoia-dynamic", 8, 30)).max_depth == 30
     assert make_method(MethodSpec("ar", 8, 3)).tree.size == 0
-    assert live_tab.METHOD_LABELS == rq.PAGE_METHODS and "min(budget, depth)" in live_tab.budget_help()
+    assert live_tab.METHOD_OF_LABEL is rq.METHOD_OF_LABEL and "min(budget, depth)" in live_tab.budget_help()
 
 
 def _imports(path: Path) -> set[str]:

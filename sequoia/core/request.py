@@ -121,11 +121,12 @@ ENGINE_METHODS = ("ar", "chain", "specinfer", "kary", "sequoia", "sequoia-auto",
 #: The methods a hardware profile prices.
 PRICED_METHODS = tuple(m for m in ENGINE_METHODS if BY_NAME[m].priced)
 #: Page label -> engine name (the Method dropdown, in order).
-PAGE_METHODS = {m.page: m.name for m in METHODS if m.page}
+METHOD_OF_LABEL = {m.page: m.name for m in METHODS if m.page}
 #: Older page labels still accepted from API clients and other tabs.
 ALIASES = {"Target only": "ar"}
-#: What a reader sees for each method here and each Hugging Face baseline: the bench's legends, the page's charts.
-METHOD_LABELS = {
+#: Engine name -> what a reader sees, for each method here and each Hugging Face baseline: the bench's legends,
+#: the page's charts.
+LABEL_OF = {
     "hf-generate": "Target alone (HF generate)",
     "ar": BY_NAME["ar"].label,
     "hf-assisted": "HF assisted",
@@ -137,10 +138,10 @@ METHOD_LABELS = {
 def resolve_method(value: Any) -> str:
     """The engine name of a page label, an alias or an engine name offered on the page; ValueError otherwise."""
     if isinstance(value, str):
-        name = PAGE_METHODS.get(value, ALIASES.get(value, value))
-        if name in PAGE_METHODS.values():
+        name = METHOD_OF_LABEL.get(value, ALIASES.get(value, value))
+        if name in METHOD_OF_LABEL.values():
             return name
-    raise ValueError(f"method: unknown method {value!r}; choose one of {', '.join(PAGE_METHODS)}")
+    raise ValueError(f"method: unknown method {value!r}; choose one of {', '.join(METHOD_OF_LABEL)}")
 
 
 @dataclass(frozen=True)
