@@ -18,7 +18,7 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from ..core.config import GenerationConfig
-from ..runners.hf.kernels import single_rows_routed
+from ..runners.hf.onednn import single_rows_routed
 
 
 @dataclass(frozen=True)
