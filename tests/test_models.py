@@ -18,7 +18,7 @@ from sequoia.runners import embedded
 from sequoia.runners.hf import kernels
 from sequoia.runtime import models as M
 from sequoia.runners.hf import loading as L
-from sequoia.runners.hf.lean import head_rows, model_forward
+from sequoia.runners.hf.lean import head_rows, model_forward, plain_head_rows
 from sequoia.runners.embedded import EmbeddedModelError, Part
 from sequoia.runtime.fingerprint import cpu_facts, machine_fingerprint, onednn_bf16
 from sequoia.runners.hf.kernels import default_draft_scheme
@@ -108,6 +108,12 @@ def test_runner_forward_gives_the_head_plain_strides_and_keeps_its_logits(tiny_d
     assert seen[-1] == (hidden, hidden, 1)            # a count would give (11 * hidden, hidden, 1)
     torch.testing.assert_close(last, full)
     assert head_rows(0, 11) == 0 and head_rows(11, 11) == 11 and head_rows(2, 11).tolist() == [9, 10]
+    seen.clear()
+    with torch.no_grad(), plain_head_rows(model):          # code that calls the model with a count (generate)
+        handle = head.register_forward_pre_hook(lambda mod, args: seen.append(args[0].stride()))   # runs after
+        assert torch.equal(model(input_ids=ids, logits_to_keep=1).logits[0, -1], last)
+        handle.remove()
+    assert seen == [(hidden, hidden, 1)] and not head._forward_pre_hooks   # the span's hook is gone
 
 
 def test_load_model_bad_dtype_and_missing_dir(tiny_dirs, tmp_path):
