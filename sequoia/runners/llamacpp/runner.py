@@ -73,6 +73,7 @@ class LlamaCppOptions:
 
 @functools.cache
 def _built_with_avx512() -> bool:
+    ensure_backend()   # the report lists the backends' CPU features: set them up first, as a load would
     info = llama_cpp.llama_print_system_info().decode(errors="replace")
     return "AVX512 = 1" in info
 
