@@ -11,7 +11,7 @@ token in the text view mean the same thing.
 
 from __future__ import annotations
 
-from sequoia.core.request import METHOD_LABELS  # plain data: importing the views loads no model code
+from sequoia.core.request import LABEL_OF  # plain data: importing the views loads no model code
 
 #: Node / token status colours shared by every view.
 COLORS = {
@@ -55,7 +55,7 @@ METHOD_COLORS = {
 
 def method_label(name: str) -> str:
     """The page's name for a method (the name itself when unknown)."""
-    return METHOD_LABELS.get(name, name)
+    return LABEL_OF.get(name, name)
 
 
 def method_color(name: str) -> str:

@@ -11,7 +11,7 @@ CPU user would run instead of any of them.
 The bars and the table come from :mod:`components.compare_view`.  At
 temperature 0 every lossless method must reproduce the target-only output
 token for token, which the "identical" column checks.  Every method runs
-through :func:`sequoia.runtime.runner.iter_run` after one short untimed
+through :func:`sequoia.runtime.timing.iter_run` after one short untimed
 warm-up run of each (the bench's rule: the whole call is timed, prefill
 included).  The handler streams: bars and table grow as each method finishes,
 and Stop closes the running decode between two steps.
@@ -29,7 +29,7 @@ import gradio as gr
 
 from sequoia._meta import ProgressFn
 from sequoia.runtime.exactness import is_exact
-from sequoia.runtime.runner import RunResult, iter_run, run_method, warmup
+from sequoia.runtime.timing import RunResult, iter_run, run_method, warmup
 
 from . import compare_view, divergence_view, serving, validation
 from .context import MODEL_WORK, AppContext, acceptance_catalogue, default_acceptance_label, follow_temperature
@@ -43,7 +43,7 @@ class CompareMethod:
 
     label: str          # the checkbox's label; for engine methods also the live tab's method label
     row: str            # its name in the bars and the table (colours: components.method_color)
-    hf: str = ""        # a Hugging Face baseline's runner name (sequoia.runtime.runner.HF_METHODS), else ""
+    hf: str = ""        # a Hugging Face baseline's runner name (sequoia.runtime.timing.HF_METHODS), else ""
     runtime: str = ""   # "llamacpp": the target alone on that runtime (AppContext.reference_context), else ""
 
 

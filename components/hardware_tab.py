@@ -20,7 +20,7 @@ from sequoia.core.request import MethodSpec
 from sequoia.core.tree import Tree
 from sequoia.runtime.finder import ProfileChoice, cache_profile
 from sequoia.runtime.profiling import measure_profile
-from sequoia.runtime.runner import run_method, warmup
+from sequoia.runtime.timing import run_method, warmup
 
 from . import dp_view, hardware_view, validation
 from .context import (LIGHT_WORK, MODEL_WORK, AppContext, ModelsNotReady, acceptance_catalogue,
@@ -110,7 +110,7 @@ def profile_now(ctx: AppContext, quick: bool, progress=None) -> str:
 def measure(ctx: AppContext, budget: int, depth: int, acceptance) -> dict[str, float]:
     """Measured ms/token of the target alone and of the auto-chosen tree on a fixed prompt.
 
-    The bench's rule (:mod:`sequoia.runtime.runner`): one short untimed warm-up run of both, then the
+    The bench's rule (:mod:`sequoia.runtime.timing`): one short untimed warm-up run of both, then the
     whole call timed, prefill included.
     """
     base = validation.decode_request(ctx, MEASURE_PROMPT, "Target only", budget, depth, 0.0, 1.0, MEASURE_TOKENS, 0,

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 import gradio as gr
 
 from sequoia.core.cost import baseline_ms
-from sequoia.core.request import BY_NAME, PAGE_METHODS
+from sequoia.core.request import BY_NAME, METHOD_OF_LABEL
 from sequoia.core.trace import StepRecord
 from sequoia.runtime.dynamic import MAX_DEPTH
 from sequoia.runtime.finder import DEFAULT_ENTRY
@@ -39,8 +39,6 @@ from .context import (
 from .frames import FRAME_S, Throttle
 from .validation import EngineInputs
 
-#: UI label -> engine name (the Method dropdown): the registry's page labels (sequoia.core.request.METHODS).
-METHOD_LABELS = PAGE_METHODS
 #: The method the page opens on: the tree the machine's profile prices as best, per step.
 DEFAULT_METHOD = "Sequoia (dynamic)"
 DEFAULT_NEW_TOKENS = 48
@@ -70,7 +68,7 @@ class LiveSession:
 def budget_help() -> str:
     """What budget and depth mean for each method on the page, in the registry's words."""
     parts = []
-    for label, name in METHOD_LABELS.items():
+    for label, name in METHOD_OF_LABEL.items():
         info = BY_NAME[name]
         if info.budget or info.depth:
             words = info.budget if info.budget == info.depth or not info.depth else f"{info.budget}, {info.depth}"
@@ -245,7 +243,7 @@ def build(ctx: AppContext) -> None:
             prompt = gr.Textbox(label="Prompt", lines=5, elem_id="sq-prompt",
                                 value="Write a Python function that checks whether a number is prime.")
             chat = gr.Checkbox(value=True, label="apply the chat template")
-            method = gr.Dropdown(list(METHOD_LABELS), value=DEFAULT_METHOD, label="Method")
+            method = gr.Dropdown(list(METHOD_OF_LABEL), value=DEFAULT_METHOD, label="Method")
             with gr.Row():
                 budget = gr.Slider(1, cap, value=min(32, cap), step=1, label="budget (draft tokens / step)")
                 depth = gr.Slider(1, 32, value=8, step=1, label="depth")

@@ -34,7 +34,7 @@ from sequoia.runtime.engine import SpeculativeEngine  # noqa: E402
 from sequoia.runtime.finder import find_calibration  # noqa: E402
 from sequoia.runtime.methods import make_method  # noqa: E402
 from sequoia.runtime.models import load_pair  # noqa: E402
-from sequoia.runtime.runner import run_method, warmup  # noqa: E402
+from sequoia.runtime.timing import run_method, warmup  # noqa: E402
 
 
 def measure(engine, prompts, tree, config, proposer=None) -> tuple[float, float, int]:

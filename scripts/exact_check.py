@@ -28,7 +28,7 @@ from sequoia.runtime.acceptance import load_prompts
 from sequoia.runtime.engine import SpeculativeEngine
 from sequoia.runtime.exactness import is_exact, load_exact_pair
 from sequoia.runtime.methods import make_method
-from sequoia.runtime.runner import run_method
+from sequoia.runtime.timing import run_method
 
 SETS = ("code", "chat", "summarize", "rag", "edit")
 METHODS = {"chain": dict(budget=4), "specinfer": dict(width=2, depth=4), "sequoia": dict(budget=16, depth=6)}

@@ -24,7 +24,7 @@ from sequoia.runtime.engine import SpeculativeEngine
 from sequoia.runtime.exactness import exact_pair, load_exact_target
 from sequoia.runtime.methods import make_method
 from sequoia.runtime.models import load_pair
-from sequoia.runtime.runner import run_method
+from sequoia.runtime.timing import run_method
 
 PROMPT = "Write a Python function that checks whether a number is prime."
 

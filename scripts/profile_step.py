@@ -116,7 +116,7 @@ def compare_methods(pair, args) -> None:
     from sequoia.runtime.engine import SpeculativeEngine
     from sequoia.runtime.methods import make_method
     from sequoia.runtime.profiling import measure_profile
-    from sequoia.runtime.runner import run_method, warmup
+    from sequoia.runtime.timing import run_method, warmup
 
     if args.profile:
         profile = HardwareProfile.load(args.profile)

@@ -28,7 +28,7 @@ from sequoia.core.config import GenerationConfig, SamplingConfig  # noqa: E402
 from sequoia.core.dp import expected_tokens, optimal_tree  # noqa: E402
 from sequoia.core.tree import Tree  # noqa: E402
 from sequoia.runtime.drafter import StaticTreeProposer  # noqa: E402
-from sequoia.runtime.runner import run_method, warmup  # noqa: E402
+from sequoia.runtime.timing import run_method, warmup  # noqa: E402
 from sequoia.tools.bench import encode, load_prompt_sets  # noqa: E402
 from sequoia.tools.common import add_model_args as _add_model_args  # noqa: E402
 from sequoia.tools.common import load_from_args as _load  # noqa: E402

@@ -162,7 +162,7 @@ def test_decode_errors_are_readable(ctx, kwargs, message):
 
 
 def test_every_method_streams(ctx):
-    for method in live_tab.METHOD_LABELS:
+    for method in live_tab.METHOD_OF_LABEL:
         final = _stream(ctx, method=method, max_new=6)[-1]
         assert sum(r.n_new for r in final[-1].records) == 6
 

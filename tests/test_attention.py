@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import make_pair, perturbed, tiny_model
 from test_engine import _hf_greedy
+from transformers import AttentionInterface
 
 from sequoia.core.config import GenerationConfig
 from sequoia.core.masks import verify_mask
@@ -114,3 +115,16 @@ def test_only_cpu_sdpa_models_are_switched():
     assert not use_few_query_attention(eager) and eager.config._attn_implementation == "eager"
     model = tiny_model(0)
     assert use_few_query_attention(model) and not use_few_query_attention(model)     # once
+
+
+def test_the_switch_is_per_model_and_the_registration_idempotent(monkeypatch):
+    """transformers' name table is the process's: registering is idempotent, a name taken by another function is
+    refused, and switching one model leaves every other model's attention as it was."""
+    model, other = tiny_model(0), tiny_model(0)
+    assert use_few_query_attention(model)
+    assert other.config._attn_implementation == "sdpa"
+    attention._register()                                                           # again: nothing changes
+    assert AttentionInterface._global_mapping[FEW_QUERY] is few_query_attention
+    monkeypatch.setitem(AttentionInterface._global_mapping, FEW_QUERY, lambda *a, **k: None)
+    with pytest.raises(RuntimeError, match="is taken"):
+        attention._register()

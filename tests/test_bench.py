@@ -18,7 +18,7 @@ from sequoia.core.profile import HardwareProfile
 from sequoia.core.sampling import first_accepted
 from sequoia.core.tree import Tree
 from sequoia.runtime.acceptance import rejection_curves
-from sequoia.runtime.runner import RunResult, process_clock
+from sequoia.runtime.timing import RunResult, process_clock
 from sequoia.tools.bench import BenchConfig, PromptSet, TreeChoice, _compare_with_reference, load_prompt_sets, run_bench
 from sequoia.tools.bench_report import FORMAT, markdown_report, markdown_table, summarize_runs, to_dict
 
@@ -326,7 +326,7 @@ def test_process_clock_needs_one_thread_and_times_the_engine_steps(tiny_pairs):
     from sequoia.core.config import GenerationConfig
     from sequoia.runtime.engine import SpeculativeEngine
     from sequoia.runtime.methods import make_method
-    from sequoia.runtime.runner import run_method
+    from sequoia.runtime.timing import run_method
 
     before = torch.get_num_threads()
     try:
@@ -459,10 +459,10 @@ def test_every_bench_method_has_a_label_and_a_colour():
     import components
     from sequoia.tools.bench import BENCH_METHODS
     from sequoia.tools.bench_figures import _COLORS
-    from sequoia.tools.bench_report import METHOD_LABELS
+    from sequoia.tools.bench_report import LABEL_OF
 
     for m in BENCH_METHODS:
-        assert METHOD_LABELS[m] == components.METHOD_LABELS[m], m  # the bench and the app say the same
+        assert LABEL_OF[m] == components.LABEL_OF[m], m  # the bench and the app say the same
         assert m in _COLORS and components.method_color(m) != components.method_color("?"), m  # not the fallback
     new = ("hf-prompt-lookup", "ngram", "sequoia-ngram")
     assert len({_COLORS[m] for m in new} | {_COLORS[m] for m in ("hf-assisted", "sequoia", "sequoia-dynamic")}) == 6

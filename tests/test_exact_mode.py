@@ -18,7 +18,7 @@ from sequoia.runtime.distribution_check import root_distributions, run_check
 from sequoia.runtime.engine import SpeculativeEngine
 from sequoia.runtime.exactness import certify, exact_copy, exact_pair, is_exact, kernel_gap, load_exact_pair
 from sequoia.runtime.methods import make_method
-from sequoia.runtime.runner import run_method
+from sequoia.runtime.timing import run_method
 
 from conftest import app_pair, make_pair, perturbed, runner, tiny_model
 

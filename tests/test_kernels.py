@@ -10,7 +10,7 @@ from conftest import make_pair, tiny_model
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
 from sequoia.core.config import GenerationConfig
-from sequoia.runners.hf import kernels
+from sequoia.runners.hf import cpu, kernels, onednn
 from sequoia.runners.hf.loading import wrap_model
 from sequoia.runtime.engine import SpeculativeEngine
 from sequoia.runtime.fingerprint import onednn_bf16
@@ -225,7 +225,7 @@ def test_one_token_forwards_run_without_onednn_and_wider_ones_with_it():
     seen = _onednn_seen(model)
     before = torch.backends.mkldnn.enabled
     ids = torch.tensor([[3, 5, 7]])
-    with torch.no_grad(), kernels.single_rows_routed(model, kernels.SINGLE_ROW_ATEN):
+    with torch.no_grad(), onednn.single_rows_routed(model, cpu.SINGLE_ROW_ATEN):
         wide = model(input_ids=ids).logits
         one = model(ids[:, :1]).logits                              # positional input_ids too
         model(inputs_embeds=model.model.embed_tokens(ids[:, :1]))
@@ -248,31 +248,42 @@ def test_onednn_comes_back_after_a_failed_one_token_forward():
 
     model.model.layers[1].register_forward_pre_hook(fail)
     with pytest.raises(RuntimeError, match="enabled: False"), torch.no_grad(), \
-            kernels.single_rows_routed(model, kernels.SINGLE_ROW_ATEN):
+            onednn.single_rows_routed(model, cpu.SINGLE_ROW_ATEN):
         model(input_ids=torch.tensor([[3]]))
     assert torch.backends.mkldnn.enabled == before
 
 
 def test_overlapping_one_token_forwards_restore_onednn_once_the_last_ends():
-    switch = kernels._OneDnnSwitch()
+    switch = onednn._OneDnnSwitch()
     before = torch.backends.mkldnn.enabled
-    switch.enter()
-    switch.enter()       # a second thread's one-token forward begins inside the first
-    switch.leave()       # the first ends: the second still runs without oneDNN
+    first, second = switch.off(), switch.off()
+    first.__enter__()
+    second.__enter__()                      # a second thread's one-token forward begins inside the first
+    first.__exit__(None, None, None)        # the first ends: the second still runs without oneDNN
     assert torch.backends.mkldnn.enabled is False
-    switch.leave()
+    second.__exit__(None, None, None)
     assert torch.backends.mkldnn.enabled == before
 
 
+def test_one_row_scope_is_the_runners_and_changes_nothing_else():
+    before = torch.backends.mkldnn.enabled
+    with onednn.single_row_scope(cpu.SINGLE_ROW_ATEN, 1):
+        assert torch.backends.mkldnn.enabled is False
+    assert torch.backends.mkldnn.enabled == before
+    for kernel, rows in ((cpu.SINGLE_ROW_ATEN, 2), ("", 1)):   # a wider forward, a runner without the choice
+        with onednn.single_row_scope(kernel, rows):
+            assert torch.backends.mkldnn.enabled == before
+
+
 def test_only_bf16_models_on_cpus_with_onednn_bf16_are_routed(monkeypatch):
-    assert kernels.single_row_kernel("cpu", torch.float32) == ""    # fp32: torch's own kernels
+    assert cpu.single_row_kernel("cpu", torch.float32) == ""    # fp32: torch's own kernels
     monkeypatch.setattr("sequoia.runners.hf.cpu.onednn_bf16", lambda: False)
-    assert kernels.single_row_kernel("cpu", torch.bfloat16) == ""   # an AVX2-only CPU: nothing to skip
+    assert cpu.single_row_kernel("cpu", torch.bfloat16) == ""   # an AVX2-only CPU: nothing to skip
     assert wrap_model(tiny_model(0).to(torch.bfloat16), plain=False).single_row_kernel == ""
     monkeypatch.setattr("sequoia.runners.hf.cpu.onednn_bf16", lambda: True)
-    assert kernels.single_row_kernel("cpu", torch.bfloat16) == kernels.SINGLE_ROW_ATEN
-    assert kernels.single_row_kernel("cuda", torch.bfloat16) == ""
-    assert wrap_model(tiny_model(0).to(torch.bfloat16), plain=False).single_row_kernel == kernels.SINGLE_ROW_ATEN
+    assert cpu.single_row_kernel("cpu", torch.bfloat16) == cpu.SINGLE_ROW_ATEN
+    assert cpu.single_row_kernel("cuda", torch.bfloat16) == ""
+    assert wrap_model(tiny_model(0).to(torch.bfloat16), plain=False).single_row_kernel == cpu.SINGLE_ROW_ATEN
     assert wrap_model(tiny_model(0).to(torch.bfloat16), plain=True).single_row_kernel == ""   # the GPU path
 
 
@@ -285,7 +296,7 @@ def test_blocked_linears_equal_plain_ones_bit_for_bit(monkeypatch):
     plain = tiny_model(0).to(torch.bfloat16)
     head = model.lm_head.weight
     assert kernels.block_weights(model) and not kernels.block_weights(model)     # installed once
-    blocked = [m for m in model.modules() if isinstance(m, kernels.BlockedLinear)]
+    blocked = [m for m in model.modules() if isinstance(m, onednn.BlockedLinear)]
     assert len(blocked) == sum(isinstance(m, torch.nn.Linear) for m in plain.modules())
     assert model.lm_head.weight is head                                        # parameters kept (tied stays tied)
     assert model.state_dict().keys() == plain.state_dict().keys()
@@ -301,7 +312,7 @@ def test_blocked_linears_equal_plain_ones_bit_for_bit(monkeypatch):
 def test_a_blocked_head_takes_a_prefills_last_row_without_a_batched_matmul():
     """logits_to_keep=1 hands the head hidden[:, -1:, :], whose batch stride is the prompt's: a 3-D matmul
     of it copies the whole weight first (1.3 s on the embedded target), a 2-D one does not."""
-    head = kernels.BlockedLinear(torch.nn.Linear(64, 256, bias=False).to(torch.bfloat16).requires_grad_(False))
+    head = onednn.BlockedLinear(torch.nn.Linear(64, 256, bias=False).to(torch.bfloat16).requires_grad_(False))
     hidden = torch.randn(1, 9, 64, dtype=torch.bfloat16)
     last = hidden[:, -1:, :]
     with torch.profiler.profile() as prof:
@@ -317,7 +328,7 @@ def test_a_blocked_head_takes_a_prefills_last_row_without_a_batched_matmul():
 def test_blocked_linears_run_while_a_one_token_forward_has_onednn_off(monkeypatch):
     """Concurrent decodes share the process's oneDNN flag; a blocked product does not depend on it."""
     layer = torch.nn.Linear(64, 48).to(torch.bfloat16)
-    blocked = kernels.BlockedLinear(layer)
+    blocked = onednn.BlockedLinear(layer)
     x = torch.randn(4, 64, dtype=torch.bfloat16)
     want = blocked(x)
     monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
@@ -327,7 +338,7 @@ def test_blocked_linears_run_while_a_one_token_forward_has_onednn_off(monkeypatc
 def test_only_bf16_cpu_models_get_blocked_weights(monkeypatch):
     assert not kernels.block_weights(tiny_model(0))                           # fp32: plain weights
     with pytest.raises(ValueError, match="bf16 CPU"):
-        kernels.BlockedLinear(torch.nn.Linear(4, 4))
+        onednn.BlockedLinear(torch.nn.Linear(4, 4))
     monkeypatch.setattr("sequoia.runners.hf.cpu.onednn_bf16", lambda: False)
     assert kernels.multi_row_kernel("cpu", torch.bfloat16) == ""              # an AVX2-only CPU: not measured
     assert not kernels.block_weights(tiny_model(0).to(torch.bfloat16))

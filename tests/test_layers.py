@@ -139,3 +139,172 @@ def test_imports_inside_functions_say_why():
                     if "#" not in here and not above.strip().startswith("#"):
                         bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {here.strip()}")
     assert not bad, f"{len(bad)} local imports without a reason:\n" + "\n".join(bad)
+
+
+# ------------------------------------------------------------------ no process-wide switches
+#: The one place allowed to write ``torch.backends``: oneDNN's counted one-row switch (torch offers no per-module
+#: choice of its bf16 matmul kernel, so the switch turns the process's flag off for a forward and restores it).
+BACKEND_WRITERS = {("sequoia/runners/hf/onednn.py", "_OneDnnSwitch")}
+_SETTERS = ("flags", "set_flags")
+
+
+def _dotted(node: ast.AST) -> str:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def _backend_writes(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, enclosing class or function) of every write to torch.backends.* or torch._C._set_* in ``tree``."""
+    out = []
+
+    def visit(node: ast.AST, owner: str) -> None:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            owner = owner or node.name
+        targets = []
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        elif isinstance(node, ast.Call):
+            name = _dotted(node.func)
+            if name.startswith("torch.backends.") and name.rsplit(".", 1)[-1] in _SETTERS \
+                    or name.startswith("torch._C._set_"):
+                out.append((node.lineno, owner))
+            if name == "setattr" and node.args and _dotted(node.args[0]).startswith("torch.backends"):
+                out.append((node.lineno, owner))
+        out.extend((node.lineno, owner) for t in targets if _dotted(t).startswith("torch.backends."))
+        for child in ast.iter_child_nodes(node):
+            visit(child, owner)
+
+    visit(tree, "")
+    return out
+
+
+def _sources():
+    for pkg in (*PACKAGES, "scripts"):
+        yield from sorted((ROOT / pkg).rglob("*.py"))
+    yield ROOT / "app.py"
+
+
+def test_torch_backends_are_written_only_by_the_one_scoped_switch():
+    bad, found = [], set()
+    for path in _sources():
+        rel = str(path.relative_to(ROOT))
+        for line, owner in _backend_writes(ast.parse(path.read_text(), rel)):
+            if (rel, owner) in BACKEND_WRITERS:
+                found.add((rel, owner))
+            else:
+                bad.append(f"{rel}:{line} writes torch.backends (in {owner or 'the module'})")
+    assert not bad, "process-wide torch switches outside the scoped helper:\n" + "\n".join(bad)
+    assert found == BACKEND_WRITERS   # the guard sees the one writer it allows
+
+
+def _module_level(tree: ast.Module):
+    """Statements that run at import: the module's own, and those inside its top-level if/try blocks."""
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop(0)
+        if isinstance(node, (ast.If, ast.Try)):
+            todo.extend(node.body + node.orelse + getattr(node, "finalbody", [])
+                        + [s for h in getattr(node, "handlers", []) for s in h.body])
+        else:
+            yield node
+
+
+def test_the_llamacpp_package_does_nothing_at_import():
+    """No llama.cpp call runs at import (backend init, log callback): the backend is set up on first use."""
+    bad = []
+    for path in sorted((ROOT / "sequoia" / "runners" / "llamacpp").glob("*.py")):
+        rel = path.relative_to(ROOT)
+        for node in _module_level(ast.parse(path.read_text(), str(rel))):
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+                bad.append(f"{rel}:{node.lineno}: a call at import")
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                bad.extend(f"{rel}:{d.lineno}: a decorator calls llama_cpp at import"
+                           for d in node.decorator_list if _dotted(d).startswith("llama_cpp"))
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                bad.extend(f"{rel}:{c.lineno}: {_dotted(c.func)}() at import" for c in ast.walk(node.value)
+                           if isinstance(c, ast.Call) and _dotted(c.func).startswith("llama_cpp"))
+    assert not bad, "\n".join(bad)
+
+
+def test_importing_the_llamacpp_runner_initialises_no_backend():
+    """The real check behind the static one, where llama-cpp-python is installed: no backend call at import."""
+    pytest.importorskip("llama_cpp")
+    code = ("import llama_cpp\ncalls = []\n"
+            "for name in ('llama_backend_init', 'llama_log_set', 'llama_numa_init'):\n"
+            "    setattr(llama_cpp, name, lambda *a, _n=name: calls.append(_n))\n"
+            "import sequoia.runners.llamacpp.runner, sequoia.runners.llamacpp.load, sequoia.runners.llamacpp.quantize\n"
+            "from sequoia.runners.llamacpp.backend import backend_ready\n"
+            "print(calls, backend_ready())")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[]", "False"]
+
+
+# ------------------------------------------------------------------ no module-level mutable state in components/
+#: Module-level state the page still keeps, each with why; the room split of issue 32 is to move them onto the
+#: app's state.  (file, name): reason.
+KNOWN_MODULE_STATE = {
+    ("components/validation.py", "_DP_MEMO"): "the DP explorer's parse memo, shared by its validator and handler",
+    ("components/serving.py", "_light_pool"): "the one low-priority light-work thread, started on first use",
+    ("components/dp_tab.py", "_pool"): "the DP lane's worker process, started on first use",
+}
+_CONTAINERS = (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)
+_CONTAINER_CALLS = ("dict", "list", "set", "OrderedDict", "defaultdict", "deque", "Counter")
+_MUTATORS = ("append", "extend", "insert", "add", "update", "setdefault", "pop", "popitem", "clear", "remove",
+             "discard", "move_to_end", "appendleft", "popleft")
+#: Objects that are not state themselves (a lock guards state; it holds none).
+_STATELESS_CALLS = ("threading.Lock", "threading.RLock", "Lock", "RLock", "TypeVar")
+
+
+def _module_state(tree: ast.Module) -> dict[str, int]:
+    """Module-level names that hold state: a container the module mutates, an instance of one of its own classes,
+    or a name a function rebinds with ``global``."""
+    classes = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+    containers, found = {}, {}
+    for node in _module_level(tree):
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+            continue
+        for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+            if not isinstance(target, ast.Name):
+                continue
+            value, call = node.value, _dotted(getattr(node.value, "func", None) or ast.Pass())
+            if isinstance(value, _CONTAINERS) or call.rsplit(".", 1)[-1] in _CONTAINER_CALLS:
+                containers[target.id] = node.lineno
+            elif isinstance(value, ast.Call) and call in classes and call not in _STATELESS_CALLS:
+                found[target.id] = node.lineno
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global):
+            found.update((name, node.lineno) for name in node.names)
+        mutated = None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _MUTATORS:
+            mutated = node.func.value
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+            for t in node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]:
+                if isinstance(t, ast.Subscript):
+                    mutated = t.value
+        if isinstance(mutated, ast.Name) and mutated.id in containers:
+            found[mutated.id] = containers[mutated.id]
+    return found
+
+
+def test_components_keep_no_module_level_mutable_state():
+    """State lives on the app's objects (passed to each tab), not in module globals that every session shares."""
+    bad = []
+    for path in sorted((ROOT / "components").rglob("*.py")):
+        rel = str(path.relative_to(ROOT))
+        for name, line in _module_state(ast.parse(path.read_text(), rel)).items():
+            if (rel, name) not in KNOWN_MODULE_STATE:
+                bad.append(f"{rel}:{line}: module-level state {name!r}")
+    assert not bad, "keep state on the app's objects, or list it in KNOWN_MODULE_STATE with why:\n" + "\n".join(bad)
+
+
+def test_the_module_state_guard_sees_what_it_forbids():
+    code = ("import threading\nclass Memo:\n    pass\nSEEN = {}\nFIXED = {'a': 1}\nLOCK = threading.Lock()\n"
+            "MEMO = Memo()\n_pool = None\ndef f(k):\n    SEEN[k] = 1\n    return FIXED[k]\n"
+            "def g():\n    global _pool\n    _pool = 1\n")
+    assert set(_module_state(ast.parse(code))) == {"SEEN", "MEMO", "_pool"}

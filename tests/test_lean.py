@@ -9,6 +9,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Confi
 
 from sequoia.core.masks import tree_attention_mask
 from sequoia.runners.hf import kernels
+from sequoia.runners.hf.cpu import SINGLE_ROW_ATEN
 from sequoia.runners.hf.attention import use_few_query_attention
 from sequoia.runtime.drafter import Drafter
 from sequoia.runners.hf.kernels import quantize_weights
@@ -110,7 +111,7 @@ def test_one_row_lean_forwards_take_the_runners_one_row_kernel():
     """A runner whose one-row kernel is "aten" runs one-token forwards with oneDNN off, wider ones with it on."""
     model = _few_query(_qwen2().to(torch.bfloat16))
     runner = HFRunner(model, "bf16", wrap_model(model).info, forward_fn=lean_forward,
-                      single_row_kernel=kernels.SINGLE_ROW_ATEN)
+                      single_row_kernel=SINGLE_ROW_ATEN)
     seen = []
     down = model.model.layers[0].mlp.down_proj
     down.register_forward_pre_hook(lambda m, a: seen.append(torch.backends.mkldnn.enabled))

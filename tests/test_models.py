@@ -11,13 +11,14 @@ import hashlib
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import DynamicCache, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from sequoia.runners.hf.attention import FEW_QUERY
 from sequoia.runners import embedded
 from sequoia.runners.hf import kernels
 from sequoia.runtime import models as M
 from sequoia.runners.hf import loading as L
+from sequoia.runners.hf.lean import head_rows, model_forward, plain_head_rows
 from sequoia.runners.embedded import EmbeddedModelError, Part
 from sequoia.runtime.fingerprint import cpu_facts, machine_fingerprint, onednn_bf16
 from sequoia.runners.hf.kernels import default_draft_scheme
@@ -88,19 +89,31 @@ def test_load_model_from_local_dir(tiny_dirs, dtype, expected):
     assert model.config._attn_implementation == "sdpa"
 
 
-def test_loaded_head_sees_plain_strides_and_keeps_its_logits(tiny_dirs):
-    """A one-row prefill (logits_to_keep=1) hands the head rows with a stale batch stride (torch's slow path on
-    CPU); the loaded model's head gets them as a plain view, and the logits are those of the full forward."""
+def test_runner_forward_gives_the_head_plain_strides_and_keeps_its_logits(tiny_dirs):
+    """A prefill that keeps one row of logits would hand the head rows with a stale batch stride (torch's slow
+    path on CPU); the runner's forward asks for them by index, so the head sees plain rows, the logits are those
+    of the full forward, and the loaded model carries no hooks."""
     model = L.load_model(tiny_dirs["target"], "cpu", "fp32")
+    head = model.get_output_embeddings()
+    assert not head._forward_pre_hooks and not head._forward_hooks
     seen = []
-    model.get_output_embeddings().register_forward_pre_hook(lambda mod, args: seen.append(args[0].stride()))
+    handle = head.register_forward_pre_hook(lambda mod, args: seen.append(args[0].stride()))
     ids = torch.arange(1, 12)[None]                                       # [1, 11]
+    pos = torch.arange(11)[None]
     with torch.no_grad():
         full = model(input_ids=ids).logits[0, -1]
-        last = model(input_ids=ids, logits_to_keep=1).logits[0, -1]
+        last = model_forward(model, ids, pos, None, DynamicCache(config=model.config), keep=1)[0, -1]
+    handle.remove()
     hidden = model.config.hidden_size
-    assert seen[-1] == (hidden, hidden, 1)            # without the fix: (11 * hidden, hidden, 1)
+    assert seen[-1] == (hidden, hidden, 1)            # a count would give (11 * hidden, hidden, 1)
     torch.testing.assert_close(last, full)
+    assert head_rows(0, 11) == 0 and head_rows(11, 11) == 11 and head_rows(2, 11).tolist() == [9, 10]
+    seen.clear()
+    with torch.no_grad(), plain_head_rows(model):          # code that calls the model with a count (generate)
+        handle = head.register_forward_pre_hook(lambda mod, args: seen.append(args[0].stride()))   # runs after
+        assert torch.equal(model(input_ids=ids, logits_to_keep=1).logits[0, -1], last)
+        handle.remove()
+    assert seen == [(hidden, hidden, 1)] and not head._forward_pre_hooks   # the span's hook is gone
 
 
 def test_load_model_bad_dtype_and_missing_dir(tiny_dirs, tmp_path):

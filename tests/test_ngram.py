@@ -199,7 +199,7 @@ def test_sampled_output_matches_target_distribution(small_vocab_pair, name, samp
 
 # ------------------------------------------------------------------ the Hugging Face prompt lookup baseline
 def test_hf_prompt_lookup_runs_and_equals_target_greedy(tiny_pairs, tiny_target):
-    from sequoia.runtime.runner import HF_METHODS, run_method
+    from sequoia.runtime.timing import HF_METHODS, run_method
 
     assert "hf-prompt-lookup" in HF_METHODS
     pair = tiny_pairs["noisy"]

@@ -23,6 +23,7 @@ import pytest
 import app
 from components import live_tab, validation
 from components.context import DEFAULT_ACCEPTANCE_LABEL
+from sequoia.core import fields
 from sequoia.core import request as rq
 from sequoia.core.request import (
     SEED_MAX,
@@ -61,7 +62,7 @@ def test_each_refusal_names_its_field_and_starts_with_its_label(field, value, me
         parse_decode(**{**GOOD, field: value}, limits=LIMITS)
     assert info.value.fields == (field,)
     assert info.value.errors[field] == str(info.value) and str(info.value).startswith(message)
-    assert str(info.value).startswith(rq.LABELS[field])
+    assert str(info.value).startswith(fields.LABELS[field])
 
 
 def test_every_bad_field_is_reported_at_once_and_odd_numbers_are_refused_readably():
@@ -110,8 +111,23 @@ def test_the_registry_says_what_budget_and_depth_mean_per_method():
     assert make_method(MethodSpec("sequoia-dynamic", 8, 3)).max_depth == MAX_DEPTH   # as deep as pays
     assert make_method(MethodSpec("sequoia-dynamic", 8, 30)).max_depth == 30
     assert make_method(MethodSpec("ar", 8, 3)).tree.size == 0
-    assert live_tab.METHOD_LABELS == rq.PAGE_METHODS and "min(budget, depth)" in live_tab.budget_help()
+    assert live_tab.METHOD_OF_LABEL is rq.METHOD_OF_LABEL and "min(budget, depth)" in live_tab.budget_help()
 
+
+
+def test_a_dp_methods_solve_is_bounded_where_the_request_is_parsed():
+    """A Sequoia request's DP work (budget² x depth x vector entries) is refused by the parser, naming the budget;
+    the same numbers pass for a method that solves no DP, and the server's own default vector is not bounded."""
+    wide = ", ".join(["0.01"] * 64)
+    big = Limits(budget_cap=1024)
+    for method in ("sequoia", "sequoia-auto"):
+        with pytest.raises(RequestError, match="more DP work than this server allows") as info:
+            parse_decode(**{**GOOD, "method": method, "budget": 1024, "depth": 64, "acceptance": wide}, limits=big)
+        assert info.value.fields == ("budget",)
+    assert parse_decode(**{**GOOD, "method": "sequoia-dynamic", "budget": 1024, "depth": 64, "acceptance": wide},
+                        limits=big).method.budget == 1024
+    assert parse_decode(**{**GOOD, "budget": 1024, "depth": 64}, limits=big).acceptance is None
+    assert [m.name for m in rq.METHODS if m.solves_dp] == ["sequoia-auto", "sequoia"]
 
 def _imports(path: Path) -> set[str]:
     out = set()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from runner_checks import TREE, check_runner_conformance, tree_path  # noqa: E40
 from sequoia.runners.base import Runner, Session  # noqa: E402
 from sequoia.runners.embedded import TARGET, EmbeddedModelError, ensure_gguf, locate_parts  # noqa: E402
 from sequoia.runners.llamacpp import LlamaCppOptions, load_llamacpp_runner  # noqa: E402
+from sequoia.runners.llamacpp.backend import backend_ready, ensure_backend  # noqa: E402
 from sequoia.runners.llamacpp.quantize import requantize, requantized_path  # noqa: E402
 
 SMALL = LlamaCppOptions(n_threads=1, n_ctx=1024)  # tiny models gain nothing from threads on a shared machine
@@ -44,6 +46,14 @@ def test_runner_describes_itself(runner):
     assert (runner.info.runtime, runner.info.weights, runner.info.device, runner.info.threads) == \
         ("llamacpp", "F32", "cpu", 1)
     assert runner.name == "tiny-qwen2 (F32)" and runner.end_tokens == ()  # the fixture has no tokenizer
+
+
+def test_the_backend_is_set_up_once_by_the_first_runner(runner):
+    """Loading a runner set llama.cpp up; asking again, from several threads at once, is a no-op."""
+    assert backend_ready()
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(lambda _: ensure_backend(), range(8))) == [None] * 8
+    assert backend_ready()
 
 
 def test_conformance_on_the_tiny_gguf(runner, record_property):

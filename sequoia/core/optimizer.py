@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .cost import StepCost, baseline_ms, draft_widths, overhead_ms, step_cost
-from .dp import DPResult, check_acceptance, expected_tokens, optimal_tree
+from .dp import DPResult, expected_tokens, optimal_tree
 from .profile import HardwareProfile
 from .tree import MAX_TREE_SIZE, Tree
 
@@ -65,13 +65,12 @@ def choose_tree(acceptance, profile: HardwareProfile, max_budget: int | None = N
     tree the profile measured (``profile.max_tokens - 1``), ``max_depth`` to
     the DP's default.
     """
-    p = check_acceptance(acceptance)
     if max_budget is None:
         max_budget = min(profile.max_tokens - 1, MAX_TREE_SIZE)
     baseline = baseline_ms(profile)
     if max_budget < 1 or max_depth == 0:
         return _root_only(profile, np.full((max(max_budget, 0) + 1, (max_depth or 0) + 1), baseline))
-    dp = optimal_tree(p, max_budget, max_depth)
+    dp = optimal_tree(acceptance, max_budget, max_depth)   # the DP's entry checks the vector, once
     grid = predicted_grid(dp, profile)
     n, d = np.unravel_index(np.argmin(grid), grid.shape)  # first minimum: the smallest budget, then depth
     if grid[n, d] >= baseline:

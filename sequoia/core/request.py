@@ -3,7 +3,8 @@
 The method registry
     :data:`METHODS` is the one list of decoding methods: each :class:`MethodInfo`
     says what a reader calls it, which page label picks it, and what the
-    request's ``budget`` and ``depth`` mean for it (its ``shape``).  The page
+    request's ``budget`` and ``depth`` mean for it (its ``shape``) and what
+    they may ask beyond their ranges (:meth:`MethodInfo.check_bounds`).  The page
     and the command line build every proposer with
     :func:`sequoia.runtime.methods.make_method`, which reads the shape from
     here (:meth:`MethodSpec.engine_args`); nothing else decides it.
@@ -19,6 +20,10 @@ The request
     can put each message on its own input.  :func:`parse_dp` does the same for
     a DP explorer request.
 
+This is the one place user input is checked: the parsed request's values are
+trusted below it (the DP, the optimizer and the dynamic tree assert invariants
+cheaply, and refuse only what a caller inside the library could get wrong).
+
 Pure: numbers and text only (numpy through :mod:`.dp`); no model, tokenizer,
 torch or Gradio is needed to parse.  Tokenizing the prompt is the front end's
 step (:meth:`DecodeRequest.tokenized` checks the count against the limits).
@@ -27,8 +32,7 @@ step (:meth:`DecodeRequest.tokenized` checks the count against the limits).
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -42,6 +46,7 @@ from .config import (
     check_dp_work,
 )
 from .dp import check_acceptance
+from .fields import Errors, RequestError, real, whole
 from .tree import MAX_TREE_SIZE
 
 #: Largest seed a request may carry (torch's generators take 64-bit seeds; numpy's any size).
@@ -74,9 +79,16 @@ class MethodInfo:
     budget: str = ""          # what budget means, in words (page help)
     depth: str = ""           # what depth means
     page: str = ""            # the Method dropdown's label ("": not offered on the page)
+    solves_dp: bool = False   # solves the tree DP over budget x depth: a request's DP work is capped
     priced: bool = False      # prices its tree with the hardware profile
     calibrated: bool = False  # uses the draft's calibration (the dynamic tree)
     copies: bool = False      # copies n-grams from the context
+
+    def check_bounds(self, budget: int, depth: int, acceptance: tuple[float, ...] | None) -> None:
+        """What this method asks of the server beyond the per-field bounds: a DP method's solve work (the
+        vector's length counts; None, the server's own default vector, is not the request's to bound)."""
+        if self.solves_dp and acceptance is not None:
+            check_dp_work(budget, depth, len(acceptance))
 
     def engine_args(self, budget: int, depth: int, dynamic_depth: int) -> dict[str, int]:
         """make_method's keywords for a request's budget and depth (``dynamic_depth``: the dynamic policy's limit)."""
@@ -96,8 +108,9 @@ class MethodInfo:
 #: Every decoding method, in the page's order.
 METHODS = (
     MethodInfo("sequoia-auto", "Sequoia (auto)", "tree", "the largest tree the optimizer may pick",
-               "the deepest it may pick", page="Sequoia (auto)", priced=True),
-    MethodInfo("sequoia", "Sequoia", "tree", "tree size", "depth limit", page="Sequoia (budget & depth)"),
+               "the deepest it may pick", page="Sequoia (auto)", solves_dp=True, priced=True),
+    MethodInfo("sequoia", "Sequoia", "tree", "tree size", "depth limit", page="Sequoia (budget & depth)",
+               solves_dp=True),
     MethodInfo("sequoia-dynamic", "Sequoia (dynamic)", "dynamic", "at most budget tokens",
                "as deep as pays (up to the policy's limit, or depth if larger)", page="Sequoia (dynamic)",
                priced=True, calibrated=True),
@@ -121,11 +134,12 @@ ENGINE_METHODS = ("ar", "chain", "specinfer", "kary", "sequoia", "sequoia-auto",
 #: The methods a hardware profile prices.
 PRICED_METHODS = tuple(m for m in ENGINE_METHODS if BY_NAME[m].priced)
 #: Page label -> engine name (the Method dropdown, in order).
-PAGE_METHODS = {m.page: m.name for m in METHODS if m.page}
+METHOD_OF_LABEL = {m.page: m.name for m in METHODS if m.page}
 #: Older page labels still accepted from API clients and other tabs.
 ALIASES = {"Target only": "ar"}
-#: What a reader sees for each method here and each Hugging Face baseline: the bench's legends, the page's charts.
-METHOD_LABELS = {
+#: Engine name -> what a reader sees, for each method here and each Hugging Face baseline: the bench's legends,
+#: the page's charts.
+LABEL_OF = {
     "hf-generate": "Target alone (HF generate)",
     "ar": BY_NAME["ar"].label,
     "hf-assisted": "HF assisted",
@@ -137,10 +151,10 @@ METHOD_LABELS = {
 def resolve_method(value: Any) -> str:
     """The engine name of a page label, an alias or an engine name offered on the page; ValueError otherwise."""
     if isinstance(value, str):
-        name = PAGE_METHODS.get(value, ALIASES.get(value, value))
-        if name in PAGE_METHODS.values():
+        name = METHOD_OF_LABEL.get(value, ALIASES.get(value, value))
+        if name in METHOD_OF_LABEL.values():
             return name
-    raise ValueError(f"method: unknown method {value!r}; choose one of {', '.join(PAGE_METHODS)}")
+    raise ValueError(f"method: unknown method {value!r}; choose one of {', '.join(METHOD_OF_LABEL)}")
 
 
 @dataclass(frozen=True)
@@ -174,80 +188,6 @@ class Limits:
             raise ValueError(f"budget_cap must be in 1..{MAX_TREE_SIZE}, got {self.budget_cap}")
         if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS or not 1 <= self.max_prompt_tokens <= MAX_PROMPT_TOKENS:
             raise ValueError("token limits out of range")
-
-
-#: Field -> the label its messages start with (the page's words).
-LABELS = {"prompt": "prompt", "method": "method", "budget": "budget", "depth": "depth", "temperature": "temperature",
-          "top_p": "top-p", "max_new_tokens": "max new tokens", "seed": "seed", "chat": "chat",
-          "acceptance": "acceptance vector"}
-
-
-class RequestError(ValueError):
-    """One or more fields of a request are wrong; ``errors`` maps each field to its message (label first)."""
-
-    def __init__(self, errors: Mapping[str, str]) -> None:
-        self.errors = dict(errors)
-        super().__init__("; ".join(self.errors.values()))
-
-    @property
-    def fields(self) -> tuple[str, ...]:
-        return tuple(self.errors)
-
-
-def _labelled(field_name: str, message: str) -> str:
-    label = LABELS.get(field_name, field_name)
-    return message if message.lower().startswith(label) else f"{label}: {message}"
-
-
-class _Errors:
-    """Collects the first message per field; :meth:`raise_any` raises them all as one RequestError."""
-
-    def __init__(self) -> None:
-        self.found: dict[str, str] = {}
-
-    def check(self, field_name: str, parse, *args):
-        try:
-            return parse(*args)
-        except (ValueError, TypeError) as exc:
-            self.found.setdefault(field_name, _labelled(field_name, str(exc)))
-            return None
-
-    def raise_any(self) -> None:
-        if self.found:
-            raise RequestError(self.found)
-
-
-def whole(label: str, value: Any, lo: int, hi: int | None = None) -> int:
-    """A whole number in lo..hi from an int, an integral float or text; ValueError naming ``label`` otherwise."""
-    v = value
-    if isinstance(v, str):
-        text = v.strip()
-        try:
-            v = int(text)
-        except ValueError:
-            try:
-                v = float(text)
-            except ValueError:
-                v = None
-    if isinstance(v, float) and math.isfinite(v) and v == int(v):
-        v = int(v)
-    if not isinstance(v, int) or isinstance(v, bool):
-        raise ValueError(f"{label} must be a whole number, got {value!r}")
-    if v < lo or (hi is not None and v > hi):
-        raise ValueError(f"{label} must be a whole number in {lo}..{hi}, got {v}" if hi is not None
-                         else f"{label} must be a whole number >= {lo}, got {v}")
-    return v
-
-
-def real(label: str, value: Any) -> float:
-    """A finite number from an int, a float or text; ValueError naming ``label`` otherwise."""
-    try:
-        v = float(value.strip() if isinstance(value, str) else value)
-    except (TypeError, ValueError):
-        v = math.nan
-    if isinstance(value, bool) or not math.isfinite(v):
-        raise ValueError(f"{label} must be a finite number, got {value!r}")
-    return v
 
 
 def parse_vector(value: Any) -> tuple[float, ...]:
@@ -364,7 +304,7 @@ def parse_decode(prompt: Any, method: Any, budget: Any, depth: Any, temperature:
     text (the default vector), a list of numbers or text such as ``"0.8, 0.1"``.  Raises
     :class:`RequestError` naming every bad field.
     """
-    e = _Errors()
+    e = Errors()
     text = e.check("prompt", _prompt, prompt, limits)
     name = e.check("method", resolve_method, method)
     b = e.check("budget", _budget, budget, limits)
@@ -375,6 +315,8 @@ def parse_decode(prompt: Any, method: Any, budget: Any, depth: Any, temperature:
     s = e.check("seed", whole, "seed", seed, 0, SEED_MAX)
     c = e.check("chat", _chat, chat)
     vec = e.check("acceptance", _acceptance, acceptance)
+    e.raise_any()
+    e.check("budget", BY_NAME[name].check_bounds, b, d, vec)
     e.raise_any()
     return DecodeRequest(prompt=text, method=MethodSpec(name, b, d), sampling=SamplingConfig(temperature=t, top_p=p),
                          max_new_tokens=n, seed=s, chat=c, acceptance=vec)
@@ -392,7 +334,7 @@ class DPRequest:
 
 def parse_dp(acceptance: Any, budget: Any, depth: Any) -> DPRequest:
     """The one parser of a DP request; :class:`RequestError` naming every bad field."""
-    e = _Errors()
+    e = Errors()
     vec = e.check("acceptance", parse_vector, acceptance)
     b = e.check("budget", whole, "budget", budget, 1, MAX_TREE_SIZE)
     d = e.check("depth", whole, "depth", depth, 1, MAX_DEPTH)

@@ -18,7 +18,8 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from ..core.config import GenerationConfig
-from ..runners.hf.kernels import single_rows_routed
+from ..runners.hf.lean import plain_head_rows
+from ..runners.hf.onednn import single_rows_routed
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,8 @@ def hf_generate(pair, prompt_ids: list[int], config: GenerationConfig, assisted:
     ids = torch.tensor([prompt_ids], device=pair.device)
     torch.manual_seed(config.seed)
     with count_forwards(target) as calls, torch.inference_mode(), \
-            single_rows_routed(target, pair.target.single_row_kernel):
+            single_rows_routed(target, pair.target.single_row_kernel), \
+            plain_head_rows(target, *([kwargs["assistant_model"]] if assisted else [])):
         start = clock()
         first = _FirstTokens(clock, start)
         out = target.generate(ids, attention_mask=torch.ones_like(ids), streamer=first, **kwargs)

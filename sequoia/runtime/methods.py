@@ -29,7 +29,7 @@ from ..core.cost import conservative_profile
 from ..core.dp import optimal_tree
 from ..core.ngram import NgramAcceptance, ngram_prior
 from ..core.optimizer import choose_tree
-from ..core.request import ENGINE_METHODS, METHOD_LABELS, PRICED_METHODS, MethodSpec
+from ..core.request import ENGINE_METHODS, LABEL_OF, PRICED_METHODS, MethodSpec
 from ..core.tree import Tree
 from .drafter import StaticTreeProposer
 from .dynamic import MAX_DEPTH, DynamicTreeProposer
@@ -40,7 +40,7 @@ STATIC_DEPTH = 16
 
 # The registry (names, labels, what budget and depth mean per method) is pure data in sequoia.core.request,
 # so the page can read it without importing models; re-exported here for the CLI and the bench.
-__all__ = ["ENGINE_METHODS", "METHOD_LABELS", "PRICED_METHODS", "STATIC_DEPTH", "DEFAULT_ACCEPTANCE", "make_method"]
+__all__ = ["ENGINE_METHODS", "LABEL_OF", "PRICED_METHODS", "STATIC_DEPTH", "DEFAULT_ACCEPTANCE", "make_method"]
 
 #: Measured on the embedded pair (int8 draft, greedy, teacher-forced); used when
 #: no acceptance vector is given.  See assets/acceptance/ for measured files.

@@ -5,10 +5,10 @@ once before the next prompt starts (their order rotates from prompt to
 prompt), so slow drift of a shared machine (thermal state, other processes)
 lands on all methods alike instead of on whichever ran last.
 
-Each run goes through :func:`sequoia.runtime.runner.run_method`, whose rule
+Each run goes through :func:`sequoia.runtime.timing.run_method`, whose rule
 the app and the scripts share: the whole call is timed (prefill included, for
 the engine as for Hugging Face) on the engine's clock, after one untimed
-warm-up run of every method (:func:`sequoia.runtime.runner.warmup`).  A run
+warm-up run of every method (:func:`sequoia.runtime.timing.warmup`).  A run
 records the generated tokens, the target forwards (prefill included), the
 mean tree size each step drafted, and for engine methods the draft / verify /
 other split summed from their step records.  At temperature 0 each output is
@@ -37,7 +37,7 @@ from ..runtime.dynamic import DynamicTreeProposer
 from ..runtime.engine import SpeculativeEngine
 from ..runtime.methods import make_method
 from ..runtime.profiling import describe_device
-from ..runtime.runner import RunResult, run_method, warmup
+from ..runtime.timing import RunResult, run_method, warmup
 
 #: Methods in the order the report lists them: the target alone, Hugging Face's two kinds of drafting (the
 #: draft model, copies from the prompt), the engine's trees, then the n-gram ones (copies only; copies + draft).
@@ -154,7 +154,7 @@ def run_bench(
     ``dynamic`` maps (prompt set, temperature) to the ``sequoia-dynamic`` proposer to run there
     (see :func:`sequoia.tools.bench_trees.dynamic_proposers`); ``ngram`` and ``sequoia-ngram`` are built
     from its settings (:func:`make_proposers`).  ``clock`` times every run and the
-    engine's step split (e.g. :func:`sequoia.runtime.runner.process_clock`); the bench's own duration is wall time.
+    engine's step split (e.g. :func:`sequoia.runtime.timing.process_clock`); the bench's own duration is wall time.
     """
     proposers = make_proposers(config, prompt_sets, sequoia_trees, dynamic, copies)
     engine = SpeculativeEngine(pair, clock=clock)

@@ -22,7 +22,7 @@ from ..runtime.exactness import load_exact_pair
 from ..runtime.finder import ProfileChoice, find_ngram_acceptance, list_acceptance
 from ..runtime.methods import STATIC_DEPTH
 from ..runtime.models import BACKENDS
-from ..runtime.runner import process_clock
+from ..runtime.timing import process_clock
 from .bench import BENCH_METHODS, WORKLOAD_METHODS, BenchConfig, load_prompt_sets
 from .bench import run_bench as bench
 from .bench_figures import speed_figure, speedup_figure, time_split_figure, write_figures

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..runtime.methods import METHOD_LABELS
+from ..core.request import LABEL_OF
 from .bench_report import MethodSummary
 
 _COLORS = {"hf-generate": "#9e9e9e", "ar": "#616161", "hf-assisted": "#ff9800", "hf-prompt-lookup": "#1f3b8c",
@@ -35,7 +35,7 @@ def _bars(summaries: Sequence[MethodSummary], value, title: str, y_title: str, m
     methods = methods or list(dict.fromkeys(s.method for s in summaries))
     for m in methods:
         rows = [s for s in summaries if s.method == m]
-        fig.add_bar(name=METHOD_LABELS.get(m, m), x=[f"{s.prompt_set}, T={s.temperature:g}" for s in rows], y=[value(s) for s in rows],
+        fig.add_bar(name=LABEL_OF.get(m, m), x=[f"{s.prompt_set}, T={s.temperature:g}" for s in rows], y=[value(s) for s in rows],
                     marker_color=_COLORS.get(m), text=[f"{value(s):.2f}" for s in rows], textposition="outside")
     fig.update_layout(title=title, barmode="group", yaxis_title=y_title, template="plotly_white",
                       legend_title="method", xaxis=dict(categoryorder="array", categoryarray=_groups(summaries)))

@@ -1,6 +1,6 @@
 """Summaries of a bench run (medians per prompt set) and their JSON / Markdown forms.
 
-Every number here is computed from :class:`sequoia.runtime.runner.RunResult` alone.
+Every number here is computed from :class:`sequoia.runtime.timing.RunResult` alone.
 ``speedup`` is the median over prompts of each prompt's tokens/s ratio to
 ``hf-generate`` on the same prompt and temperature (the target alone),
 ``vs_assisted`` the same ratio to ``hf-assisted``, and ``vs_best_hf`` the ratio
@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .._meta import read_json
-from ..runtime.methods import METHOD_LABELS
-from ..runtime.runner import RunResult
+from ..core.request import LABEL_OF
+from ..runtime.timing import RunResult
 from .bench import BENCH_METHODS, BenchResult
 
 FORMAT = "sequoia-bench/1"
@@ -247,7 +247,7 @@ def markdown_report(result: BenchResult) -> str:
         head += ["Combined method (`sequoia-ngram`: copied branches + the dynamic tree), medians of per-prompt "
                  "ratios:", "", *combined, ""]
     methods = list(dict.fromkeys(r.method for r in result.runs))
-    head += ["Methods: " + "; ".join(f"`{m}` {METHOD_LABELS.get(m, m)}" for m in methods) + ".", ""]
+    head += ["Methods: " + "; ".join(f"`{m}` {LABEL_OF.get(m, m)}" for m in methods) + ".", ""]
     loads = [r.load1 for r in result.runs if r.load1 is not None]
     if loads:
         head += [load_line(loads, os.cpu_count() or 1), ""]

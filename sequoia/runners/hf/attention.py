@@ -28,6 +28,8 @@ whom the output is compared with.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -81,14 +83,29 @@ def causal_mask(cached: int, rows: int, device=None) -> torch.Tensor:
     return (pos[None, :] <= pos[cached:, None])[None, None]
 
 
+# transformers looks attention functions up by name in one process-wide table (``AttentionInterface``), and a
+# model picks its entry through its own ``config._attn_implementation``.  So the choice is per model instance
+# (:func:`use_few_query_attention`); the table entry is only a name for the function, registered once under a
+# name of this library's own, which no model reads unless switched to it.
+_REGISTER_LOCK = threading.Lock()
+
+
 def _register() -> None:
-    if FEW_QUERY not in AttentionInterface._global_mapping:
-        AttentionInterface.register(FEW_QUERY, few_query_attention)
-        AttentionMaskInterface.register(FEW_QUERY, sdpa_mask)
+    """Name :func:`few_query_attention` (and its mask builder) in transformers' tables; idempotent, thread-safe."""
+    with _REGISTER_LOCK:
+        held = AttentionInterface._global_mapping.get(FEW_QUERY)
+        if held is None:
+            AttentionInterface.register(FEW_QUERY, few_query_attention)
+            AttentionMaskInterface.register(FEW_QUERY, sdpa_mask)
+        elif held is not few_query_attention:
+            raise RuntimeError(f"transformers' attention name {FEW_QUERY!r} is taken by {held!r}")
 
 
 def use_few_query_attention(model: torch.nn.Module) -> bool:
-    """Switch a CPU model that runs SDPA attention to :func:`few_query_attention`; True if switched."""
+    """Switch a CPU model that runs SDPA attention to :func:`few_query_attention`; True if switched.
+
+    Only this model changes (its config names the function); other models in the process keep theirs.
+    """
     params = next(model.parameters(), None)
     config = getattr(model, "config", None)
     if params is None or params.device.type != "cpu" or getattr(config, "_attn_implementation", None) != "sdpa":

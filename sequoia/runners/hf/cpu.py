@@ -60,7 +60,7 @@ def onednn_bf16() -> bool:
 
 
 #: What the fingerprint calls one-row bf16 forwards that skip oneDNN
-#: (see :func:`sequoia.runners.hf.kernels.route_single_rows`).
+#: (see :func:`sequoia.runners.hf.onednn.single_row_scope`).
 SINGLE_ROW_ATEN = "aten"
 
 

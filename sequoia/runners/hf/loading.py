@@ -119,31 +119,7 @@ def load_model(name_or_path: str | Path, device: str | torch.device | None = Non
     if dev.type == "cpu":  # on CUDA device_map already placed it; moving a dispatched model can raise
         model = model.to(dev)
     model.eval().requires_grad_(False)
-    plain_head_rows(model)
     return model
-
-
-def plain_head_rows(model) -> None:
-    """Give the output head its input rows with plain strides; a no-op for heads that are not ``nn.Linear``.
-
-    Why: ``logits_to_keep=1`` (a prefill that wants one row of logits) hands the
-    head ``hidden[:, -1:, :]``, a [1, 1, H] view whose batch stride is still
-    L * H.  torch (2.13, CPU) multiplies such a 3-D input through a batched
-    matmul that first copies the whole transposed weight: on the embedded target
-    (1536 x 151936 bf16) 1.3 s instead of 26 ms, on every prompt, whatever its
-    length (measured on a 2-vCPU AVX-512-BF16 EPYC; the same rows as a 2-D view
-    take the fast path).  ``Tensor.contiguous`` and ``clone`` keep the odd stride,
-    a 2-D view does not.  Hugging Face ``generate`` prefills the same way, so
-    every method run on the loaded model, baselines included, gets the fix.
-    """
-    head = model.get_output_embeddings()
-    if isinstance(head, torch.nn.Linear):
-        head.register_forward_pre_hook(_plain_rows)
-
-
-def _plain_rows(module, args):
-    x = args[0]
-    return (x.reshape(-1, x.shape[-1]).view(x.shape),) + tuple(args[1:])   # [..., H], standard strides
 
 
 def load_tokenizer(name_or_path: str | Path) -> PreTrainedTokenizerBase:

@@ -13,7 +13,7 @@ that runs a ``plain`` runner on CPU exercises exactly what a GPU Space runs.
 CPU choices are this runner's own state, made once at load time
 (:func:`sequoia.runners.hf.loading.load_runner`): ``forward_fn`` (the lean
 forward for a draft, :mod:`sequoia.runners.hf.lean`) and ``single_row_kernel``
-(one-row forwards without oneDNN where that is faster, :mod:`sequoia.runners.hf.kernels`).
+(one-row forwards without oneDNN where that is faster, :mod:`sequoia.runners.hf.onednn`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 
 from ...core.masks import tree_attention_mask
 from ..base import RunnerInfo, check_forward_args, check_keep_args
-from .kernels import single_row_scope
+from .onednn import single_row_scope
 from .kv_cache import KVCache
 from .lean import model_forward
 

@@ -4,6 +4,7 @@
 * :mod:`.runner` -- :class:`LlamaCppRunner` / :class:`LlamaCppSession` over llama.cpp's C API
 * :mod:`.load`   -- loading a GGUF path or the embedded pair, with readable errors
 * :mod:`.quantize` -- a GGUF requantized by llama.cpp's own quantizer (e.g. a Q4_0 draft), kept beside it
+* :mod:`.backend` -- llama.cpp's process-wide backend and log filter, set up once on first use
 
 The runner needs ``llama-cpp-python`` (``pip install llama-cpp-python==0.3.36``).
 Its names are resolved on first use (PEP 562), so ``.plan`` and its tests work

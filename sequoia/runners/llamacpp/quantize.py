@@ -17,6 +17,8 @@ from pathlib import Path
 
 import llama_cpp
 
+from .backend import ensure_backend
+
 #: GGUF weight types this module writes -> llama.cpp's ``llama_ftype`` (LLAMA_FTYPE_MOSTLY_*).
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
 
@@ -49,6 +51,7 @@ def requantize(source: str | Path, kind: str, threads: int | None = None) -> Pat
         return source
     if dest.is_file() and dest.stat().st_mtime_ns >= source.stat().st_mtime_ns:
         return dest
+    ensure_backend()
     tmp = dest.with_name(f"{dest.name}.tmp-{os.getpid()}")
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = TYPES[kind]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-import sys
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,24 +31,8 @@ except ImportError as exc:
 from gguf import LlamaFileType
 
 from ..base import RunnerInfo, check_forward_args, check_keep_args
+from .backend import ensure_backend
 from .plan import MAX_SEQ, ForwardPlan, MemoryOp, SlotTable
-
-_LOG_ERROR, _LOG_CONT = 4, 5  # enum ggml_log_level in ggml.h (DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5)
-
-
-@llama_cpp.llama_log_callback
-def _log_errors_only(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    # llama.cpp prints hundreds of INFO lines per load; keep errors (and their continuation lines).
-    global _last_level
-    if level != _LOG_CONT:
-        _last_level = level
-    if _last_level == _LOG_ERROR:
-        sys.stderr.write(text.decode("utf-8", "replace"))
-
-
-_last_level = 0
-llama_cpp.llama_log_set(_log_errors_only, ctypes.c_void_p(0))
-llama_cpp.llama_backend_init()
 
 
 @dataclass(frozen=True)
@@ -90,6 +73,7 @@ class LlamaCppOptions:
 
 @functools.cache
 def _built_with_avx512() -> bool:
+    ensure_backend()   # the report lists the backends' CPU features: set them up first, as a load would
     info = llama_cpp.llama_print_system_info().decode(errors="replace")
     return "AVX512 = 1" in info
 
@@ -103,6 +87,7 @@ class LlamaCppRunner:
                  name: str | None = None) -> None:
         self.path, self.options = Path(path), options
         self._model = self._ctx = None
+        ensure_backend()
         mparams = llama_cpp.llama_model_default_params()
         mparams.use_extra_bufts = options.repacks
         self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)

@@ -34,7 +34,7 @@ from .baselines import hf_generate
 from .drafter import Proposer
 from .engine import SpeculativeEngine, sync
 
-#: Hugging Face ``generate`` baselines the runner times like an engine method.
+#: Hugging Face ``generate`` baselines timed here like an engine method.
 HF_METHODS = ("hf-generate", "hf-assisted", "hf-prompt-lookup")
 
 
