@@ -14,6 +14,7 @@ from sequoia.core.masks import verify_mask
 from sequoia.core.trace import ACCEPTED, UNREACHED
 from sequoia.core.tree import Tree
 from sequoia.runtime.engine import SpeculativeEngine
+from sequoia.runtime.joint_check import joint_pvalue
 from sequoia.runtime.methods import make_method
 
 PROMPT = [1, 5, 9, 3, 7]
@@ -159,20 +160,6 @@ def _exact_after_first(model, prompt, sampling, firsts: torch.Tensor) -> torch.T
                for x1, share in enumerate(shares.tolist()) if share > 0)
 
 
-def _joint_pvalue(counts, exact) -> float:
-    # Pool cells expected below 5 so the chi-square approximation holds.
-    n = counts.sum()
-    flat_c, flat_e = counts.flatten(), exact.flatten() * n
-    assert flat_c[flat_e == 0].sum() == 0, "emitted a pair the target never would"
-    big = flat_e >= 5
-    small = (~big) & (flat_e > 0)
-    obs = torch.cat([flat_c[big], flat_c[small].sum()[None]])
-    exp = torch.cat([flat_e[big], flat_e[small].sum()[None]])
-    if exp[-1] == 0:
-        obs, exp = obs[:-1], exp[:-1]
-    return float(stats.chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
-
-
 @pytest.fixture(scope="module")
 def small_vocab_pair():
     # init 0.2 gives spread-out p and q that overlap partly (TV ~0.46): rejections are
@@ -187,7 +174,7 @@ def small_vocab_pair():
 ])
 def test_sampled_output_matches_target_distribution(small_vocab_pair, name, kwargs, sampling):
     counts, exact = _empirical_joint(small_vocab_pair, make_method(name, **kwargs), sampling, n=1000)
-    assert _joint_pvalue(counts, exact) > 1e-6
+    assert joint_pvalue(counts, exact) > 1e-6
 
 
 def test_distribution_test_catches_a_wrong_rule(small_vocab_pair, monkeypatch):
@@ -196,7 +183,7 @@ def test_distribution_test_catches_a_wrong_rule(small_vocab_pair, monkeypatch):
     monkeypatch.setattr(sampling_mod, "_residual", lambda p, q, x: p)
     sampling = SamplingConfig(temperature=1.0)
     counts, exact = _empirical_joint(small_vocab_pair, make_method("chain", budget=2), sampling, n=1000)
-    assert _joint_pvalue(counts, exact) < 1e-6
+    assert joint_pvalue(counts, exact) < 1e-6
 
 
 # --------------------------------------------------------------- bad input
