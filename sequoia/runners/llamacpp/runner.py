@@ -47,7 +47,8 @@ class LlamaCppOptions:
     # Re-lay quantized weights for the CPU's SIMD gemm at load (llama.cpp's "extra buffer types"; its own default).
     # None: on where llama.cpp was built with AVX-512 (2-core Zen 4: the target's one-token step 45 -> 32 ms, wider
     # batches alike), off elsewhere (2-core AVX2 EPYC: no faster for 1..64-token batches, +0.5 GB RSS for the
-    # embedded pair, load 2.5 s -> 7.7 s).
+    # embedded pair, load 2.5 s -> 7.7 s) and where llama.cpp was built with AMX (an Intel Xeon with AMX-INT8:
+    # llama_decode segfaulted on Q4_0 / Q8_0 / Q4_K_M weights with repacking on, tiny and embedded models alike).
     repack: bool | None = None
 
     def __post_init__(self) -> None:
@@ -67,15 +68,16 @@ class LlamaCppOptions:
 
     @property
     def repacks(self) -> bool:
-        """Whether weights are re-laid at load: ``repack``, or by default where llama.cpp runs AVX-512 kernels."""
-        return self.repack if self.repack is not None else _built_with_avx512()
+        """Whether weights are re-laid at load: ``repack``, or by default where llama.cpp runs AVX-512 kernels
+        without AMX."""
+        return self.repack if self.repack is not None else _repacking_pays()
 
 
 @functools.cache
-def _built_with_avx512() -> bool:
+def _repacking_pays() -> bool:
     ensure_backend()   # the report lists the backends' CPU features: set them up first, as a load would
     info = llama_cpp.llama_print_system_info().decode(errors="replace")
-    return "AVX512 = 1" in info
+    return "AVX512 = 1" in info and "AMX_INT8 = 1" not in info
 
 
 class LlamaCppRunner:
