@@ -42,6 +42,7 @@ from ..core.checks import bonus_check, greedy_checks, sampled_checks, with_texts
 from ..core.trace import ACCEPTED, REJECTED, UNREACHED, NodeCheck, StepRecord
 from ..core.tree import Tree
 from ..runners.base import Session
+from .device_walk import can_walk_on_device, walk_on_device
 from .drafter import Draft, Drafter, Proposer
 from ..runners.base import shared_vocab
 
@@ -59,10 +60,13 @@ class Walk:
 class SpeculativeEngine:
     """Runs any :class:`~sequoia.runtime.drafter.Proposer` against a draft/target pair."""
 
-    def __init__(self, pair, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, pair, clock: Callable[[], float] = time.perf_counter, device_walk: bool | None = None) -> None:
         self.pair = pair
         self.clock = clock                # seconds; read after draining the GPU queue (see _now)
         self.device = torch.device(pair.device)
+        # The sampled walk verifies every node at once on the device and reads back once (device_walk.py):
+        # on a GPU that saves a host wait per tested child; on a CPU the host walk does less work.
+        self.device_walk = self.device.type == "cuda" if device_walk is None else device_walk
         self.vocab_size = shared_vocab(pair)
 
     def generate(
@@ -116,7 +120,10 @@ class SpeculativeEngine:
         t1 = self._now()
         logits = self._verify_forward(state, draft.tree, draft.tokens)
         t2 = self._now()
-        walk = walk_tree(draft, logits, config.sampling, proposer.mode, gen, inspect)
+        if self.device_walk and can_walk_on_device(draft, config.sampling, inspect):
+            walk = Walk(*walk_on_device(draft, logits, config.sampling, proposer.mode, gen))
+        else:
+            walk = walk_tree(draft, logits, config.sampling, proposer.mode, gen, inspect)
         prefix = len(state.target) - draft.tree.n_nodes
         state.target.keep(prefix, [prefix + v for v in walk.path])
         if draft.tree.size:

@@ -24,11 +24,11 @@ from .engine import SpeculativeEngine
 
 
 def empirical_joint(pair, proposer, sampling: SamplingConfig, prompt: list[int], n: int,
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+                    device_walk: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Counts of (x2, x3) over ``n`` seeds and the share of each first token.  # [V, V], [V]"""
     vocab = pair.target.vocab_size
     counts, firsts = torch.zeros(vocab, vocab), torch.zeros(vocab)
-    engine = SpeculativeEngine(pair)
+    engine = SpeculativeEngine(pair, device_walk=device_walk)
     for seed in range(n):
         cfg = GenerationConfig(max_new_tokens=3, sampling=sampling, seed=seed, stop_at_eos=False)
         toks = [t for r in engine.generate(prompt, proposer, cfg, with_texts=False) for t in r.new_tokens]

@@ -1,0 +1,106 @@
+"""The sampled walk (T > 0) on the device, read back once: every node's children verified at once.
+
+The host walk (:func:`sequoia.runtime.engine.walk_tree`) verifies the children of
+the nodes on the accepted path one uniform at a time, and each test reads a
+probability back from the GPU.  Here every node that has children is verified in
+one batch with :mod:`sequoia.core.sampling`'s own rule (``acceptance_probability``
+and ``reject`` over rows), with one uniform per child drawn up front; the path
+then follows the accepted children on the device, the bonus token is drawn from
+the residual (or p at a leaf), and the path, the bonus and each node's verdict
+come back in one readback.
+
+Why the output is still distributed exactly as the target's: a node's verdict
+depends only on its own p, q, children and uniforms, all independent of the other
+nodes', so the verdicts the walk reads along its path are distributed as the host
+walk's sequential tests; the verdicts of nodes off the path are computed and never
+read.  Only the use of random numbers differs, so a seed gives other (equally
+distributed) text than the host walk.  Children copied from the context (fixed
+proposals) and inspection keep the host walk.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..core.config import SamplingConfig
+from ..core.sampling import acceptance_probability, reject, warp
+from ..core.trace import NGRAM
+
+
+def can_walk_on_device(draft, sampling: SamplingConfig, inspect: bool) -> bool:
+    """True where this walk applies: T > 0, no inspection, only the draft's own children, q at every parent."""
+    if sampling.greedy or inspect or draft.tree.size == 0:
+        return False
+    if draft.sources is not None and NGRAM in draft.sources:
+        return False
+    return all(v in draft.q and draft.q[v] is not None for v in range(draft.tree.n_nodes)
+               if draft.tree.children[v])
+
+
+def walk_on_device(draft, logits: torch.Tensor, sampling: SamplingConfig, mode: str, gen):
+    """(path, bonus, verified) of one step, as the host walk returns them.  logits: [n_nodes, V] target."""
+    tree, dev = draft.tree, logits.device
+    internal = [v for v in range(tree.n_nodes) if tree.children[v]]
+    k = max(len(tree.children[v]) for v in internal)
+    row_of = [-1] * tree.n_nodes
+    for r, v in enumerate(internal):
+        row_of[v] = r
+    kids = [list(tree.children[v]) + [0] * (k - len(tree.children[v])) for v in internal]
+    valid = [[1] * len(tree.children[v]) + [0] * (k - len(tree.children[v])) for v in internal]
+    host = torch.tensor([sum(kids, []), sum(valid, [])], dtype=torch.long)
+    up = _up(host, dev)
+    kids_d, valid_d = up[0].view(len(internal), k), up[1].view(len(internal), k).bool()   # [R, k]
+    rows_d, tokens_d = _up(torch.tensor(row_of), dev), _up(torch.tensor(draft.tokens), dev)
+    p = warp(logits, sampling)                                                  # [n, V]
+    q = torch.stack([draft.q[v] for v in internal]).float()                    # [R, V]
+    u = torch.rand((len(internal), k), generator=gen, device=dev)              # one uniform per child slot
+    first, residual = _verify(p[_up(torch.tensor(internal), dev)], q, tokens_d[kids_d], valid_d, u, mode)
+    node, path = torch.zeros((), dtype=torch.long, device=dev), []
+    for _ in range(tree.depth):   # follow accepted children; a node with none (or a leaf) stays put
+        r = rows_d[node]
+        f = first[r.clamp(min=0)]
+        node = torch.where((r >= 0) & (f >= 0), kids_d[r.clamp(min=0), f.clamp(min=0)], node)
+        path.append(node)
+    end = rows_d[node]
+    dist = torch.where(end >= 0, residual[end.clamp(min=0)], p[node])
+    bonus = torch.multinomial(dist, 1, generator=gen)[0]
+    back = torch.cat([torch.stack(path + [bonus]), first]).tolist()            # the one readback
+    steps, bonus_tok, verdicts = back[: tree.depth], back[tree.depth], back[tree.depth + 1:]
+    walked = [0] + [v for i, v in enumerate(steps) if v != ([0] + steps)[i]]
+    verified = set()
+    for v in walked:
+        if tree.children[v]:
+            f = verdicts[row_of[v]]
+            verified.update(tree.children[v] if f < 0 else tree.children[v][: f + 1])
+    return walked, int(bonus_tok), verified
+
+
+def _verify(p: torch.Tensor, q: torch.Tensor, drawn: torch.Tensor, valid: torch.Tensor, u: torch.Tensor,
+            mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Index of each row's first accepted child (-1: none) and the row's distribution after its rejections.
+
+    p, q: [R, V]; drawn, valid, u: [R, k].  The rule of ``verify_children`` over rows, without host reads:
+    padded and zero-probability slots are skipped, as fillers are there.
+    """
+    first = torch.full((p.shape[0],), -1, dtype=torch.long, device=p.device)
+    live = torch.ones(p.shape[0], dtype=torch.bool, device=p.device)
+    r, qc = p, (None if mode == "topk" else q)
+    for i in range(drawn.shape[1]):
+        x = drawn[:, i:i + 1]                                                  # [R, 1]
+        qx = torch.ones_like(u[:, i]) if qc is None else qc.gather(-1, x)[:, 0]
+        tested = live & valid[:, i] & (qx > 0)
+        accept = tested & (u[:, i] < acceptance_probability(r.gather(-1, x)[:, 0], qx.clamp(min=1e-30)))
+        first = torch.where(accept, i, first)
+        live = live & ~accept
+        r_next, q_next = reject(r, qc, x, mode)
+        moved = (tested & ~accept)[:, None]
+        r = torch.where(moved, r_next, r)
+        qc = None if qc is None else torch.where(moved, q_next, qc)
+    return first, r
+
+
+def _up(t: torch.Tensor, device) -> torch.Tensor:
+    """A small host tensor on ``device`` without waiting for its queue."""
+    if torch.device(device).type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
