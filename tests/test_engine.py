@@ -160,6 +160,9 @@ def _exact_after_first(model, prompt, sampling, firsts: torch.Tensor) -> torch.T
                for x1, share in enumerate(shares.tolist()) if share > 0)
 
 
+_joint_pvalue = joint_pvalue   # the library's chi-square, under the name the n-gram and llama.cpp tests import
+
+
 @pytest.fixture(scope="module")
 def small_vocab_pair():
     # init 0.2 gives spread-out p and q that overlap partly (TV ~0.46): rejections are
