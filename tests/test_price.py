@@ -184,3 +184,31 @@ def test_tree_view_says_why_the_gate_backed_off():
     assert note in tree_view.figure(rec).layout.title.text
     full = replace(rec, dynamic=replace(info, gate="full", gate_note="full trees: 1.50x the target alone"))
     assert "price gate" not in tree_view.figure(full).layout.title.text
+
+
+def test_the_drafts_read_of_the_prompt_is_not_evidence():
+    # The first drafting step also feeds the draft model the prompt (1.2 s at 779 tokens on a Xeon): left out,
+    # the gate judges trees by the steps after it and keeps them.
+    gate = PriceGate(FLAT)
+    gate.observe(_prompt())
+    costs = iter([1500.0] + [120.0] * 10)
+    for _ in range(8):
+        d = gate.decide()
+        gate.observe(_plain(100.0) if d.level == PLAIN else _drafted(next(costs), 2))
+    assert gate.level == FULL and gate.means[FULL].ms == pytest.approx(120.0)
+
+
+# --------------------------------------------------------------- prices along the context
+def test_context_interpolation_is_exact_for_costs_affine_in_the_context():
+    # Attention reads every cached token once per new token, so a forward's cost is A(n) + B(n) * context; the
+    # profile's piecewise-linear prices between (and past) measured contexts then equal it at 740 tokens.
+    def cost(n, ctx):
+        return 100.0 + 3.0 * n + (0.02 + 0.004 * n) * ctx
+
+    base = HardwareProfile.hand_made(lambda n: cost(n, 128), lambda w: 20.0 + w)
+    prof = replace(base, context_len=128, contexts=tuple(
+        ContextCurves(c, tuple(cost(n, c) for n in base.target_n), base.draft_ms) for c in (512, 1024)))
+    for ctx in (740, 1536):
+        at = prof.at_context(ctx)
+        assert [at.target(n) for n in (1, 16, 33)] == pytest.approx([cost(n, ctx) for n in (1, 16, 33)])
+    assert prof.at_context(64).target(8) == pytest.approx(cost(8, 128))   # held below the shortest context
