@@ -212,11 +212,14 @@ class PriceGate:
     def _observe_plain(self, ms: float, prior_ms: float) -> None:
         s = self.settings
         self.plain.add(ms / prior_ms, 1.0, s.alpha)
-        if self.decision.probe and self.decision.level == PLAIN:
+        probe = self.decision.probe and self.decision.level == PLAIN
+        if probe:
             self.plain_every = min(2 * self.plain_every, s.max_plain_every)
         self.since_plain = 0
         if self.level == PLAIN:
             self.steps_at_level += 1
+        elif probe:
+            self._judge()             # the verdict waited for this measurement
 
     def _may_try_above(self) -> bool:
         """Time to try the level above: ``probe_after`` steps here, and a drafting level judged first."""
@@ -225,11 +228,14 @@ class PriceGate:
         return self.level == PLAIN or self.means[self.level].n >= self.settings.min_steps
 
     def _wants_plain(self) -> bool:
-        """Spend a plain step to measure the target alone: none measured lately, and drafting is in doubt."""
-        if self.plain.n and self.since_plain < self.plain_every:
+        """Spend a plain step to measure the target alone: none measured lately, and drafting is in doubt on
+        enough steps to judge (one slow step among fast ones made a needless plain step in 3 of 6 runs)."""
+        if not self._plain_stale() or self.means[self.level].n < self.settings.min_steps:
             return False
-        rate = self.speedup(self.level)
-        return rate is not None and rate < self.settings.doubt
+        return self.speedup(self.level) < self.settings.doubt
+
+    def _plain_stale(self) -> bool:
+        return not self.plain.n or self.since_plain >= self.plain_every
 
     def _judge(self) -> None:
         s, level = self.settings, self.level
@@ -237,6 +243,8 @@ class PriceGate:
             return
         rate = self.speedup(level)
         if rate < 1.0 + s.margin:
+            if self._plain_stale():
+                return                # measure the target alone first: decide() spends a plain step on it
             if self.probing:
                 self.probe_after = min(2 * self.probe_after, s.max_probe_after)
             lower = LEVEL_NAMES[level + 1]
