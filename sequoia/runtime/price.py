@@ -18,19 +18,25 @@ keeps the prediction as a prior and lets measurement win:
 Levels, best first: ``full`` (the method's own trees), ``small`` (trees of at
 most :attr:`PriceSettings.small_fraction` of the budget), ``plain`` (no draft).
 Once a level has ``min_steps`` steps of evidence and its realized rate falls
-below the target alone's times ``1 + margin``, the gate steps down one level.
-After ``probe_after`` steps at a lower level it tries the level above again;
-each failed try doubles that interval (up to ``max_probe_after``), a
-successful one resets it.  A plain step is spent to measure the target alone
-when none was measured for ``plain_every`` drafting steps (doubling after
-each) and the decision is in doubt: drafting beats the estimate by less than
-``doubt``.  Plain steps taken for any other reason are measurements too.
+below the target alone's times ``1 + margin``, the gate steps down one level
+(after measuring the target alone, if no plain step did lately).  After
+``probe_after`` steps at a lower level it tries the level above again; each
+failed try doubles that interval (up to ``max_probe_after``), a successful one
+resets it.  A plain step is spent to measure the target alone when none was
+measured for ``plain_every`` drafting steps (doubling after each) and the
+level is in doubt: it beats the estimate by less than ``doubt``.  Plain steps
+taken for any other reason are measurements too.  The first drafting step of
+a request, and the first after plain steps, also feeds the draft model the
+tokens it has not read; that one-off cost is left out of the evidence.
+
+:class:`PredictedGate` is the dynamic tree's other gate, by *predicted* costs
+(reproducible from a seed); the price gate runs beside it.
 
 Losslessness: the gate chooses only *which tree* is drafted (its budget, or
-none), from past steps' records, before the step; verification is unchanged.
-Decisions read wall time, so they are not reproducible from a seed; outputs
-at temperature 0 are (every tree verifies to the target's own choices), and
-at T > 0 each step's distribution is the target's whatever tree is drafted.
+none), from past steps' records, before the step; verification is unchanged,
+so every step's output follows the target's distribution (at T=0 its greedy
+choice, up to the bf16 near-ties any tree shape meets).  Decisions read the
+engine's clock, so which trees are drafted is not reproducible from a seed.
 """
 
 from __future__ import annotations
