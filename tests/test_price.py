@@ -212,3 +212,16 @@ def test_context_interpolation_is_exact_for_costs_affine_in_the_context():
         at = prof.at_context(ctx)
         assert [at.target(n) for n in (1, 16, 33)] == pytest.approx([cost(n, ctx) for n in (1, 16, 33)])
     assert prof.at_context(64).target(8) == pytest.approx(cost(8, 128))   # held below the shortest context
+
+
+def test_a_level_that_drafts_nothing_does_not_hold_the_gate():
+    # Backed off to small trees, the method then drafts nothing (its predicted gate skips every step): with no
+    # evidence at that level, the gate still tries full trees again.
+    gate = PriceGate(FLAT, PriceSettings(probe_after=2))
+    gate.observe(_prompt())
+    levels = []
+    for _ in range(16):
+        levels.append(gate.decide().level)
+        gate.observe(_drafted(250.0, 2) if levels[-1] == FULL else _plain(100.0))
+    first_small = levels.index(SMALL)
+    assert FULL in levels[first_small:]

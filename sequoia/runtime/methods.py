@@ -143,7 +143,9 @@ def _auto(acceptance, profile, budget, depth, price: PriceSettings | None) -> St
         return StaticTreeProposer(choice.tree, name="sequoia-auto")
     gate = PriceGate(profile, price)
     small = max(1, round(choice.tree.size * price.small_fraction))
-    small_tree = choose_tree(acceptance, profile, max_budget=small, max_depth=depth or STATIC_DEPTH).tree
+    # The DP tree of that budget, not the optimizer's choice under it: that may be the root alone, and a
+    # level that drafts nothing yields no evidence of what drafting costs.
+    small_tree = _dp_tree(tuple(float(p) for p in acceptance), small, min(depth or STATIC_DEPTH, small))
     return PricedTreeProposer(choice.tree, name="sequoia-auto", small=small_tree, gate=gate)
 
 
@@ -152,7 +154,11 @@ class PricedTreeProposer(StaticTreeProposer):
     """A static tree under the price gate: ``tree``, ``small``, or the root alone, by measured step costs."""
 
     small: Tree = field(default_factory=Tree.root_only)
-    gate: PriceGate | None = None
+    gate: PriceGate | None = None     # required; a default only because the parent's fields have them
+
+    def __post_init__(self) -> None:
+        if self.gate is None:
+            raise ValueError("PricedTreeProposer needs a price gate (gate=PriceGate(profile, settings))")
 
     def start(self) -> None:
         self.gate.start()

@@ -201,7 +201,10 @@ class PriceGate:
         if record.tree.size == 0:
             self._observe_plain(1000.0 * (record.verify_s + record.other_s), self.prior_ms(before))
         drafted = record.tree.size > 0 or (record.dynamic is not None and record.dynamic.gate != "plain")
-        if level == PLAIN or not drafted:
+        if level == PLAIN:
+            return
+        self.steps_at_level += 1
+        if not drafted:
             return
         if self.lagging:
             # The first drafting step of a request, or after plain steps, also feeds the draft model every token
@@ -211,7 +214,6 @@ class PriceGate:
             return
         self.means[level].add(1000.0 * record.total_s, record.n_new, self.settings.alpha)
         self.since_plain += 1
-        self.steps_at_level += 1
         self._judge()
 
     # ------------------------------------------------------------------ decisions
@@ -228,10 +230,14 @@ class PriceGate:
             self._judge()             # the verdict waited for this measurement
 
     def _may_try_above(self) -> bool:
-        """Time to try the level above: ``probe_after`` steps here, and a drafting level judged first."""
+        """Time to try the level above: ``probe_after`` steps here, and a drafting level judged first (or found
+        to draft nothing, as when the predicted gate skips every step: no evidence would ever come)."""
         if self.level == FULL or self.steps_at_level < self.probe_after:
             return False
-        return self.level == PLAIN or self.means[self.level].n >= self.settings.min_steps
+        if self.level == PLAIN:
+            return True
+        judged = self.means[self.level].n >= self.settings.min_steps
+        return judged or self.steps_at_level >= self.probe_after + self.settings.min_steps
 
     def _wants_plain(self) -> bool:
         """Spend a plain step to measure the target alone: none measured lately, and drafting is in doubt on
