@@ -9,7 +9,8 @@ the last accepted node, and the accepted path's edges are highlighted.
 A dynamic tree's step carries ``record.dynamic`` (a
 :class:`~sequoia.core.trace.DynamicInfo`: nodes added to and pruned from the
 static tree of the same size); ``figure(..., overlay=True)`` rings the added
-nodes and reports the pruned count in the title.
+nodes and reports the pruned count in the title, and why the price gate
+(:mod:`sequoia.runtime.price`) drafted a small tree or none.
 
 Nodes copied from the context (``record.sources``, :data:`~sequoia.core.trace.NGRAM`)
 keep their status colour and get an outline diamond on top (legend
@@ -240,6 +241,8 @@ def _overlay(record: StepRecord) -> tuple[list[int], str]:
     added = [i for i in info.added if 0 < i < record.tree.n_nodes]
     n_pruned = len(info.pruned)
     note = f" · +{len(added)} added / −{n_pruned} pruned vs static" if (added or n_pruned) else ""
+    if info.gate in ("small", "plain"):  # the price gate backed off (or is measuring): say when and why
+        note += f" · price gate: {info.gate_note}"
     return added, note
 
 

@@ -23,7 +23,8 @@ from sequoia.core.trace import DynamicInfo, StepRecord
 from sequoia.core.tree import Tree
 from sequoia.runtime.calibration import calibrate
 from sequoia.runtime.drafter import Draft
-from sequoia.runtime.dynamic import DynamicTreeProposer, _Gate
+from sequoia.runtime.dynamic import DynamicTreeProposer
+from sequoia.runtime.price import PredictedGate as _Gate
 from sequoia.runtime.methods import ENGINE_METHODS, make_method
 from sequoia.runtime.teacher import target_continuation
 

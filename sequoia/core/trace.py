@@ -37,6 +37,10 @@ class DynamicInfo:
     predicted_tokens: float               # 1 + sum of the nodes' estimated acceptance
     predicted_ms: float                   # the cost model's price of the step
     widths: tuple[int, ...]               # draft forward widths, the root's begin() first
+    # The price gate's level for this step (sequoia.runtime.price): "full", "small" or "plain" (a step it kept
+    # to the target alone); "" without a gate.  gate_note says why, from the measured cost of past steps.
+    gate: str = ""
+    gate_note: str = ""
 
     def to_dict(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}

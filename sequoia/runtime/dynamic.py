@@ -21,7 +21,11 @@ Before a step, a gate (``wants_draft``, an engine hook) may skip drafting
 altogether: never when no chain could beat the target alone under the
 profile (a compute-bound target verifying k tokens for k times the price of
 one), and for a while after drafting steps were predicted not to beat the
-target alone by ``min_gain`` (10%: the cost model's error).
+target alone by ``min_gain`` (10%: the cost model's error).  With ``price``
+set (as :func:`~sequoia.runtime.methods.make_method` does), the price gate
+(:mod:`sequoia.runtime.price`) also judges the steps by their measured cost
+against the measured target alone and backs off to smaller trees, then to
+plain steps, whose records carry its decision (``DynamicInfo.gate``).
 
 Losslessness (see :mod:`sequoia.core.sampling`): verification is the library's,
 unchanged.  At temperature > 0 a node's *number* of children must not depend
@@ -55,11 +59,10 @@ from ..core.profile import HardwareProfile
 from ..core.trace import DynamicInfo, StepRecord
 from ..core.tree import Tree
 from .drafter import Draft, Drafter, Proposer
+from .price import PLAIN, Decision, PredictedGate, PriceGate, PriceSettings
 
 #: Levels of lookahead when pricing the next draft forward.
 LOOKAHEAD = 3
-#: Longest run of plain target steps the gate allows before drafting again to re-check.
-MAX_SKIP = 16
 #: Per-token acceptance of the most confident draft the gate prices (``can_pay``).  Not 1: priced as if every
 #: token were accepted, a deep chain pays wherever verifying many tokens costs less than that many steps,
 #: and on llama.cpp's AVX2 costs (one token 77 ms, 32 tokens 869 ms: no tree pays at the acceptance measured
@@ -73,38 +76,6 @@ MAX_DEPTH = 24
 
 
 @dataclass
-class _Gate:
-    """Skips the draft while drafting steps have been predicted not to beat a rate (the target alone's + min_gain).
-
-    Evidence is an exponential average of tokens and *predicted* ms of past
-    drafting steps (not wall time: decisions stay reproducible from a seed).
-    After a losing average it skips 1, 2, 4, ... steps, drafting once in
-    between to re-check; a winning average resets it.
-    """
-
-    tokens: float = 0.0
-    ms: float = 0.0
-    backoff: int = 0          # steps to skip after the next failed check
-    skip_left: int = 0
-
-    def observe(self, n_new: float, predicted_ms: float, ar_rate: float, alpha: float = 0.3) -> None:
-        first = self.ms == 0.0
-        self.tokens = n_new if first else (1 - alpha) * self.tokens + alpha * n_new
-        self.ms = predicted_ms if first else (1 - alpha) * self.ms + alpha * predicted_ms
-        if self.tokens / self.ms < ar_rate:
-            self.backoff = min(max(1, 2 * self.backoff), MAX_SKIP)
-            self.skip_left = self.backoff
-        else:
-            self.backoff = 0
-
-    def wants_draft(self) -> bool:
-        if self.skip_left > 0:
-            self.skip_left -= 1
-            return False
-        return True
-
-
-@dataclass
 class _Growth:
     """The tree so far, in breadth-first order."""
 
@@ -114,6 +85,7 @@ class _Growth:
     q_token: list[float]
     f: list[float]                              # estimated acceptance of each node (root: 1)
     q: dict[int, torch.Tensor]                  # node -> [V] q over its children
+    budget: int = 1 << 30                       # most draft tokens this step (the price gate may lower it)
     widths: list[int] = field(default_factory=lambda: [1])  # draft forward widths (begin first)
     # node -> (the draft's probability of its fixed (copied) children's tokens, how many): its drawn children
     # come from q without those tokens and are verified after them, so they are priced below them.
@@ -148,6 +120,7 @@ class DynamicTreeProposer(Proposer):
     acceptance: tuple[float, ...] = (0.797, 0.104, 0.048, 0.020, 0.010, 0.005)  # prior: p_1 prices lookahead
     min_gain: float = 0.1             # "pays" means beats the target alone by this much (can_pay and the gate)
     gate: bool = True                 # skip drafting while it has been predicted not to pay
+    price: PriceSettings | None = None  # judge steps by their measured cost too (None: by predictions alone)
     mode: str = "without_replacement"
     name: str = "sequoia-dynamic"
 
@@ -159,10 +132,12 @@ class DynamicTreeProposer(Proposer):
         if not isinstance(self.max_depth, int) or self.max_depth < 1:
             raise ValueError(f"max_depth must be a positive integer, got {self.max_depth!r}")
         self._static_cache: dict[int, Tree] = {}
-        self._gate = _Gate()
+        self._gate = PredictedGate()
         self._measured = self.profile     # with its curves at every measured context length
         self._context = 0                 # committed tokens so far in this generation
         self._priced_at = self.profile.context_len
+        self._price = PriceGate(self.profile, self.price) if self.price is not None else None
+        self._decision: Decision | None = None   # the price gate's choice for the step being drafted
 
     # ------------------------------------------------------------------ pricing by context
     def _price_at(self, context: int) -> None:
@@ -189,10 +164,13 @@ class DynamicTreeProposer(Proposer):
         self._context = 0
         self._price_at(self._measured.context_len)
         self._restart_gate()
+        self._decision = None
+        if self._price is not None:
+            self._price.start()
 
     def _restart_gate(self) -> None:
         tokens, ms = self.gate_prior
-        self._gate = _Gate()
+        self._gate = PredictedGate()
         self._gate.observe(tokens, ms, self._paying_rate)
 
     @property
@@ -228,13 +206,43 @@ class DynamicTreeProposer(Proposer):
                 self._restart_gate()
         else:
             self._price_at(self._context)
-        if record.dynamic is not None:  # a drafting step (skipped steps carry no prediction)
+        if self._price is not None:
+            self._price.observe(record)
+        # A drafting step feeds the predicted gate (skipped steps and the price gate's plain ones predict nothing).
+        if record.dynamic is not None and record.dynamic.gate != "plain":
             self._gate.observe(record.n_new, record.dynamic.predicted_ms, self._paying_rate)
 
     def wants_draft(self) -> bool:
+        """The price gate decides first (its plain steps are root-only proposals that carry its reason); then
+        the predicted gate."""
+        self._decide_price()
+        return self._priced_plain or self._predicted_draft()
+
+    def _decide_price(self) -> None:
+        self._decision = self._price.decide() if self._price is not None else None
+
+    def wants_draft_model(self) -> bool:
+        return not self._priced_plain
+
+    @property
+    def _priced_plain(self) -> bool:
+        return self._decision is not None and self._decision.level == PLAIN
+
+    def _predicted_draft(self) -> bool:
+        """Whether the prediction says draft (the predicted gate's skip counter moves: call once a step)."""
         if not self.gate:
             return True
         return self.can_pay and self._gate.wants_draft()
+
+    def _step_budget(self, full: int) -> int:
+        return self._price.budget(full) if self._price is not None else full
+
+    def _priced_plain_draft(self, drafter: Drafter) -> Draft:
+        """The price gate's plain step: the root alone, with its decision for the record."""
+        d = self._decision
+        info = DynamicInfo(static_tree_parents=(-1,), added=(), pruned=(), predicted_tokens=1.0,
+                           predicted_ms=cost.baseline_ms(self.profile), widths=(), gate=d.name, gate_note=d.reason)
+        return Draft(tree=Tree.root_only(), tokens=[drafter.root_token], q={}, q_token=[1.0], dynamic=info)
 
     @cached_property
     def can_pay(self) -> bool:
@@ -264,12 +272,14 @@ class DynamicTreeProposer(Proposer):
 
     # ------------------------------------------------------------------ propose
     def propose(self, drafter: Drafter, generator) -> Draft:
+        if self._priced_plain:
+            return self._priced_plain_draft(drafter)
         g = _Growth(parents=[-1], depths=[0], tokens=[drafter.root_token], q_token=[1.0], f=[1.0],
-                    q={0: drafter.root_q})
+                    q={0: drafter.root_q}, budget=self._step_budget(self.budget))
         frontier = [0]
         for depth in range(1, self.max_depth + 1):
             level = self._add_children(g, frontier, drafter, generator)
-            if not level or depth == self.max_depth or g.size >= self.budget:
+            if not level or depth == self.max_depth or g.size >= g.budget:
                 break
             frontier = self._choose_expansion(g, level)
             if not frontier:
@@ -290,7 +300,7 @@ class DynamicTreeProposer(Proposer):
     def _add_children(self, g: _Growth, frontier: list[int], drafter: Drafter, generator) -> list[int]:
         """Choose child counts from each frontier node's q, draw the children; return the new nodes."""
         rows = torch.stack([g.q[u] for u in frontier])                   # [m, V]
-        k = min(self.max_children, self.budget - g.size, rows.shape[-1])
+        k = min(self.max_children, g.budget - g.size, rows.shape[-1])
         top = torch.topk(rows, k, dim=-1).values                           # [m, k] sorted q
         f_u = torch.tensor([g.f[u] for u in frontier])                    # [m]
         # Under fixed children the calibration sees the draft's own probability of a drawn token (q without
@@ -321,7 +331,7 @@ class DynamicTreeProposer(Proposer):
         """Children per row: the best-first prefix of all candidates maximising E / cost.  value: [m, k]"""
         flat = value.flatten()
         order = torch.argsort(flat, descending=True, stable=True)
-        room = self.budget - g.size
+        room = g.budget - g.size
         gains = np.concatenate([[0.0], np.cumsum(flat[order[:room]].numpy(), dtype=np.float64)])  # [J+1]
         j = np.arange(len(gains))
         base = self.step_ms(g.widths, 1) - float(self.profile.target(1))
@@ -350,7 +360,7 @@ class DynamicTreeProposer(Proposer):
         E = 1.0 + sum(g.f[1:])
         base = self.step_ms(g.widths, g.size + 1)
         best_rate, best_w = E / base, 0
-        room = self.budget - g.size
+        room = g.budget - g.size
         w = np.arange(1, len(level) + 1)                                  # [m] candidate widths
         for L in range(1, LOOKAHEAD + 1):
             chain = sum(nxt[order] ** i for i in range(1, L + 1))          # [m] gain of one chain of L
@@ -386,4 +396,6 @@ class DynamicTreeProposer(Proposer):
             predicted_tokens=1.0 + float(sum(g.f[1:])),
             predicted_ms=self.step_ms(g.widths, tree.n_nodes),
             widths=tuple(g.widths),
+            gate=self._decision.name if self._decision is not None else "",
+            gate_note=self._decision.reason if self._decision is not None else "",
         )

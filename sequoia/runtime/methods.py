@@ -17,10 +17,16 @@ name               tree                                        children drawn
 ``sequoia-ngram``  copied branches + the dynamic tree, one        fixed, then without
                    cost model                                   replacement
 =================  ==========================================  ==================
+
+The automatic methods (``sequoia-auto``, ``sequoia-dynamic``, ``ngram``,
+``sequoia-ngram``) run under the price gate (:mod:`sequoia.runtime.price`)
+unless ``price=None``: they measure what their steps cost against the target
+alone and back off to smaller trees, then to none, when drafting loses.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from ..core.calibration import Calibration
@@ -34,6 +40,7 @@ from ..core.tree import Tree
 from .drafter import StaticTreeProposer
 from .dynamic import MAX_DEPTH, DynamicTreeProposer
 from .ngram_proposer import NgramDynamicProposer, NgramProposer, NgramSettings
+from .price import PLAIN, SMALL, PriceGate, PriceSettings
 
 #: Deepest static tree the hardware-aware optimizer may choose (``sequoia-auto``) unless asked otherwise.
 STATIC_DEPTH = 16
@@ -58,6 +65,7 @@ def make_method(
     tree_path: str | None = None,
     calibration=None,
     copy_acceptance: NgramAcceptance | None = None,
+    price: PriceSettings | None = PriceSettings(),
 ):
     """Build a proposer; all parameters are validated here with readable errors.
 
@@ -68,6 +76,9 @@ def make_method(
     ``copy_acceptance``: the measured acceptance of copied tokens for ``ngram`` / ``sequoia-ngram``
     (:func:`sequoia.runtime.finder.find_ngram_acceptance`); None: the hand-set prior
     (:func:`sequoia.core.ngram.ngram_prior`).
+
+    ``price``: how the automatic methods' price gate weighs measured step costs (None: no price gate, the
+    cost model's predictions alone decide).
     """
     if isinstance(name, MethodSpec):
         args = name.engine_args(dynamic_depth=MAX_DEPTH)
@@ -94,17 +105,18 @@ def make_method(
     if name == "sequoia":
         return _sequoia(acceptance, 32 if budget is None else budget, depth)
     if name == "sequoia-dynamic":
-        return _dynamic(acceptance, profile, budget, depth, calibration)
+        return _dynamic(acceptance, profile, budget, depth, calibration, price)
     if name == "ngram":
         settings = NgramSettings() if budget is None else NgramSettings(budget=budget)
         check_budget(settings.budget, depth)
         return NgramProposer(profile=profile or conservative_profile(), settings=settings,
-                             max_depth=depth or settings.length, accept=_accept(copy_acceptance))
+                             max_depth=depth or settings.length, accept=_accept(copy_acceptance), price=price)
     if name == "sequoia-ngram":
-        dyn = _dynamic(acceptance, profile, budget, depth, calibration)
+        dyn = _dynamic(acceptance, profile, budget, depth, calibration, price)
         return NgramDynamicProposer(profile=dyn.profile, calibration=dyn.calibration, acceptance=dyn.acceptance,
-                                    budget=dyn.budget, max_depth=dyn.max_depth, accept=_accept(copy_acceptance))
-    return _auto(name, acceptance, profile, budget, depth)
+                                    budget=dyn.budget, max_depth=dyn.max_depth, accept=_accept(copy_acceptance),
+                                    price=price)
+    return _auto(acceptance, profile, budget, depth, price)
 
 
 def _accept(copy_acceptance: NgramAcceptance | None):
@@ -122,19 +134,54 @@ def _dp_tree(acceptance: tuple[float, ...], budget: int, depth: int | None) -> T
     return optimal_tree(acceptance, budget, depth).tree()
 
 
-def _auto(name, acceptance, profile, budget, depth) -> StaticTreeProposer:
-    """Let the hardware-aware optimizer choose budget and depth."""
+def _auto(acceptance, profile, budget, depth, price: PriceSettings | None) -> StaticTreeProposer:
+    """Let the hardware-aware optimizer choose budget and depth (and, under the price gate, a smaller tree)."""
     # Without a measured profile: a stand-in under which no tree pays (the root-only tree), as for sequoia-dynamic.
-    choice = choose_tree(acceptance, profile or conservative_profile(), max_budget=budget,
-                         max_depth=depth or STATIC_DEPTH)
-    return StaticTreeProposer(choice.tree, name="sequoia-auto")
+    profile = profile or conservative_profile()
+    choice = choose_tree(acceptance, profile, max_budget=budget, max_depth=depth or STATIC_DEPTH)
+    if price is None or choice.tree.size == 0:
+        return StaticTreeProposer(choice.tree, name="sequoia-auto")
+    gate = PriceGate(profile, price)
+    small = max(1, round(choice.tree.size * price.small_fraction))
+    # The DP tree of that budget, not the optimizer's choice under it: that may be the root alone, and a
+    # level that drafts nothing yields no evidence of what drafting costs.
+    small_tree = _dp_tree(tuple(float(p) for p in acceptance), small, min(depth or STATIC_DEPTH, small))
+    return PricedTreeProposer(choice.tree, name="sequoia-auto", small=small_tree, gate=gate)
 
 
-def _dynamic(acceptance, profile, budget, depth, calibration):
+@dataclass
+class PricedTreeProposer(StaticTreeProposer):
+    """A static tree under the price gate: ``tree``, ``small``, or the root alone, by measured step costs."""
+
+    small: Tree = field(default_factory=Tree.root_only)
+    gate: PriceGate | None = None     # required; a default only because the parent's fields have them
+
+    def __post_init__(self) -> None:
+        if self.gate is None:
+            raise ValueError("PricedTreeProposer needs a price gate (gate=PriceGate(profile, settings))")
+
+    def start(self) -> None:
+        self.gate.start()
+
+    def observe(self, record) -> None:
+        self.gate.observe(record)
+
+    def wants_draft(self) -> bool:
+        level = self.gate.decide().level
+        return level != PLAIN and (self.small if level == SMALL else self.tree).size > 0
+
+    def propose(self, drafter, generator):
+        if self.gate.decision.level == SMALL:
+            return StaticTreeProposer(self.small, self.mode, self.name).propose(drafter, generator)
+        return super().propose(drafter, generator)
+
+
+def _dynamic(acceptance, profile, budget, depth, calibration, price: PriceSettings | None = None):
     """``calibration``: a Calibration, a path to one, or None for the identity a(q) = q."""
     budget = 48 if budget is None else budget
     check_budget(budget, depth)
     if isinstance(calibration, (str, bytes)) or hasattr(calibration, "__fspath__"):
         calibration = Calibration.load(calibration)
     return DynamicTreeProposer(calibration=calibration or Calibration.identity(), acceptance=acceptance,
-                               profile=profile or conservative_profile(), budget=budget, max_depth=depth or MAX_DEPTH)
+                               profile=profile or conservative_profile(), budget=budget, max_depth=depth or MAX_DEPTH,
+                               price=price)

@@ -47,7 +47,7 @@ only.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -60,6 +60,7 @@ from ..core.trace import DRAFT, NGRAM, ROOT, StepRecord
 from ..core.tree import Tree
 from .drafter import Draft, Drafter, Proposer
 from .dynamic import MAX_DEPTH, DynamicTreeProposer, _Growth
+from .price import PLAIN, PriceGate, PriceSettings
 
 #: accept(match_len, depth) -> probability that a copied token is accepted given its parent was.
 Accept = Callable[[int, int], float]
@@ -156,18 +157,27 @@ class NgramProposer(Proposer):
     mode: str = "without_replacement"   # unused: every child is a fixed proposal
     name: str = "ngram"
     adapt: bool = True                  # scale ``accept`` by the request's own outcomes (RequestAcceptance)
+    price: PriceSettings | None = None  # judge steps by their measured cost (sequoia.runtime.price); None: don't
 
     def __post_init__(self) -> None:
-        self._index = self.settings.index()
-        self._priced = _pricing(self.accept, self.adapt)
+        self._price = PriceGate(self.profile, self.price) if self.price is not None else None
+        self.start()
 
     def start(self) -> None:
         self._index = self.settings.index()
         self._priced = _pricing(self.accept, self.adapt)
+        if self._price is not None:
+            self._price.start()
 
     def observe(self, record: StepRecord) -> None:
         if isinstance(self._priced, RequestAcceptance):
             self._priced.observe(record)
+        if self._price is not None:
+            self._price.observe(record)
+
+    def wants_draft(self) -> bool:
+        """False while the price gate keeps to the target alone: copies verified cost more than they gave."""
+        return self._price is None or self._price.decide().level != PLAIN
 
     def wants_draft_model(self) -> bool:
         return False
@@ -179,7 +189,10 @@ class NgramProposer(Proposer):
     def propose(self, drafter: Drafter, generator) -> Draft:
         self._index.sync(drafter.context)
         trie = self._index.lookup(self.settings.length, self.settings.max_branches)
-        chosen, _ = copies_alone(trie, self.profile, self.settings, self.max_depth, self._priced)
+        settings = self.settings
+        if self._price is not None:   # the price gate's small level: fewer copies
+            settings = replace(settings, budget=self._price.budget(settings.budget))
+        chosen, _ = copies_alone(trie, self.profile, settings, self.max_depth, self._priced)
         return copies_draft(drafter.root_token, trie, chosen)
 
 
@@ -252,7 +265,10 @@ class NgramDynamicProposer(DynamicTreeProposer):
         self._priced = _pricing(self.accept, self.adapt)
 
     def wants_draft(self) -> bool:
-        return True  # copies are free to find; a step without any is a plain target step anyway
+        """Copies are free to find (a step without any is a plain target step anyway): only the price gate's
+        decision is taken here (its plain steps are root-only proposals); wants_draft_model asks the rest."""
+        self._decide_price()
+        return True
 
     def observe(self, record: StepRecord) -> None:
         super().observe(record)
@@ -272,7 +288,9 @@ class NgramDynamicProposer(DynamicTreeProposer):
         alone and saves every draft forward.  The choice depends on the committed context only, never on
         this step's draws, so verification stays exact.
         """
-        draft_ok = super().wants_draft()
+        if self._priced_plain:
+            return False
+        draft_ok = self._predicted_draft()
         if not draft_ok or not len(self._index) or self._gate.ms <= 0.0:
             return draft_ok
         trie = self._root_trie()
@@ -293,14 +311,16 @@ class NgramDynamicProposer(DynamicTreeProposer):
         return self.budget + self.settings.budget + 1
 
     def propose(self, drafter: Drafter, generator) -> Draft:
-        s = self.settings
+        if self._priced_plain:
+            return self._priced_plain_draft(drafter)
+        s = replace(self.settings, budget=self._step_budget(self.settings.budget))
         self._index.sync(drafter.context)
         trie = self._root_trie()
         if drafter.root_q is None:  # the gate skipped the draft model: copies alone
             chosen, _ = copies_alone(trie, self.profile, s, self.max_depth, self._priced)
             return copies_draft(drafter.root_token, trie, chosen)
         g = _Growth(parents=[-1], depths=[0], tokens=[drafter.root_token], q_token=[1.0], f=[1.0],
-                    q={0: drafter.root_q})
+                    q={0: drafter.root_q}, budget=self._step_budget(self.budget))
         st = _Step(g=g, raw_q={0: drafter.root_q}, sources=[ROOT], match_len=[0], copies_left=s.budget,
                    lookups_left=s.lookups)
         self._graft(st, 0, trie, (1,))
@@ -308,7 +328,7 @@ class NgramDynamicProposer(DynamicTreeProposer):
         for depth in range(1, self.max_depth + 1):
             level = self._grow_level(st, depth, frontier, drafter, generator)
             frontier = []
-            if level and depth < self.max_depth and g.size < self.budget:
+            if level and depth < self.max_depth and g.size < g.budget:
                 frontier = self._choose_expansion(g, level)
             if level and depth < self.max_depth:
                 self._graft_below(st, level, frontier)
@@ -345,7 +365,7 @@ class NgramDynamicProposer(DynamicTreeProposer):
             if len(toks):  # ... and priced behind them (DynamicTreeProposer._add_children)
                 g.held[u] = (float(st.raw_q[u][toks].sum()), len(toks))
         level = (self._add_children(g, frontier, drafter, generator)
-                 if frontier and g.size < self.budget else [])
+                 if frontier and g.size < g.budget else [])
         st.sources += [DRAFT] * len(level)
         st.match_len += [0] * len(level)
         return self._order_level(st, start)
