@@ -248,10 +248,11 @@ def test_dp_tab_solve_and_cell():
     assert len(curves.data) == 4
     heat, tree, md = dp_tab.on_cell(5, 1, session)
     assert "n = 5, d = 1" in md
-    with pytest.raises(gr.Error, match="sum to at most 1"):
-        dp_tab.on_solve("0.9, 0.5", 16, 4, 4, 2, dp_tab.DPSession())
-    with pytest.raises(gr.Error, match="budget"):
-        dp_tab.on_solve("0.5", 5000, 4, 4, 2, dp_tab.DPSession())
+    # A refused vector or budget keeps the last good figures and sliders, with the message beside them.
+    bad = dp_tab.on_solve("0.9, 0.5", 16, 4, 4, 2, session)
+    assert "sum to at most 1" in bad[2] and "last good vector" in bad[2]
+    assert all(x == gr.skip() for i, x in enumerate(bad) if i != 2)
+    assert "budget" in dp_tab.on_solve("0.5", 5000, 4, 4, 2, dp_tab.DPSession())[2]
     out = dp_tab.dp_api("[0.8, 0.1]", 8, 3)
     assert out["budget"] == 8 and set(out["curves"]) >= {"sequoia", "chain"}
 
