@@ -64,7 +64,8 @@ METHODS = (
 _BY_LABEL = {m.label: m for m in METHODS}
 #: Ticked when the tab opens: the tree shapes, and each kind of drafting (draft model, copies, both).
 DEFAULT_METHODS = ("Target only", "Chain", "SpecInfer", "Sequoia (budget & depth)", "Sequoia (auto)",
-                   "Sequoia (dynamic)", "Sequoia + n-gram copies", "HF assisted", "HF prompt lookup", "llama.cpp target alone")
+                   "Sequoia (dynamic)", "Sequoia + n-gram copies", "HF assisted", "HF prompt lookup",
+                   "llama.cpp target alone")
 #: Tokens of the untimed warm-up run of every method (first-call costs then land on none of them).
 WARMUP_TOKENS = 2
 _HF_ERRORS = (ValueError, RuntimeError, NotImplementedError, TypeError)

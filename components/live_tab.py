@@ -46,8 +46,15 @@ DEFAULT_METHOD = "Sequoia (dynamic)"
 DEFAULT_NEW_TOKENS = 128
 #: The one-click example: a code prompt whose trees visibly branch when sampling at T=0.6.
 GUIDED = dict(prompt="Write a Python function fizzbuzz(n) that returns the FizzBuzz strings for 1..n.",
-              method="Sequoia (budget & depth)", budget=32, depth=6, temperature=0.6, max_new=48, seed=0)
+              method="Sequoia (budget & depth)", budget=32, depth=6, temperature=0.6, max_new=DEFAULT_NEW_TOKENS,
+              seed=0)
+#: Always on screen above the tab: where to begin.
+START_HERE = ("**Start here:** press **▶ Guided example** (under Decode) to watch a code prompt decode, then read "
+              "top to bottom: the coloured text, the line under it (how much faster than the target alone, and why), "
+              "the tree of the step on the slider, and the inspector under it. *How to read this* explains each piece.")
 HOW_TO_READ = """\
+Read top to bottom on the right: text, summary, tree, inspector; the statistics are at the bottom of the page.
+**Summary**: "× the target alone" divides this run's decode rate by the target alone's, measured on the same prompt and settings after the run (once; until then it says "predicted" and from which hardware profile).
 **Text**: green tokens are drafts the target accepted, blue ones the target drew itself (the bonus); a thin bar starts each target call, and the slider outlines one step.
 **Tree**: the step's draft tree, first-sampled child on the left (the one p_1 is about); green = accepted path, red = tested and rejected, grey = never tested, open = cut by the length limit.
 **Inspector**: pick a node to see the target's p and the draft's q over the likeliest tokens, the random draw u against min(1, p/q), and the residual the next sibling is tested against.
@@ -290,6 +297,7 @@ def build(ctx: AppContext) -> None:
     cap = ctx.budget_cap()
     choices = list(acceptance_catalogue(ctx.assets_dir))
     start_vector = default_acceptance_label("code", 0.0, ctx.assets_dir)
+    gr.Markdown(START_HERE, elem_id="sq-start")
     with gr.Accordion("How to read this", open=False):
         gr.Markdown(HOW_TO_READ)
     with gr.Row():
@@ -354,9 +362,12 @@ def build(ctx: AppContext) -> None:
     go_btn.click(frame, inputs, [text, summary_md], api_visibility="private", show_progress="hidden",
                  concurrency_limit=None)
     event = go_btn.click(handler, inputs, outputs, api_name="decode_stream", **MODEL_WORK)
-    fields = [prompt, method, budget, depth, temperature, max_new, seed]
-    guided = guided_btn.click(lambda: [GUIDED[k] for k in ("prompt", "method", "budget", "depth", "temperature",
-                                                            "max_new", "seed")],
+    fields = [prompt, method, budget, depth, temperature, max_new, seed, acceptance]
+    # The vector measured nearest the example's temperature, as moving the slider by hand would pick.
+    guided_vector = default_acceptance_label("code", GUIDED["temperature"], ctx.assets_dir)
+    guided_values = [min(GUIDED[k], new_cap) if k == "max_new" else GUIDED[k]
+                     for k in ("prompt", "method", "budget", "depth", "temperature", "max_new", "seed")]
+    guided = guided_btn.click(lambda: [*guided_values, guided_vector if guided_vector in choices else gr.skip()],
                               None, fields, api_visibility="private", concurrency_limit=None)
     guided = guided.then(frame, inputs, [text, summary_md], api_visibility="private",
                          show_progress="hidden", concurrency_limit=None)
