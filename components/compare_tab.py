@@ -328,8 +328,9 @@ def build(ctx: AppContext) -> None:
                                   elem_id="sq-compare-exact")
         with gr.Column(scale=2):
             bars = gr.Plot(label="comparison")
-            table = gr.Dataframe(headers=compare_view.HEADERS, label="results", interactive=False)
-            notes = gr.Markdown()
+            table = gr.Dataframe(headers=compare_view.HEADERS, label="results", interactive=False,
+                                 elem_id="sq-compare-table", wrap=True)
+            notes = gr.Markdown(elem_id="sq-compare-notes")
 
     # Named parameters: a refusal before the queue names the input it is about (components.validation).
     @functools.partial(serving.on_gpu, duration=lambda *a: serving.gpu_seconds(a[5], len(a[9] or ()) + 1))  # ZeroGPU

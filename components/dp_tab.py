@@ -280,8 +280,8 @@ def build(ctx: AppContext, demo: gr.Blocks) -> None:
             d = gr.Slider(0, 16, value=8, step=1, label="depth d")
             cell_md = gr.Markdown(elem_id="sq-dp-cell")
         with gr.Column(scale=2):
-            heat = gr.Plot(label="expected tokens per step (DP table)")
-            tree = gr.Plot(label="optimal tree of the selected cell")
+            heat = gr.Plot(label="expected tokens per step (DP table)", elem_id="sq-dp-heat")
+            tree = gr.Plot(label="optimal tree of the selected cell", elem_id="sq-dp-tree")
     curves = gr.Plot(label="scaling: expected tokens per step vs tree size")
     with gr.Accordion("Copied chain (tokens copied from the context)", open=False):
         with gr.Row():

@@ -311,7 +311,8 @@ def build(ctx: AppContext) -> None:
                 depth = gr.Slider(1, 32, value=8, step=1, label="depth")
             gr.Markdown(budget_help())
             with gr.Row():
-                temperature = gr.Slider(0, 2, value=0, step=0.05, label="temperature (0 = greedy)")
+                temperature = gr.Slider(0, 2, value=0, step=0.05, label="temperature (0 = greedy)",
+                                        elem_id="sq-temperature")
                 top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p")
             with gr.Row():
                 # A number box, not a slider: a slider clamps 100000 to its maximum silently, while the

@@ -40,8 +40,9 @@ def ctx(demo) -> AppContext:
 
 def _stream(ctx, prompt="def f(x):", method="Sequoia (budget & depth)", budget=8, depth=3, temperature=0.0,
             top_p=1.0, max_new=12, seed=0):
-    return list(live_tab.decode_stream(ctx, prompt, method, budget, depth, temperature, top_p, max_new, seed,
-                                       CODE, True))
+    """The stream's view frames (the frames after the run only update the summary: the ratio's measurement)."""
+    return [out for out in live_tab.decode_stream(ctx, prompt, method, budget, depth, temperature, top_p, max_new,
+                                                  seed, CODE, True) if out[0] != gr.skip()]
 
 
 def _proposer(ctx, method, budget, depth):
@@ -223,7 +224,8 @@ def test_compare_streams_rows_and_stops(ctx, monkeypatch):
 
 def test_compare_api_rows(ctx):
     rows = asyncio.run(compare_tab.compare_api_fn(ctx)("x", 4, 2, 0.0, 1.0, 4, 0, False))
-    assert [r["method"] for r in rows] == ["target only", "chain", "specinfer", "sequoia", "sequoia-ngram"]
+    assert [r["method"] for r in rows] == ["target only", "chain", "specinfer", "sequoia", "sequoia-dynamic",
+                                            "sequoia-ngram"]
     assert all(r["identical"] == "✓ identical" for r in rows)
 
 

@@ -143,9 +143,10 @@ def test_divergence_report_on_a_forced_near_tie(tiny_target):
     assert d.one_row.argmax == A and d.many_row.argmax == B and d.kernels_disagree
     assert d.one_row.margin == pytest.approx(1e-3, rel=1e-2) and d.many_row.margin == pytest.approx(1e-3, rel=1e-2)
     found = explain_all(pair.target, pair.tokenizer, ids, ref, {"chain": other, "same": ref}, 48)
-    text = divergence_view.markdown(found)
-    assert "**chain**" in text and "same" not in text and "one-row forward" in text and "exact mode" in text
-    assert "token 2" in text and "<5>" in text and "<9>" in text
+    text = divergence_view.markdown(found)   # a near-tie within the measured kernel gap: one paragraph
+    assert found[0].near_tie and "Identical up to a kernel near-tie" in text and "chain" in text
+    assert "same" not in text and "exact mode" in text and "token 2" in text and "<5>" in text and "<9>" in text
+    assert "one-row forward" in divergence_view.describe(found[0])
 
 
 def test_compare_explains_a_divergence(tiny_target, tmp_path):
