@@ -145,7 +145,7 @@ def test_divergence_report_on_a_forced_near_tie(tiny_target):
     found = explain_all(pair.target, pair.tokenizer, ids, ref, {"chain": other, "same": ref}, 48)
     text = divergence_view.markdown(found)   # a near-tie within the measured kernel gap: one paragraph
     assert found[0].near_tie and "Identical up to a kernel near-tie" in text and "chain" in text
-    assert "same" not in text and "exact mode" in text and "token 2" in text and "<5>" in text and "<9>" in text
+    assert "**same**" not in text and ": chain)" in text and "exact mode" in text and "token 2" in text and "<5>" in text and "<9>" in text
     assert "one-row forward" in divergence_view.describe(found[0])
 
 
