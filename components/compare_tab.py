@@ -306,7 +306,8 @@ def build(ctx: AppContext) -> None:
                 budget = gr.Slider(1, cap, value=min(32, cap), step=1, label="budget")
                 depth = gr.Slider(1, 32, value=8, step=1, label="depth")
             with gr.Row():
-                temperature = gr.Slider(0, 2, value=0, step=0.05, label="temperature")
+                # A number box, as on the Live tab: a slider would set -1 to 0 without a word.
+                temperature = gr.Number(0, step=0.05, label="temperature (0 = greedy)")
                 top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p")
             with gr.Row():
                 # A number box, not a slider: a slider clamps 100000 to its maximum silently, while the
@@ -353,3 +354,5 @@ def build(ctx: AppContext) -> None:
     stop_btn.click(None, None, None, cancels=[event, exact_event], api_visibility="private")
     gr.api(compare_api_fn(ctx), api_name="compare", **MODEL_WORK)
     follow_temperature(temperature, acceptance, ctx.assets_dir)
+    for slider, name in ((budget, "budget"), (depth, "depth")):
+        validation.say_when_clamped(slider, name)

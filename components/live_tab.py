@@ -311,7 +311,9 @@ def build(ctx: AppContext) -> None:
                 depth = gr.Slider(1, 32, value=8, step=1, label="depth")
             gr.Markdown(budget_help())
             with gr.Row():
-                temperature = gr.Slider(0, 2, value=0, step=0.05, label="temperature (0 = greedy)",
+                # A number box, not a slider: a slider's box sets -1 to 0 on its own and the decode ran at T=0;
+                # here the request check refuses it beside the field and nothing runs.
+                temperature = gr.Number(0, step=0.05, label="temperature (0 = greedy)",
                                         elem_id="sq-temperature")
                 top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p")
             with gr.Row():
@@ -391,3 +393,5 @@ def build(ctx: AppContext) -> None:
                trigger_mode="always_last", show_progress="hidden", **LIGHT_WORK)
     gr.api(decode_api_fn(ctx), api_name="decode", **MODEL_WORK)
     follow_temperature(temperature, acceptance, ctx.assets_dir)
+    for slider, name in ((budget, "budget"), (depth, "depth")):
+        validation.say_when_clamped(slider, name)

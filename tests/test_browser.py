@@ -306,7 +306,7 @@ def test_the_inspector_explains_the_selected_step_after_the_run(page):
     last = _tree_step(page)
     sync_api.expect(page.locator("#sq-inspect-text")).to_contain_text(f"step {last} · bonus")
     sync_api.expect(page.locator("#sq-inspect-plot .gtitle")).to_contain_text(f"step {last} · bonus")
-    sync_api.expect(page.locator("#sq-inspect-node")).to_contain_text("bonus")
+    sync_api.expect(page.locator("#sq-inspect-node input")).to_have_value(re.compile(r"^bonus"))
 
 
 def test_a_refused_request_keeps_the_last_output_and_no_placeholder(page):
@@ -327,14 +327,21 @@ def test_a_refused_request_keeps_the_last_output_and_no_placeholder(page):
 def test_a_negative_temperature_is_refused_and_nothing_runs(page, monkeypatch):
     runs = _slow_steps(monkeypatch, 0.0)
     page.locator("#sq-prompt textarea").fill("def f():")
-    box = page.locator("#sq-temperature input[type=number]")
+    box = page.locator("#sq-temperature input")
     box.fill("-1")
     box.press("Enter")
     page.get_by_role("button", name="Decode", exact=True).click()
-    sync_api.expect(page.get_by_text("temperature").filter(has_text="-1").first).to_be_visible()
+    sync_api.expect(page.get_by_text("temperature must be in 0..100").first).to_be_visible()
     time.sleep(2.0)
-    assert runs.steps == 0
+    assert runs.steps == 0 and box.input_value() == "-1"     # not set to 0 behind the visitor's back
     sync_api.expect(page.locator("#sq-summary")).not_to_contain_text("Drafting")
+
+
+def test_a_clamped_budget_says_so(page):
+    box = page.get_by_label("number input for budget (draft tokens / step)")
+    box.fill("100000")
+    box.press("Enter")
+    sync_api.expect(page.get_by_text("budget 100000 is outside 1..24: it was set to 24").first).to_be_visible()
 
 
 def test_the_dp_figures_follow_the_vector_without_solve(page):
