@@ -158,7 +158,7 @@ def test_errors_show_in_the_page_then_a_good_request_works(page, tmp_path):
     _decode(page, "   ", 8)
     sync_api.expect(page.get_by_text("prompt is empty").first).to_be_visible()
     _decode(page, "x" * 400, 200)  # prompt + 200 new tokens + tree do not fit the tiny target's 512 positions
-    sync_api.expect(page.get_by_text("exceeds the target's context of 512")).to_be_visible()
+    sync_api.expect(page.get_by_text("exceeds the target's context of 512").first).to_be_visible()
     _screenshot(page, tmp_path, "live-error")
     _decode(page, "def ok():", 6)
     sync_api.expect(page.locator("#sq-summary")).to_contain_text("6 tokens")
