@@ -330,7 +330,7 @@ def build(ctx: AppContext) -> None:
         with gr.Column(scale=2):
             bars = gr.Plot(label="comparison")
             table = gr.Dataframe(headers=compare_view.HEADERS, label="results", interactive=False,
-                                 elem_id="sq-compare-table", wrap=True)
+                                 elem_id="sq-compare-table", wrap=True, column_widths=compare_view.COLUMN_WIDTHS)
             notes = gr.Markdown(elem_id="sq-compare-notes")
 
     # Named parameters: a refusal before the queue names the input it is about (components.validation).

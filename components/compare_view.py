@@ -27,6 +27,9 @@ REFERENCE = "target only"
 LLAMACPP_REFERENCE = "llama.cpp target only"
 HEADERS = ["method", "tokens", "latency (s)", "first token (s)", "tokens/s", "target calls", "tokens/call", "speedup",
            "identical"]
+#: Widths of those columns: the whole table fits a 1,280 px window beside the controls, and the identical column
+#: has room for "identical up to a kernel near-tie at token N" on two lines.
+COLUMN_WIDTHS = ["15%", "7%", "8%", "8%", "9%", "8%", "8%", "9%", "28%"]
 
 
 @dataclass(frozen=True)

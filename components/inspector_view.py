@@ -26,7 +26,7 @@ from sequoia.core.stats import dropped_nodes, kept
 from sequoia.core.trace import NGRAM, NodeCheck, StepRecord
 
 from . import COLORS
-from .tree_view import escape_token, visible
+from .tree_view import BADGE_PX, escape_token, visible
 
 #: At most this many sibling rows (the latest ones) in one figure.
 MAX_ROWS = 4
@@ -108,10 +108,11 @@ def figure(record: StepRecord, node: int) -> go.Figure:
 def _lay_out(fig: go.Figure, headline: str, n_rows: int) -> None:
     """Headline on top, legend at the bottom, row titles from each row's left edge: the legend used to sit
     where the headline was, and centred row titles ran off the left ("nus token…")."""
-    fig.update_layout(height=170 + 210 * n_rows, barmode="group", plot_bgcolor="white",
-                      margin=dict(l=40, r=70, t=70, b=90),
+    height = 170 + 210 * n_rows
+    fig.update_layout(height=height, barmode="group", plot_bgcolor="white",
+                      margin=dict(l=40, r=70, t=BADGE_PX + 70, b=90),
                       legend=dict(orientation="h", y=-0.08, yanchor="top", x=0, xanchor="left"),
-                      title=dict(text=headline, x=0.01, y=0.99, yanchor="top"))
+                      title=dict(text=headline, x=0.01, y=1 - BADGE_PX / height, yanchor="top"))
     for ann in fig.layout.annotations:
         if ann.xref == "paper" and ann.yref == "paper" and ann.text and ann.x < 0.5:  # the left column's titles
             ann.update(x=0.0, xanchor="left", font=dict(size=12))

@@ -347,7 +347,7 @@ def test_first_frame_and_speedup():
     line = stats_view.speedup_markdown(_run(), TargetRate(rate / 2, False, "predicted (profile: shipped, cpu)"))
     assert "**2.00× the target alone (predicted)**" in line and "the latter predicted (profile: shipped" in line
     # the reading: tokens per target call and seconds a call, over the steps after the prompt's forward
-    assert "**2.0×**: 2.5 tokens per target call at 0.03 s a call" in line
+    assert "**2.0×**: 2.5 tokens per target call at 31.0 ms a call" in line
     line = stats_view.speedup_markdown(_run(), TargetRate(rate / 3, True, "measured on this prompt (24 target calls)"))
     assert "**3.00× the target alone**" in line and "predicted" not in line and "measured on this prompt" in line
     # the target alone is its own reference, whatever rate was known
