@@ -64,7 +64,8 @@ METHODS = (
 _BY_LABEL = {m.label: m for m in METHODS}
 #: Ticked when the tab opens: the tree shapes, and each kind of drafting (draft model, copies, both).
 DEFAULT_METHODS = ("Target only", "Chain", "SpecInfer", "Sequoia (budget & depth)", "Sequoia (auto)",
-                   "Sequoia + n-gram copies", "HF assisted", "HF prompt lookup", "llama.cpp target alone")
+                   "Sequoia (dynamic)", "Sequoia + n-gram copies", "HF assisted", "HF prompt lookup",
+                   "llama.cpp target alone")
 #: Tokens of the untimed warm-up run of every method (first-call costs then land on none of them).
 WARMUP_TOKENS = 2
 _HF_ERRORS = (ValueError, RuntimeError, NotImplementedError, TypeError)
@@ -216,12 +217,14 @@ def run_comparison(ctx: AppContext, prompt, budget, depth, temperature, top_p, m
     return state.rows, state.notes
 
 
-def _notes_markdown(rows, notes, temperature) -> str:
+def _notes_markdown(rows, notes, temperature, checked: bool = True) -> str:
+    """The notes under the table; ``checked=False``: the differing rows are not yet checked for near-ties."""
     lines = list(notes)
     if float(temperature) == 0:
-        bad = [r.method for r in rows if r.identical is False]
-        lines.append("**Identical at T=0:** " + ("all methods reproduce the target-only output ✓" if not bad
-                     else f"differs for {', '.join(bad)} (near-ties in low precision can flip tokens)"))
+        unchecked = [r.method for r in rows if r.identical is False and r.near_tie_at is None]
+        lines.append(compare_view.verdict(rows) if checked or not unchecked else
+                     f"*{', '.join(unchecked)}: the text parts from the target alone's; checking whether at a "
+                     "kernel near-tie…*")
     else:
         lines.append("At temperature > 0 outputs differ by design; only their distribution matches the target's.")
     lines.append(compare_view.reference_note(rows))
@@ -245,7 +248,7 @@ def on_compare(ctx, prompt, budget, depth, temperature, top_p, max_new, seed, ac
                                      chat, methods=list(methods or ())):
             if len(state.rows) == shown and state.running and not frame.due(time.monotonic()):
                 continue  # only the "n tokens so far" line would change: at most once a frame
-            md = _notes_markdown(state.rows, state.notes, temperature) if state.running is None else (
+            md = _notes_markdown(state.rows, state.notes, temperature, checked=False) if state.running is None else (
                 f"*Running **{state.running}** ({len(state.rows) + len(state.notes) + 1} of {state.total}): "
                 f"{state.tokens} tokens so far…*")
             if len(state.rows) == shown:
@@ -253,7 +256,8 @@ def on_compare(ctx, prompt, budget, depth, temperature, top_p, max_new, seed, ac
                 continue
             shown = len(state.rows)
             yield compare_view.figure(state.rows), compare_view.table(state.rows), md
-        yield from after_comparison(run_ctx, prompt, chat, state.rows, temperature, exact, md)
+        yield from after_comparison(run_ctx, prompt, chat, state.rows, temperature, exact,
+                                    lambda rows: _notes_markdown(rows, state.notes, temperature))
     except ValueError as exc:
         raise gr.Error(str(exc), title="Cannot compare") from None
     except RuntimeError as exc:
@@ -302,7 +306,8 @@ def build(ctx: AppContext) -> None:
                 budget = gr.Slider(1, cap, value=min(32, cap), step=1, label="budget")
                 depth = gr.Slider(1, 32, value=8, step=1, label="depth")
             with gr.Row():
-                temperature = gr.Slider(0, 2, value=0, step=0.05, label="temperature")
+                # A number box, as on the Live tab: a slider would set -1 to 0 without a word.
+                temperature = gr.Number(0, step=0.05, label="temperature (0 = greedy)")
                 top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p")
             with gr.Row():
                 # A number box, not a slider: a slider clamps 100000 to its maximum silently, while the
@@ -324,8 +329,9 @@ def build(ctx: AppContext) -> None:
                                   elem_id="sq-compare-exact")
         with gr.Column(scale=2):
             bars = gr.Plot(label="comparison")
-            table = gr.Dataframe(headers=compare_view.HEADERS, label="results", interactive=False)
-            notes = gr.Markdown()
+            table = gr.Dataframe(headers=compare_view.HEADERS, label="results", interactive=False,
+                                 elem_id="sq-compare-table", wrap=True, column_widths=compare_view.COLUMN_WIDTHS)
+            notes = gr.Markdown(elem_id="sq-compare-notes")
 
     # Named parameters: a refusal before the queue names the input it is about (components.validation).
     @functools.partial(serving.on_gpu, duration=lambda *a: serving.gpu_seconds(a[5], len(a[9] or ()) + 1))  # ZeroGPU
@@ -348,3 +354,5 @@ def build(ctx: AppContext) -> None:
     stop_btn.click(None, None, None, cancels=[event, exact_event], api_visibility="private")
     gr.api(compare_api_fn(ctx), api_name="compare", **MODEL_WORK)
     follow_temperature(temperature, acceptance, ctx.assets_dir)
+    for slider, name in ((budget, "budget"), (depth, "depth")):
+        validation.say_when_clamped(slider, name)

@@ -19,6 +19,7 @@ from plotly.subplots import make_subplots
 from sequoia.core.trace import StepRecord
 
 from . import method_color
+from .divergence_view import near_tie_wording
 
 REFERENCE = "target only"
 #: The row of the same target alone on llama.cpp (its shipped GGUF): a speed reference on other kernels, whose
@@ -26,6 +27,9 @@ REFERENCE = "target only"
 LLAMACPP_REFERENCE = "llama.cpp target only"
 HEADERS = ["method", "tokens", "latency (s)", "first token (s)", "tokens/s", "target calls", "tokens/call", "speedup",
            "identical"]
+#: Widths of those columns: the whole table fits a 1,280 px window beside the controls, and the identical column
+#: has room for "identical up to a kernel near-tie at token N" on two lines.
+COLUMN_WIDTHS = ["15%", "7%", "8%", "8%", "9%", "8%", "8%", "9%", "28%"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,7 @@ class CompareRow:
     token_ids: tuple[int, ...] = ()   # [tokens] the output, for identity checks
     identical: bool | None = None     # output == reference output (None: not compared)
     first_token_s: float | None = None  # time to the first output: the prompt's forward, alike for every method
+    near_tie_at: int | None = None    # differs only from this token on (1-based), at a kernel near-tie
 
     @property
     def tokens_per_s(self) -> float:
@@ -74,7 +79,26 @@ def speedups(rows: Sequence[CompareRow], reference: str = REFERENCE) -> list[flo
 def _flag(row: CompareRow) -> str:
     if row.method == LLAMACPP_REFERENCE:
         return "– other kernels"
+    if row.identical is False and row.near_tie_at is not None:
+        return "≈ " + near_tie_wording(row.near_tie_at)
     return {True: "✓ identical", False: "✗ differs", None: "–"}[row.identical]
+
+
+def mark_near_ties(rows: Sequence[CompareRow], positions: dict[str, int]) -> list[CompareRow]:
+    """``rows`` with ``near_tie_at`` set from ``positions`` (method -> 1-based token of a certified near-tie)."""
+    return [replace(r, near_tie_at=positions[r.method]) if r.method in positions else r for r in rows]
+
+
+def verdict(rows: Sequence[CompareRow]) -> str:
+    """The T=0 line: identical (some up to a near-tie), or which methods differ."""
+    bad = [r.method for r in rows if r.identical is False and r.near_tie_at is None]
+    ties = [r.method for r in rows if r.identical is False and r.near_tie_at is not None]
+    if bad:
+        return f"**Identical at T=0:** ✗ differs for {', '.join(bad)} (below: where and why)"
+    if ties:
+        return (f"**Identical at T=0:** every method reproduces the target-only output ✓, {len(ties)} of them up to "
+                "a kernel near-tie (below)")
+    return "**Identical at T=0:** all methods reproduce the target-only output ✓"
 
 
 def reference_note(rows: Sequence[CompareRow], reference: str = REFERENCE) -> str:

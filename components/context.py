@@ -43,6 +43,8 @@ from sequoia.runtime.finder import find_profile
 from sequoia.runtime.fingerprint import expected_fingerprint, machine_fingerprint
 from sequoia.runtime.models import BACKENDS
 
+from .target_rate import TargetRates
+
 #: The catalogue label of the built-in vector (used when no measured file fits).
 DEFAULT_ACCEPTANCE_LABEL = DEFAULT_ENTRY.label
 #: What Sequoia does while this machine's profile is being measured (conservative: never slower).
@@ -172,6 +174,9 @@ class AppContext:
     # same target on llama.cpp (the shipped GGUF), loaded on first use and kept; None: no such row offered.
     reference_loader: Callable[[Any, ProgressFn], Any] | None = None
     _reference: Any = field(default=None, repr=False)
+    # The target alone's rate measured per prompt and settings (components.target_rate), shared by every view of
+    # this context: its key holds the target, so exact mode's float32 target keeps its own entries.
+    target_rates: TargetRates = field(default_factory=TargetRates, repr=False)
     _reference_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _exact: Any = field(default=None, repr=False)
     _exact_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)

@@ -41,14 +41,41 @@ def describe(d: Divergence) -> str:
     return "\n".join([head, *body, why])
 
 
+def near_tie_wording(position: int) -> str:
+    """The identical column's words for a row that parts at a kernel near-tie (``position``: 1-based token)."""
+    return f"identical up to a kernel near-tie at token {position} (certify: exact mode)"
+
+
+def near_ties(divergences: Sequence[Divergence]) -> str:
+    """ONE explanation for every method that parts from the target alone at a near-tie ("" when none)."""
+    ties = [d for d in divergences if d.near_tie]
+    if not ties:
+        return ""
+    places: dict[tuple, list[str]] = {}
+    for d in ties:
+        places.setdefault((d.position, d.reference_text, d.other_text), []).append(d.method)
+    where = "; ".join(f"token {pos + 1}, target alone {_tok(ref)} vs {_tok(other)}: {', '.join(methods)}"
+                      for (pos, ref, other), methods in sorted(places.items()))
+    lead = min(abs(d.one_row.lead) for d in ties)
+    gap = max(d.gap for d in ties)
+    return (f"**Identical up to a kernel near-tie** ({where}). At that token the target's two best logits are "
+            f"{lead:.4f} apart, within what its two kernels differ by on this text ({gap:.4f}: one row at a time "
+            "for the target alone, many rows at once for verification, both in low precision). Both texts are "
+            "greedy decodes of the same target; **Run in exact mode** (float32 target) certifies them identical.")
+
+
 def markdown(divergences: Sequence[Divergence]) -> str:
-    """The whole section ("" when nothing diverged)."""
+    """The whole section ("" when nothing diverged): one paragraph for all near-ties, one bullet per other."""
     if not divergences:
         return ""
-    return "\n".join(["**Where the outputs part** (the target's logits at the first differing token, "
-                      "measured by replaying the shared prefix):", *map(describe, divergences),
-                      "", "Press **Run in exact mode** (under the Run button) to rerun with the float32 target: every "
-                      "method then matches."])
+    others = [d for d in divergences if not d.near_tie]
+    parts = [near_ties(divergences)]
+    if others:
+        parts.append("\n".join(["**Where the outputs part** (the target's logits at the first differing token, "
+                                "measured by replaying the shared prefix):", *map(describe, others), "",
+                                "Press **Run in exact mode** (under the Run button) to rerun with the float32 "
+                                "target: every method then matches."]))
+    return "\n\n".join(p for p in parts if p)
 
 
 def exact_markdown(all_identical: bool, gap=None) -> str:

@@ -66,11 +66,17 @@ def cell_views(result, n, d):
 
 
 def on_solve(acceptance_text, budget, depth, n, d, session: DPSession):
-    """Solve handler: parsed here, solved and drawn in the DP lane (:func:`run_dp_work`)."""
+    """Solve handler: parsed here, solved and drawn in the DP lane (:func:`run_dp_work`).
+
+    A bad vector, budget or depth leaves the last good figures and sliders as they are, with the message
+    beside them (an error raised here would put an error badge on every output instead).
+    """
     try:
         req = validation.dp_request(acceptance_text, budget, depth)
     except ValueError as exc:
-        raise gr.Error(str(exc), title="Cannot solve the DP") from None
+        kept = " The figures still show the last good vector." if session is not None and session.result else ""
+        return (gr.skip(), gr.skip(), f"**Cannot solve the DP:** {exc}.{kept}", gr.skip(), gr.skip(), gr.skip(),
+                gr.skip())
     heat, fig, md, curves, n, d, result = run_dp_work(solve_views, req, n, d)
     return (heat, fig, md, curves,
             gr.Slider(maximum=result.budget, value=n), gr.Slider(maximum=result.depth, value=d),
@@ -113,8 +119,8 @@ def copies_views(acceptance_text, copies_text, n, d):
             return None, "*Enter c_1, c_2, … (chance each copied token is accepted given the previous one was) " \
                          "to see the best tree holding a copied chain.*"
         req = validation.dp_request(acceptance_text, max(int(n), 1), max(int(d), 1))
-    except ValueError as exc:
-        raise gr.Error(str(exc), title="Cannot solve with the copied chain") from None
+    except ValueError as exc:   # the message beside the last good tree, not an error badge on it
+        return gr.skip(), f"**Cannot solve with the copied chain:** {exc}."
     return run_dp_work(_copies_views, req, copies)
 
 
@@ -274,8 +280,8 @@ def build(ctx: AppContext, demo: gr.Blocks) -> None:
             d = gr.Slider(0, 16, value=8, step=1, label="depth d")
             cell_md = gr.Markdown(elem_id="sq-dp-cell")
         with gr.Column(scale=2):
-            heat = gr.Plot(label="expected tokens per step (DP table)")
-            tree = gr.Plot(label="optimal tree of the selected cell")
+            heat = gr.Plot(label="expected tokens per step (DP table)", elem_id="sq-dp-heat")
+            tree = gr.Plot(label="optimal tree of the selected cell", elem_id="sq-dp-tree")
     curves = gr.Plot(label="scaling: expected tokens per step vs tree size")
     with gr.Accordion("Copied chain (tokens copied from the context)", open=False):
         with gr.Row():
@@ -294,8 +300,12 @@ def build(ctx: AppContext, demo: gr.Blocks) -> None:
     copies_io = ([vector, copies, n, d], [copies_tree, copies_md])
     solve_btn.click(on_solve, solve_inputs, solve_outputs, api_visibility="private", **LIGHT_WORK).then(
         on_copies, *copies_io, api_visibility="private", **LIGHT_WORK)
-    vector.submit(on_solve, solve_inputs, solve_outputs, api_visibility="private", **LIGHT_WORK).then(
-        on_copies, *copies_io, api_visibility="private", **LIGHT_WORK)
+    # Every change re-solves (always_last: a burst of keystrokes or a drag solves once, for its last value), so
+    # the figures never show another vector's numbers than the one in the box.
+    for box in (vector, budget, depth):
+        box.change(on_solve, solve_inputs, solve_outputs, api_visibility="private", trigger_mode="always_last",
+                   show_progress="minimal", **LIGHT_WORK).then(on_copies, *copies_io, api_visibility="private",
+                                                               **LIGHT_WORK)
     copies.submit(on_copies, *copies_io, api_visibility="private", **LIGHT_WORK)
     for s in (n, d):
         s.input(on_cell, [n, d, session], [heat, tree, cell_md], api_visibility="private",

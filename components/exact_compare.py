@@ -6,7 +6,7 @@ finished rows and asks the target (:mod:`sequoia.runtime.exactness`, :mod:`sequo
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import gradio as gr
 
@@ -15,17 +15,19 @@ from sequoia.runtime.exactness import certify
 from sequoia.runners.base import shared_vocab
 
 from . import divergence_view
-from .compare_view import REFERENCE, CompareRow
+from .compare_view import REFERENCE, CompareRow, mark_near_ties, table
 
 
 def after_comparison(ctx, prompt: str, chat: bool, rows: Sequence[CompareRow], temperature: float, exact: bool,
-                     notes: str) -> Iterator[tuple]:
-    """Yield (bars, table, notes) updates (only the notes change): at T=0, in exact mode, the run's margin
-    certificate; when a method differs, its first divergence with the target's top-2 margins there."""
+                     render: Callable[[Sequence[CompareRow]], str]) -> Iterator[tuple]:
+    """Yield (bars, table, notes) updates (``render(rows)``: the notes): at T=0, in exact mode, the run's margin
+    certificate; when a method differs, its first divergence with the target's top-2 margins there, and the
+    rows that part at a kernel near-tie say so in the table."""
     ref = next((r for r in rows if r.method == REFERENCE), None)
     if float(temperature) != 0 or ref is None:
         return
     differing = {r.method: r.token_ids for r in rows if r.identical is False}
+    notes = render(rows)
     if not exact and not differing:
         return
     pair = ctx.pair()
@@ -39,5 +41,7 @@ def after_comparison(ctx, prompt: str, chat: bool, rows: Sequence[CompareRow], t
     if differing:
         yield gr.skip(), gr.skip(), notes + "\n\n*Finding where the outputs part (replaying the prefix)…*"
         found = explain_all(pair.target, pair.tokenizer, ids, ref.token_ids, differing, vocab)
+        if not exact:   # in exact mode a difference is never a rounding near-tie
+            rows = mark_near_ties(rows, {d.method: d.position + 1 for d in found if d.near_tie})
         extra.append(divergence_view.markdown(found))
-    yield gr.skip(), gr.skip(), notes + "\n\n" + "\n\n".join(extra)
+    yield gr.skip(), table(rows), render(rows) + "\n\n" + "\n\n".join(extra)

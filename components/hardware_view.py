@@ -102,7 +102,8 @@ def choice_markdown(choice, acceptance_name: str = "") -> str:
     if choice.budget == 0:
         return (f"**No speculation pays off** on this profile: target alone at "
                 f"{choice.baseline_ms:.1f} ms/token.")
-    src = f" for acceptance *{acceptance_name}*" if acceptance_name else ""
+    # Quotes, not italics: asterisks inside the bold line around a name ending in ")" were shown literally.
+    src = f" for acceptance “{acceptance_name}”" if acceptance_name else ""
     return (f"**Chosen tree{src}: {choice.budget} draft tokens, depth {choice.depth}** · "
             f"{choice.expected_tokens:.2f} expected tokens/step · predicted "
             f"**{choice.ms_per_token:.1f} ms/token** (draft {choice.cost.draft_ms:.1f} ms + "

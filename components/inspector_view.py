@@ -26,7 +26,7 @@ from sequoia.core.stats import dropped_nodes, kept
 from sequoia.core.trace import NGRAM, NodeCheck, StepRecord
 
 from . import COLORS
-from .tree_view import escape_token, visible
+from .tree_view import BADGE_PX, escape_token, visible
 
 #: At most this many sibling rows (the latest ones) in one figure.
 MAX_ROWS = 4
@@ -44,6 +44,12 @@ def node_choices(record: StepRecord) -> list[tuple[str, int]]:
     bonus = record.tree.n_nodes
     out.append((f"bonus · {visible(record.bonus_text)}", bonus))
     return out
+
+
+def default_node(record: StepRecord) -> int:
+    """The node a picker preselects: the step's first rejected node (the interesting test), else the bonus."""
+    rejected = [n for _, n in node_choices(record) if n < record.tree.n_nodes and record.status[n] == "rejected"]
+    return rejected[0] if rejected else record.tree.n_nodes
 
 
 def _check(record: StepRecord, node: int) -> NodeCheck | None:
@@ -95,12 +101,22 @@ def figure(record: StepRecord, node: int) -> go.Figure:
         _bars(fig, c, _token(record, c), r, first=r == 1, tested=not bonus)
         if not bonus:
             _gauge(fig, c, r, "min(1, p/1)" if copied(record, c.node) else "min(1, p/q)")
-    fig.update_layout(height=170 + 210 * len(rows), barmode="group", plot_bgcolor="white",
-                      margin=dict(l=40, r=20, t=60, b=40), legend=dict(orientation="h", y=1.02, yanchor="bottom",
-                                                                        x=0, xanchor="left"),
-                      title=dict(text=_headline(record, check), x=0.01, y=0.995, yanchor="top"))
-    fig.update_yaxes(range=[0, 1.05], gridcolor="#eee")
+    _lay_out(fig, _headline(record, check), len(rows))
     return fig
+
+
+def _lay_out(fig: go.Figure, headline: str, n_rows: int) -> None:
+    """Headline on top, legend at the bottom, row titles from each row's left edge: the legend used to sit
+    where the headline was, and centred row titles ran off the left ("nus token…")."""
+    height = 170 + 210 * n_rows
+    fig.update_layout(height=height, barmode="group", plot_bgcolor="white",
+                      margin=dict(l=40, r=70, t=BADGE_PX + 70, b=90),
+                      legend=dict(orientation="h", y=-0.08, yanchor="top", x=0, xanchor="left"),
+                      title=dict(text=headline, x=0.01, y=1 - BADGE_PX / height, yanchor="top"))
+    for ann in fig.layout.annotations:
+        if ann.xref == "paper" and ann.yref == "paper" and ann.text and ann.x < 0.5:  # the left column's titles
+            ann.update(x=0.0, xanchor="left", font=dict(size=12))
+    fig.update_yaxes(range=[0, 1.05], gridcolor="#eee")
 
 
 def _row_title(record: StepRecord, c: NodeCheck) -> str:
@@ -146,7 +162,7 @@ def _gauge(fig: go.Figure, c: NodeCheck, row: int, rule: str = "min(1, p/q)") ->
     fig.add_trace(go.Bar(x=[rule], y=[chance], showlegend=False, marker_color="#c9ecc9",
                          hovertemplate="accepted with probability %{y:.3f}<extra></extra>"), row=row, col=2)
     fig.add_trace(go.Scatter(x=[rule], y=[c.u], mode="markers+text", text=[f"u = {c.u:.3f}"],
-                             textposition="middle right", showlegend=False, hoverinfo="skip",
+                             textposition="middle right", showlegend=False, hoverinfo="skip", cliponaxis=False,
                              marker=dict(symbol="line-ew-open", size=40, line=dict(width=3, color=(
                                  COLORS["accepted"] if c.accepted else COLORS["rejected"])))), row=row, col=2)
 
@@ -188,7 +204,17 @@ def _empty(text: str) -> go.Figure:
 
 # ------------------------------------------------------------------ words
 def explain(record: StepRecord, node: int) -> str:
-    """Markdown: why ``node`` was accepted or rejected (or where the bonus came from), in plain words."""
+    """Markdown: which step and node (the picker's), then why it was accepted or rejected (or where the bonus
+    came from), in plain words."""
+    return f"**{heading(record, node)}**\n\n{_explain(record, node)}"
+
+
+def heading(record: StepRecord, node: int) -> str:
+    """'step 7 · node 3' or 'step 7 · bonus': names what the inspector shows, as the picker does."""
+    return f"step {record.step} · " + ("bonus" if node == record.tree.n_nodes else f"node {node}")
+
+
+def _explain(record: StepRecord, node: int) -> str:
     check = _check(record, node)
     if check is None:
         return _why_not(record, node)

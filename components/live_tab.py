@@ -19,13 +19,12 @@ from dataclasses import dataclass, field, replace
 
 import gradio as gr
 
-from sequoia.core.cost import baseline_ms
 from sequoia.core.request import BY_NAME, METHOD_OF_LABEL
 from sequoia.core.trace import StepRecord
 from sequoia.runtime.dynamic import MAX_DEPTH
 from sequoia.runtime.finder import DEFAULT_ENTRY
 
-from . import inspector_view, serving, stats_view, text_view, tree_view, validation
+from . import inspector_view, serving, stats_view, target_rate, text_view, tree_view, validation
 from .divergence_view import LOADING as EXACT_LOADING
 from .context import (
     LIGHT_WORK,
@@ -41,11 +40,19 @@ from .validation import EngineInputs
 
 #: The method the page opens on: the tree the machine's profile prices as best, per step.
 DEFAULT_METHOD = "Sequoia (dynamic)"
-DEFAULT_NEW_TOKENS = 48
+#: Long enough that the rate is the method's, not the first step's (the prompt's forward and warm caches).
+DEFAULT_NEW_TOKENS = 128
 #: The one-click example: a code prompt whose trees visibly branch when sampling at T=0.6.
 GUIDED = dict(prompt="Write a Python function fizzbuzz(n) that returns the FizzBuzz strings for 1..n.",
-              method="Sequoia (budget & depth)", budget=32, depth=6, temperature=0.6, max_new=48, seed=0)
+              method="Sequoia (budget & depth)", budget=32, depth=6, temperature=0.6, max_new=DEFAULT_NEW_TOKENS,
+              seed=0)
+#: Always on screen above the tab: where to begin.
+START_HERE = ("**Start here:** press **▶ Guided example** (under Decode) to watch a code prompt decode, then read "
+              "top to bottom: the coloured text, the line under it (how much faster than the target alone, and why), "
+              "the tree of the step on the slider, and the inspector under it. *How to read this* explains each piece.")
 HOW_TO_READ = """\
+Read top to bottom on the right: text, summary, tree, inspector; the statistics are at the bottom of the page.
+**Summary**: "× the target alone" divides this run's decode rate by the target alone's, measured on the same prompt and settings after the run (once; until then it says "predicted" and from which hardware profile).
 **Text**: green tokens are drafts the target accepted, blue ones the target drew itself (the bonus); a thin bar starts each target call, and the slider outlines one step.
 **Tree**: the step's draft tree, first-sampled child on the left (the one p_1 is about); green = accepted path, red = tested and rejected, grey = never tested, open = cut by the length limit.
 **Inspector**: pick a node to see the target's p and the draft's q over the likeliest tokens, the random draw u against min(1, p/q), and the residual the next sibling is tested against.
@@ -61,7 +68,8 @@ class LiveSession:
 
     records: list[StepRecord] = field(default_factory=list)
     prompt: str = ""
-    target_tps: float | None = None   # the profile's predicted tokens/s of the target alone (None: no profile)
+    rate: target_rate.TargetRate | None = None   # the target alone's rate, measured or predicted (it says which)
+    itself: bool = False              # this run is the target alone: its own reference (1.00×)
     elsewhere: str = ""               # the fastest configuration measured here, when another one (see context)
 
 
@@ -101,7 +109,7 @@ def _views(session: LiveSession, selected: int | None, stats: bool, tree: bool =
 def summary(session: LiveSession) -> str:
     """The statistics line plus this run's speed against the target alone (predicted by the profile)."""
     md = stats_view.summary_markdown(session.records)
-    line = stats_view.speedup_markdown(session.records, session.target_tps)
+    line = stats_view.speedup_markdown(session.records, session.rate, session.itself)
     return md + ("  \n" + line if line else "") + ("  \n" + session.elsewhere if session.elsewhere else "")
 
 
@@ -109,6 +117,19 @@ def first_frame(prompt: str) -> tuple[str, str]:
     """What the page shows the moment Decode is pressed: the prompt and a note, before any step is done."""
     return (text_view.html_view([], prompt=prompt or "", waiting="drafting the first step…"),
             "*Drafting and verifying the first step…*")
+
+
+def checked_first_frame(ctx: AppContext, prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed,
+                        acceptance_name, chat):
+    """The first frame of a request the server will take; a refused one (the validator says why beside its
+    field) leaves the last good output in place, with no placeholder waiting for a run that never starts."""
+    try:
+        vec = acceptance_catalogue(ctx.assets_dir).get(acceptance_name)
+        validation.decode_request(ctx, prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed,
+                                  chat, vec)   # remembered: the validator's and the handler's parse reuse it
+    except ValueError:
+        return gr.skip(), gr.skip()
+    return first_frame(prompt)
 
 
 def _elsewhere(ctx: AppContext, acceptance, method: str) -> str:
@@ -119,9 +140,34 @@ def _elsewhere(ctx: AppContext, acceptance, method: str) -> str:
         return ""
 
 
-def _predicted_target_tps(ctx: AppContext) -> float | None:
-    prof = ctx.profile
-    return 1000.0 / baseline_ms(prof) if prof is not None else None  # the optimizer's baseline
+def _rate_key(ctx: AppContext, job: EngineInputs) -> tuple:
+    return target_rate.rate_key(ctx.pair(), job.prompt_ids, job.config)
+
+
+def _known_rate(ctx: AppContext, job: EngineInputs) -> target_rate.TargetRate | None:
+    """The target alone's rate on this prompt if measured already, else the profile's labelled prediction."""
+    return ctx.target_rates.get(_rate_key(ctx, job)) or target_rate.predicted(ctx.choice)
+
+
+def _measure_alone(ctx: AppContext, req, job: EngineInputs, session: LiveSession):
+    """After a run: the target alone's rate on its prompt and settings, measured once and cached (a run of the
+    target alone is its own measurement).  Yields the summary while it measures."""
+    key = _rate_key(ctx, job)
+    if session.itself:
+        rate = target_rate.measured_rate(session.records, "measured by this run")
+        if rate is not None:
+            ctx.target_rates.put(key, rate)
+        return
+    if session.rate is not None and session.rate.measured or len(session.records) < 2:
+        return
+    yield (gr.skip(),) * 3 + (summary(session) + "  \n*Measuring the target alone on this prompt (once)…*",
+                              gr.skip(), session)
+    alone = validation.engine_inputs(ctx, req.for_method("Target alone"))
+    rate = target_rate.probe(lambda config: run_decode(ctx, replace(alone, config=config)), job.config)
+    if rate is not None:
+        ctx.target_rates.put(key, rate)
+        session.rate = rate
+    yield (gr.skip(),) * 3 + (summary(session), gr.skip(), session)
 
 
 def _slider(n_records: int) -> gr.Slider:
@@ -148,15 +194,18 @@ def decode_stream(ctx: AppContext, prompt, method, budget, depth, temperature, t
         raise gr.Error(str(exc), title="Cannot decode") from None
     if job.note:
         gr.Warning(job.note)
-    session = LiveSession(prompt=prompt, target_tps=_predicted_target_tps(ctx),
+    session = LiveSession(prompt=prompt, rate=_known_rate(ctx, job), itself=req.method.name == "ar",
                           elsewhere=_elsewhere(ctx, acceptance, req.method.name))
     try:
         with closing(run_decode(ctx, replace(job, inspect=True))) as steps:
             yield from _stream_views(session, steps)
-    except ValueError as exc:
-        raise gr.Error(str(exc), title="Cannot decode") from None
-    except RuntimeError as exc:
-        raise gr.Error(f"decoding failed: {exc}", title="Decoding error") from None
+        yield from _measure_alone(ctx, req, job, session)
+    except (ValueError, RuntimeError) as exc:
+        # A message beside the page, not an error state on every output: the first frame's placeholder goes.
+        what = "Cannot decode" if isinstance(exc, ValueError) else "Decoding failed"
+        gr.Warning(f"{what}: {exc}")
+        yield (text_view.html_view([], prompt=prompt), gr.skip(), gr.skip(), f"**{what}:** {exc}", gr.skip(),
+               gr.skip())
 
 
 def _stream_views(session: LiveSession, steps: Iterator[StepRecord]):
@@ -213,20 +262,30 @@ def decode_api_fn(ctx: AppContext):
 
 
 # ------------------------------------------------------------------ layout
+_NO_NODE = "*Decode something, then pick a node of the step shown above.*"
+
+
 def inspect_choices(step, session: LiveSession):
-    """The nodes of one step the inspector can show (tested nodes, then the bonus), first rejected preselected."""
+    """The picker for one step (tested nodes, then the bonus; the first rejected preselected) with the figure
+    and words of that very node.
+
+    All three together: the node's number alone often stays the same from step to step (the bonus of a
+    chain), and a picker whose value did not change fires no change event, which left the words and the
+    figure on an older step while the picker named the new one.
+    """
     if session is None or not session.records:
-        return gr.Dropdown(choices=[], value=None)
+        return gr.Dropdown(choices=[], value=None), None, _NO_NODE
     rec = session.records[min(max(int(step), 0), len(session.records) - 1)]
     choices = inspector_view.node_choices(rec)
-    rejected = [n for _, n in choices if n < rec.tree.n_nodes and rec.status[n] == "rejected"]
-    return gr.Dropdown(choices=choices, value=(rejected or [choices[-1][1]])[0])
+    node = inspector_view.default_node(rec)
+    return (gr.Dropdown(choices=choices, value=node), inspector_view.figure(rec, node),
+            inspector_view.explain(rec, node))
 
 
 def inspect_node(node, step, session: LiveSession):
     """Inspector handler: figure and explanation of one node of the shown step."""
     if session is None or not session.records or node is None:
-        return None, "*Decode something, then pick a node of the step shown above.*"
+        return None, _NO_NODE
     rec = session.records[min(max(int(step), 0), len(session.records) - 1)]
     return inspector_view.figure(rec, int(node)), inspector_view.explain(rec, int(node))
 
@@ -236,6 +295,7 @@ def build(ctx: AppContext) -> None:
     cap = ctx.budget_cap()
     choices = list(acceptance_catalogue(ctx.assets_dir))
     start_vector = default_acceptance_label("code", 0.0, ctx.assets_dir)
+    gr.Markdown(START_HERE, elem_id="sq-start")
     with gr.Accordion("How to read this", open=False):
         gr.Markdown(HOW_TO_READ)
     with gr.Row():
@@ -249,7 +309,10 @@ def build(ctx: AppContext) -> None:
                 depth = gr.Slider(1, 32, value=8, step=1, label="depth")
             gr.Markdown(budget_help())
             with gr.Row():
-                temperature = gr.Slider(0, 2, value=0, step=0.05, label="temperature (0 = greedy)")
+                # A number box, not a slider: a slider's box sets -1 to 0 on its own and the decode ran at T=0;
+                # here the request check refuses it beside the field and nothing runs.
+                temperature = gr.Number(0, step=0.05, label="temperature (0 = greedy)",
+                                        elem_id="sq-temperature")
                 top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p")
             with gr.Row():
                 # A number box, not a slider: a slider clamps 100000 to its maximum silently, while the
@@ -274,8 +337,7 @@ def build(ctx: AppContext) -> None:
             tree = gr.Plot(label="Speculated tree", elem_id="sq-tree")
             with gr.Accordion("Inspector: why was a node accepted or rejected?", open=True, elem_id="sq-inspector"):
                 node = gr.Dropdown([], label="node of the step shown above", elem_id="sq-inspect-node")
-                explain = gr.Markdown("*Decode something, then pick a node of the step shown above.*",
-                                      elem_id="sq-inspect-text")
+                explain = gr.Markdown(_NO_NODE, elem_id="sq-inspect-text")
                 inspect_fig = gr.Plot(label="target p and draft q at the test", elem_id="sq-inspect-plot")
     stats = gr.Plot(label="Statistics", elem_id="sq-stats")
     session = gr.State(LiveSession())
@@ -297,14 +359,18 @@ def build(ctx: AppContext) -> None:
     outputs = [text, tree, stats, summary_md, step, session]
     # The first frame comes from a light event outside the model queue, so it shows at once (even while
     # another visitor's decode holds the model).
-    go_btn.click(first_frame, prompt, [text, summary_md], api_visibility="private", show_progress="hidden",
+    frame = functools.partial(checked_first_frame, ctx)
+    go_btn.click(frame, inputs, [text, summary_md], api_visibility="private", show_progress="hidden",
                  concurrency_limit=None)
     event = go_btn.click(handler, inputs, outputs, api_name="decode_stream", **MODEL_WORK)
-    fields = [prompt, method, budget, depth, temperature, max_new, seed]
-    guided = guided_btn.click(lambda: [GUIDED[k] for k in ("prompt", "method", "budget", "depth", "temperature",
-                                                            "max_new", "seed")],
+    fields = [prompt, method, budget, depth, temperature, max_new, seed, acceptance]
+    # The vector measured nearest the example's temperature, as moving the slider by hand would pick.
+    guided_vector = default_acceptance_label("code", GUIDED["temperature"], ctx.assets_dir)
+    guided_values = [min(GUIDED[k], new_cap) if k == "max_new" else GUIDED[k]
+                     for k in ("prompt", "method", "budget", "depth", "temperature", "max_new", "seed")]
+    guided = guided_btn.click(lambda: [*guided_values, guided_vector if guided_vector in choices else gr.skip()],
                               None, fields, api_visibility="private", concurrency_limit=None)
-    guided = guided.then(first_frame, prompt, [text, summary_md], api_visibility="private",
+    guided = guided.then(frame, inputs, [text, summary_md], api_visibility="private",
                          show_progress="hidden", concurrency_limit=None)
     guided_run = guided.then(handler, inputs, outputs, api_visibility="private", **MODEL_WORK)
     # Cancelling closes the handler's generator, and with it the engine's (see decode_stream).
@@ -313,10 +379,17 @@ def build(ctx: AppContext) -> None:
     # input (user moves only, not the updates streamed during decoding); always_last drops stale drags.
     step.input(show_step, [step, session], [tree, text], api_visibility="private", trigger_mode="always_last",
                **LIGHT_WORK)
-    # change also fires on the slider updates the stream sends, so the picker follows the tree on screen.
-    step.change(inspect_choices, [step, session], node, api_visibility="private", trigger_mode="always_last",
-                show_progress="hidden", **LIGHT_WORK)
-    node.change(inspect_node, [node, step, session], [inspect_fig, explain], api_visibility="private",
-                trigger_mode="always_last", show_progress="hidden", **LIGHT_WORK)
+    # change also fires on the slider updates the stream sends, so the inspector follows the tree on screen; a
+    # run's end refreshes it too (a new run as long as the last leaves the slider's value, so no change fires).
+    inspector = dict(fn=inspect_choices, inputs=[step, session], outputs=[node, inspect_fig, explain],
+                     api_visibility="private", show_progress="hidden", **LIGHT_WORK)
+    step.change(trigger_mode="always_last", **inspector)
+    for run in (event, guided_run, exact_event):
+        run.then(**inspector)
+    # input: the visitor's own pick (the updates above set figure and words with the picker).
+    node.input(inspect_node, [node, step, session], [inspect_fig, explain], api_visibility="private",
+               trigger_mode="always_last", show_progress="hidden", **LIGHT_WORK)
     gr.api(decode_api_fn(ctx), api_name="decode", **MODEL_WORK)
     follow_temperature(temperature, acceptance, ctx.assets_dir)
+    for slider, name in ((budget, "budget"), (depth, "depth")):
+        validation.say_when_clamped(slider, name)

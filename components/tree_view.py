@@ -183,12 +183,36 @@ def _add_edges(fig: go.Figure, parents, pos, highlight) -> None:
                              line=dict(color=COLORS[ACCEPTED], width=4)))
 
 
+#: The tallest a tree figure gets: a 16-deep chain at 90 px a level was 1,600 px, more than a screen.
+MAX_HEIGHT = 640
+#: Pixels at the top of a figure that the page's label badge covers (gr.Plot's label sits over the figure).
+BADGE_PX = 30
+#: Characters of a title line; longer titles break at a " · " (Plotly neither wraps nor shrinks titles).
+TITLE_LINE = 72
+
+
+def wrap_title(title: str, width: int = TITLE_LINE) -> str:
+    """``title`` with "<br>" in place of the " · " separators that would run a line past ``width``."""
+    parts = title.split(" · ")
+    lines = [parts[0]]
+    for part in parts[1:]:
+        if len(lines[-1]) + 3 + len(part) > width:
+            lines.append(part)
+        else:
+            lines[-1] += " · " + part
+    return "<br>".join(lines)
+
+
 def _style(fig: go.Figure, pos, title: str) -> None:
     depth = int(-min(y for _, y in pos.values()))
     width = max(x for x, _ in pos.values())
+    text = wrap_title(title)
+    top = BADGE_PX + 12 + 20 * (text.count("<br>") + 1)
+    height = min(MAX_HEIGHT, max(260, 90 * (depth + 1) + 80))
     fig.update_layout(
-        title=dict(text=title, x=0.01), height=max(260, 90 * (depth + 1) + 80),
-        margin=dict(l=10, r=10, t=50, b=10), plot_bgcolor="white", hovermode="closest",
+        title=dict(text=text, x=0.01, y=1 - BADGE_PX / height, yanchor="top", font=dict(size=14)),
+        height=height,
+        margin=dict(l=10, r=10, t=top, b=10), plot_bgcolor="white", hovermode="closest",
         legend=dict(orientation="h", y=-0.02, yanchor="top"),
     )
     fig.update_xaxes(visible=False, range=[-0.8, width + 0.8])

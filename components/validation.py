@@ -234,3 +234,22 @@ def attach_validators(demo: gr.Blocks, ctx: AppContext) -> list[str]:
             fn.validator = found[fn.api_name]
             guarded.append(fn.api_name)
     return guarded
+
+
+# ------------------------------------------------------------------ sliders
+def say_when_clamped(slider: gr.Slider, name: str) -> None:
+    """Warn when a value typed into ``slider``'s box lies outside its range: the browser then sets the nearest
+    end without a word (and the server only ever sees that).  The raw value reaches this handler unchecked
+    (``preprocess=False``: the slider's own check would answer with an error toast instead)."""
+    lo, hi = slider.minimum, slider.maximum
+
+    def check(raw) -> None:
+        try:
+            value = float(raw)
+        except (TypeError, ValueError):
+            return
+        if value < lo or value > hi:
+            gr.Warning(f"{name} {value:g} is outside {lo:g}..{hi:g}: it was set to {min(max(value, lo), hi):g}.")
+
+    slider.input(check, slider, None, preprocess=False, api_visibility="private", show_progress="hidden",
+                 concurrency_limit=None)

@@ -40,8 +40,9 @@ def ctx(demo) -> AppContext:
 
 def _stream(ctx, prompt="def f(x):", method="Sequoia (budget & depth)", budget=8, depth=3, temperature=0.0,
             top_p=1.0, max_new=12, seed=0):
-    return list(live_tab.decode_stream(ctx, prompt, method, budget, depth, temperature, top_p, max_new, seed,
-                                       CODE, True))
+    """The stream's view frames (the frames after the run only update the summary: the ratio's measurement)."""
+    return [out for out in live_tab.decode_stream(ctx, prompt, method, budget, depth, temperature, top_p, max_new,
+                                                  seed, CODE, True) if out[0] != gr.skip()]
 
 
 def _proposer(ctx, method, budget, depth):
@@ -223,7 +224,8 @@ def test_compare_streams_rows_and_stops(ctx, monkeypatch):
 
 def test_compare_api_rows(ctx):
     rows = asyncio.run(compare_tab.compare_api_fn(ctx)("x", 4, 2, 0.0, 1.0, 4, 0, False))
-    assert [r["method"] for r in rows] == ["target only", "chain", "specinfer", "sequoia", "sequoia-ngram"]
+    assert [r["method"] for r in rows] == ["target only", "chain", "specinfer", "sequoia", "sequoia-dynamic",
+                                            "sequoia-ngram"]
     assert all(r["identical"] == "✓ identical" for r in rows)
 
 
@@ -248,10 +250,11 @@ def test_dp_tab_solve_and_cell():
     assert len(curves.data) == 4
     heat, tree, md = dp_tab.on_cell(5, 1, session)
     assert "n = 5, d = 1" in md
-    with pytest.raises(gr.Error, match="sum to at most 1"):
-        dp_tab.on_solve("0.9, 0.5", 16, 4, 4, 2, dp_tab.DPSession())
-    with pytest.raises(gr.Error, match="budget"):
-        dp_tab.on_solve("0.5", 5000, 4, 4, 2, dp_tab.DPSession())
+    # A refused vector or budget keeps the last good figures and sliders, with the message beside them.
+    bad = dp_tab.on_solve("0.9, 0.5", 16, 4, 4, 2, session)
+    assert "sum to at most 1" in bad[2] and "last good vector" in bad[2]
+    assert all(x == gr.skip() for i, x in enumerate(bad) if i != 2)
+    assert "budget" in dp_tab.on_solve("0.5", 5000, 4, 4, 2, dp_tab.DPSession())[2]
     out = dp_tab.dp_api("[0.8, 0.1]", 8, 3)
     assert out["budget"] == 8 and set(out["curves"]) >= {"sequoia", "chain"}
 

@@ -158,7 +158,7 @@ def test_errors_show_in_the_page_then_a_good_request_works(page, tmp_path):
     _decode(page, "   ", 8)
     sync_api.expect(page.get_by_text("prompt is empty").first).to_be_visible()
     _decode(page, "x" * 400, 200)  # prompt + 200 new tokens + tree do not fit the tiny target's 512 positions
-    sync_api.expect(page.get_by_text("exceeds the target's context of 512")).to_be_visible()
+    sync_api.expect(page.get_by_text("exceeds the target's context of 512").first).to_be_visible()
     _screenshot(page, tmp_path, "live-error")
     _decode(page, "def ok():", 6)
     sync_api.expect(page.locator("#sq-summary")).to_contain_text("6 tokens")
@@ -276,3 +276,116 @@ def test_readme_figure_the_live_tab_mid_decode(browser_context, monkeypatch, tmp
     finally:
         page.close()
         demo.close()
+
+
+# ------------------------------------------------------------------ one test per defect of issue 31
+def _tree_step(page) -> int:
+    """The step whose tree is on screen, from the tree's title ("step 11 · …")."""
+    title = page.locator("#sq-tree .gtitle").first.text_content()
+    return int(re.match(r"step (\d+)", title).group(1))
+
+
+def test_the_ratio_is_measured_on_the_prompt_and_the_target_alone_is_1x(page):
+    _decode(page, "def add(a, b):", 12, method="Chain")
+    summary = page.locator("#sq-summary")
+    sync_api.expect(summary).to_contain_text("finished: length")
+    # no profile on this server: nothing to predict with, so the ratio waits for the measurement
+    sync_api.expect(summary).to_contain_text("the latter measured on this prompt")
+    sync_api.expect(summary).to_contain_text("tokens per target call at")
+    _decode(page, "def add(a, b):", 12, method="Target alone")
+    sync_api.expect(summary).to_contain_text("1.00× the target alone")
+    assert "0." not in summary.text_content().split("× the target alone")[0][-6:]
+
+
+def test_the_inspector_explains_the_selected_step_after_the_run(page):
+    # The target alone's every step has one node, the bonus: the picker's value never changes between steps,
+    # which is where the words used to stay on an early step.
+    _decode(page, "def add(a, b):", 10, method="Target alone")
+    sync_api.expect(page.locator("#sq-summary")).to_contain_text("finished: length")
+    sync_api.expect(page.locator("#sq-tree .gtitle")).to_contain_text("step 9")
+    last = _tree_step(page)
+    sync_api.expect(page.locator("#sq-inspect-text")).to_contain_text(f"step {last} · bonus")
+    sync_api.expect(page.locator("#sq-inspect-plot .gtitle")).to_contain_text(f"step {last} · bonus")
+    sync_api.expect(page.locator("#sq-inspect-node input")).to_have_value(re.compile(r"^bonus"))
+
+
+def test_a_refused_request_keeps_the_last_output_and_no_placeholder(page):
+    _decode(page, "def ok():", 6)
+    summary = page.locator("#sq-summary")
+    sync_api.expect(summary).to_contain_text("6 tokens")
+    before = page.locator("#sq-text").text_content()
+    _decode(page, "   ", 8)
+    sync_api.expect(page.get_by_text("prompt is empty").first).to_be_visible()
+    _decode(page, "def ok():", 5000)
+    sync_api.expect(page.get_by_text("cap of 256").first).to_be_visible()
+    time.sleep(1.0)   # room for a stray first frame to arrive
+    sync_api.expect(summary).to_contain_text("6 tokens")
+    sync_api.expect(summary).not_to_contain_text("Drafting")
+    assert page.locator("#sq-text").text_content() == before
+
+
+def test_a_negative_temperature_is_refused_and_nothing_runs(page, monkeypatch):
+    runs = _slow_steps(monkeypatch, 0.0)
+    page.locator("#sq-prompt textarea").fill("def f():")
+    box = page.locator("#sq-temperature input")
+    box.fill("-1")
+    box.press("Enter")
+    page.get_by_role("button", name="Decode", exact=True).click()
+    sync_api.expect(page.get_by_text("temperature must be in 0..100").first).to_be_visible()
+    time.sleep(2.0)
+    assert runs.steps == 0 and box.input_value() == "-1"     # not set to 0 behind the visitor's back
+    sync_api.expect(page.locator("#sq-summary")).not_to_contain_text("Drafting")
+
+
+def test_a_clamped_budget_says_so(page):
+    box = page.get_by_label("number input for budget (draft tokens / step)")
+    box.fill("100000")
+    box.press("Enter")
+    sync_api.expect(page.get_by_text("budget 100000 is outside 1..24: it was set to 24").first).to_be_visible()
+
+
+def test_the_dp_figures_follow_the_vector_without_solve(page):
+    page.get_by_role("tab", name="DP explorer").click()
+    cell = page.locator("#sq-dp-cell")
+    sync_api.expect(cell).to_contain_text("expected tokens/step")
+    box = page.get_by_label("p_1, p_2, … (editable)")
+    box.fill("0.6, 0.2")
+    value = dp_tab.solve("0.6, 0.2", 128, 16).value(32, 8)
+    sync_api.expect(cell).to_contain_text(f"{value:.3f} expected tokens/step")
+    box.fill("0.9, 0.5")     # sums past 1: refused, the last good figures stay
+    sync_api.expect(cell).to_contain_text("Cannot solve the DP")
+    sync_api.expect(page.locator("#sq-dp-heat .js-plotly-plot")).to_be_visible()
+    assert page.locator("#sq-dp-heat").get_by_text("Error", exact=True).count() == 0
+
+
+@pytest.fixture(scope="module")
+def tie_server(tmp_path_factory, tiny_target):
+    """The app on a tiny target whose one-row and many-row forwards break a near-tie differently."""
+    from test_exact_mode import near_tie
+
+    from conftest import app_pair
+
+    tied = near_tie(tiny_target)
+    demo = app.build_demo(app_pair(tied, tied), assets_dir=tmp_path_factory.mktemp("assets-tie"), max_budget=24)
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True,
+                            quiet=True, css_paths=[app.CSS_PATH])
+    yield url
+    demo.close()
+
+
+def test_compare_reads_a_kernel_near_tie_as_identical(tie_server, browser_context):
+    page = browser_context.new_page()
+    try:
+        page.goto(tie_server, wait_until="domcontentloaded")
+        page.get_by_role("tab", name="Compare").click()
+        box = page.get_by_label(re.compile(r"^max new tokens")).last
+        box.fill("8")
+        box.press("Enter")
+        page.get_by_role("button", name="Run comparison", exact=True).click()
+        notes = page.locator("#sq-compare-notes")
+        sync_api.expect(notes).to_contain_text("Identical up to a kernel near-tie", timeout=120_000)
+        sync_api.expect(page.locator("#sq-compare-table")).to_contain_text("identical up to a kernel near-tie at token")
+        assert notes.get_by_text("Identical up to a kernel near-tie").count() == 1   # one explanation for all rows
+        sync_api.expect(page.locator("#sq-compare-table")).not_to_contain_text("✗ differs")
+    finally:
+        page.close()

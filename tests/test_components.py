@@ -236,6 +236,10 @@ def test_compare_rows_flags_and_figure():
     tab = compare_view.table(rows)
     assert len(tab[0]) == len(compare_view.HEADERS)
     assert tab[1][-1] == "✓ identical" and tab[2][-1] == "✗ differs" and tab[2][5] == "–"
+    assert "✗ differs for hf assisted" in compare_view.verdict(rows)
+    tied = compare_view.mark_near_ties(rows, {"hf assisted": 50})
+    assert compare_view.table(tied)[2][-1] == "≈ identical up to a kernel near-tie at token 50 (certify: exact mode)"
+    assert "differs" not in compare_view.verdict(tied) and "1 of them up to a kernel near-tie" in compare_view.verdict(tied)
     assert tab[0][3] == "–" and tab[2][3] == "–"   # no first-token time given (the tab takes it from RunResult)
     fig = compare_view.figure(rows)
     assert len(fig.data) == 4 and list(fig.data[3].y) == [1.0, 2.0, 1.25]
@@ -335,10 +339,41 @@ def test_target_alone_is_named_and_has_no_bonus():
 
 
 def test_first_frame_and_speedup():
+    from components.target_rate import TargetRate
+
     assert "drafting" in text_view.html_view([], prompt="hi", waiting="drafting…")
     assert stats_view.speedup_markdown(_run(), None) == ""
-    line = stats_view.speedup_markdown(_run(), 10.0)
-    assert "×** the target alone" in line and "predicted" in line
+    rate = summarize(_run()).tokens_per_s
+    line = stats_view.speedup_markdown(_run(), TargetRate(rate / 2, False, "predicted (profile: shipped, cpu)"))
+    assert "**2.00× the target alone (predicted)**" in line and "the latter predicted (profile: shipped" in line
+    # the reading: tokens per target call and seconds a call, over the steps after the prompt's forward
+    assert "**2.0×**: 2.5 tokens per target call at 31.0 ms a call" in line
+    line = stats_view.speedup_markdown(_run(), TargetRate(rate / 3, True, "measured on this prompt (24 target calls)"))
+    assert "**3.00× the target alone**" in line and "predicted" not in line and "measured on this prompt" in line
+    # the target alone is its own reference, whatever rate was known
+    alone = stats_view.speedup_markdown(_run(), TargetRate(rate * 2, False, "predicted"), itself=True)
+    assert alone.startswith("**1.00× the target alone**") and "0.50" not in alone
+
+
+def test_target_rates_are_a_bounded_cache():
+    from components import target_rate
+
+    cache = target_rate.TargetRates(size=2)
+    for i in range(3):
+        cache.put(i, target_rate.TargetRate(float(i + 1), True, "measured"))
+    assert len(cache) == 2 and cache.get(0) is None and cache.get(2).tokens_per_s == 3.0
+    assert target_rate.measured_rate(_run()[:1], "x") is None       # one step: no decode rate yet
+    assert target_rate.measured_rate(_run(), "by this run").measured
+
+
+def test_tree_height_is_capped_and_long_titles_wrap():
+    chain = StepRecord.fake(Tree.chain(16), tuple(range(17)))
+    fig = tree_view.figure(chain)
+    assert fig.layout.height == tree_view.MAX_HEIGHT
+    title = "step 12 · Sequoia (budget & depth) · 32 drafted, 4 accepted + 1 bonus · +3 added / −2 pruned vs static"
+    wrapped = tree_view.wrap_title(title)
+    assert "<br>" in wrapped and all(len(line) <= tree_view.TITLE_LINE for line in wrapped.split("<br>"))
+    assert wrapped.replace("<br>", " · ") == title
 
 
 # ------------------------------------------------------------------ inspector
@@ -398,9 +433,18 @@ def test_live_tab_records_checks_and_feeds_the_inspector(tiny_app_pair, tmp_path
                                        vector, True))
     session = outs[-1][-1]
     assert all(r.checks for r in session.records)
-    picker = live_tab.inspect_choices(0, session)
+    picker, fig0, text0 = live_tab.inspect_choices(0, session)
     fig, text = live_tab.inspect_node(picker.value, 0, session)
-    assert fig is not None and text
+    assert fig is not None and text == text0
+    # The inspector follows the step: at the last step its words and figure are about the picked node there.
+    last = len(session.records) - 1
+    picker, fig, text = live_tab.inspect_choices(last, session)
+    rec = session.records[last]
+    assert picker.value == inspector_view.default_node(rec)
+    assert text.startswith(f"**{inspector_view.heading(rec, picker.value)}**")
+    assert f"step {rec.step}" in fig.layout.title.text
+    # After the run the target alone was measured on its prompt: the ratio says so, and is cached.
+    assert "the latter measured on this prompt" in outs[-1][3] and len(ctx.target_rates) == 1
     html, note = live_tab.first_frame("say <hi>")
     assert "say &lt;hi&gt;" in html and "drafting" in html
 
@@ -431,3 +475,27 @@ def test_runtimes_are_shown_side_by_side_with_the_fastest_named():
                                hv.RuntimeRow("llamacpp: target Q4_K_M", 33.3, "target alone", 33.3)])
     assert "Fastest here: target alone on llamacpp, 33.3 tokens/s" in md and "(1.24x)" in md
     assert "No runtime" in hv.runtimes_markdown([])
+
+
+# ------------------------------------------------------------------ near-ties at T=0
+def _divergence(method: str, lead: float, gap: float, disagree: bool = False, position: int = 49):
+    from sequoia.runtime.divergence import Divergence, KernelView
+
+    one = KernelView("one-row", 5, lead, lead)
+    many = KernelView("many-row", 6 if disagree else 5, lead, lead)
+    return Divergence(method, position, 5, 6, ".\n\n", " and", "return x", one, many, gap=gap)
+
+
+def test_a_near_tie_within_the_kernel_gap_is_one_explanation_for_all_rows():
+    from components import divergence_view
+
+    ties = [_divergence(m, 0.02, 0.05) for m in ("chain", "specinfer", "sequoia")]
+    assert all(d.near_tie for d in ties)
+    assert _divergence("x", 0.02, 0.001, disagree=True).near_tie       # the kernels pick differently: a tie
+    wrong = _divergence("broken", 3.0, 0.05)
+    assert not wrong.near_tie                                           # far beyond the gap: a real difference
+    text = divergence_view.markdown(ties)
+    assert text.count("Identical up to a kernel near-tie") == 1 and "chain, specinfer, sequoia" in text
+    assert "token 50" in text and "Where the outputs part" not in text
+    both = divergence_view.markdown([*ties, wrong])
+    assert both.count("**broken**") == 1 and both.count("Identical up to a kernel near-tie") == 1

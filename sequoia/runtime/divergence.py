@@ -14,16 +14,23 @@ the top two logits there under each kernel:
   same ancestors).
 
 Both read the same prefix, so a different argmax there is the kernels' doing.
+
+The largest difference between the two kernels' logits over the shared prefix
+is the measured **kernel gap**.  A divergence is a **near-tie** when the target
+alone's token leads the method's by no more than :data:`SAFETY` times twice
+that gap (the bound :func:`sequoia.runtime.exactness.certify` uses the other
+way round), or when the two kernels already pick differently on the replay:
+then both texts are greedy decodes of the target, and exact mode certifies it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from .exactness import many_row_logits, one_row_logits, top2_margin
+from .exactness import SAFETY, many_row_logits, one_row_logits, top2_margin
 
 
 def first_divergence(reference: Sequence[int], other: Sequence[int]) -> int | None:
@@ -60,6 +67,14 @@ class Divergence:
     context: str                # the text just before the position (the shared prefix's tail)
     one_row: KernelView | None  # None where a token is missing (one output is longer)
     many_row: KernelView | None
+    gap: float = 0.0            # largest |one-row - many-row| logit over the shared prefix's rows
+
+    @property
+    def near_tie(self) -> bool:
+        """The flip is within the kernels' measured difference: a rounding near-tie, not a wrong token."""
+        if self.one_row is None or self.many_row is None:
+            return False
+        return self.kernels_disagree or abs(self.one_row.lead) <= SAFETY * 2 * self.gap
 
     @property
     def kernels_disagree(self) -> bool:
@@ -95,12 +110,14 @@ def explain(target, tokenizer, prompt_ids: list[int], reference: Sequence[int], 
     ref_tok = reference[i] if i < len(reference) else None
     oth_tok = other[i] if i < len(other) else None
     one_v = many_v = None
+    gap = 0.0
     if ref_tok is not None and oth_tok is not None:
         prefix = list(reference[:i])
-        one = one_row_logits(target, prompt_ids, prefix, vocab)[i]
+        one = one_row_logits(target, prompt_ids, prefix, vocab)  # [i + 1, V]
         # The method's token as one more row keeps the forward many-row even at position 1 (its own row is unused).
-        many = many_row_logits(target, prompt_ids, prefix + [oth_tok], vocab)[i]
-        one_v, many_v = kernel_views(one, many, ref_tok, oth_tok)
+        many = many_row_logits(target, prompt_ids, prefix + [oth_tok], vocab)[: i + 1]
+        gap = float((one - many).abs().max())
+        one_v, many_v = kernel_views(one[i], many[i], ref_tok, oth_tok)
 
     def text(tok: int | None) -> str:
         return "(end of output)" if tok is None else tokenizer.decode([tok])
@@ -108,7 +125,7 @@ def explain(target, tokenizer, prompt_ids: list[int], reference: Sequence[int], 
     return Divergence(method=method, position=i, reference_token=ref_tok, other_token=oth_tok,
                       reference_text=text(ref_tok), other_text=text(oth_tok),
                       context=tokenizer.decode(list(reference[max(0, i - context_tokens):i])),
-                      one_row=one_v, many_row=many_v)
+                      one_row=one_v, many_row=many_v, gap=gap)
 
 
 def explain_all(target, tokenizer, prompt_ids: list[int], reference: Sequence[int],
@@ -124,8 +141,7 @@ def explain_all(target, tokenizer, prompt_ids: list[int], reference: Sequence[in
         key = (i, tokens[i] if i < len(tokens) else None)
         if key in seen:
             d = seen[key]
-            out.append(Divergence(method, d.position, d.reference_token, d.other_token, d.reference_text,
-                                  d.other_text, d.context, d.one_row, d.many_row))
+            out.append(replace(d, method=method))
             continue
         d = explain(target, tokenizer, prompt_ids, reference, tokens, method, vocab)
         seen[key] = d
