@@ -26,7 +26,7 @@ import gradio as gr
 
 from components import compare_tab, distribution_tab, dp_tab, hardware_tab, live_tab, status_view, validation
 from components.context import ASSETS, AppContext, LoadStatus, budget_cap_for
-from sequoia.runtime.memory import GGUF_RUNTIME_BYTES, MemoryBudget, parse_memory_gb
+from sequoia.runtime.memory import MemoryBudget, gguf_size_bytes, parse_memory_gb
 
 CSS_PATH = ASSETS / "studio.css"
 #: Parameters of the embedded target (Qwen2.5-Coder-1.5B, tied head), for estimates before it is converted.
@@ -146,10 +146,15 @@ def load_from_env(env: Mapping[str, str] = os.environ, progress: Callable[[float
 
 def exact_loader_from_env(env: Mapping[str, str] = os.environ):
     """Exact mode's loader for the pair :func:`load_from_env` loads: the same target (SEQUOIA_TARGET) in float32
-    with the plain forward, on the same device, read again from its converted or cached files."""
+    with the plain forward, on the same device: widened from the bf16 target in memory where the pair holds one
+    (the same numbers, without the file read's transient peak), else read again from its converted files."""
     def load(pair, progress):
-        from sequoia.runtime.exactness import load_exact_target
+        from sequoia.runtime.exactness import load_exact_target, widened_target
 
+        progress(0.0, "widening the target to float32")
+        widened = widened_target(pair.target, pair.target_name)
+        if widened is not None:
+            return widened
         return load_exact_target(env.get("SEQUOIA_TARGET") or "embedded", pair.device, progress=progress,
                                  name=pair.target_name)
     return load
@@ -214,7 +219,7 @@ def memory_from_env(env: Mapping[str, str] = os.environ) -> MemoryOptions:
 
     def reference_bytes(pair) -> int:
         size = Path(reference).stat().st_size if reference and Path(reference).is_file() else EMBEDDED["target"].size
-        return size + GGUF_RUNTIME_BYTES
+        return gguf_size_bytes(size)
 
     blocked = env.get("SEQUOIA_BLOCKED_WEIGHTS", "1").strip().lower() not in ("0", "false", "no", "off")
     hints = ("restart with SEQUOIA_BLOCKED_WEIGHTS=0 (the target's second, oneDNN-blocked copy of its weights: "

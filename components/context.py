@@ -34,11 +34,11 @@ from sequoia.core.request import parse_vector
 from sequoia.core.profile import HardwareProfile
 from sequoia.runtime import finder
 from sequoia.runtime.engine import SpeculativeEngine
-from sequoia.runtime.exactness import exact_copy, exact_pair, is_exact
+from sequoia.runtime.exactness import exact_copy, exact_pair, is_exact, widened_target
 from sequoia.runtime.finder import DEFAULT_ENTRY, ProfileChoice
 from sequoia.core.optimizer import choose_tree
 from sequoia.runners.hf.cpu import cpu_facts
-from sequoia.runners.hf.kernels import default_draft_scheme
+from sequoia.runners.hf.kernels import blocked_bytes, default_draft_scheme, drop_blocked_copies, restore_blocked_copies
 from sequoia.runtime.finder import find_profile
 from sequoia.runtime.fingerprint import expected_fingerprint, machine_fingerprint
 from sequoia.runtime.memory import (Holding, MemoryBudget, NotEnoughMemory,  # noqa: F401 (re-exported for the tabs)
@@ -52,10 +52,11 @@ UNTIL_MEASURED = ("until this machine's profile is measured, Sequoia (auto) runs
                   "Sequoia (dynamic) drafts nothing")
 
 #: The on-demand loads (AppContext.exact_context / reference_context) by key, as messages name them.
-EXTRA_NAMES = {"reference": "the llama.cpp reference target (Compare)", "exact": "exact mode's float32 target"}
-#: The reference's size when nobody says (AppContext.reference_bytes): the embedded target's Q4_K_M file
-#: (1.0 GB) and its context, rounded up.
-REFERENCE_BYTES = int(1.5e9)
+EXTRA_NAMES = {"reference": "the llama.cpp reference target (Compare)", "exact": "exact mode's float32 target",
+               "blocked": "the bf16 target's oneDNN-blocked weight copies (a speed cache of its weights)"}
+#: The reference's size when nobody says (AppContext.reference_bytes): the embedded target's Q4_K_M file (1.1 GB)
+#: on llama.cpp (sequoia.runtime.memory.gguf_size_bytes: 2.5 GB; measured 2.3).
+REFERENCE_BYTES = int(2.5e9)
 
 #: Largest tree budget the UI accepts (a server guard, far below sequoia.core.tree.MAX_TREE_SIZE on CPU).
 CPU_MAX_BUDGET = 128
@@ -274,7 +275,8 @@ class AppContext:
                     self._make_room("exact", EXTRA_NAMES["exact"], need)
                     status = self.exact_status = LoadStatus()
                     status(0.0, "loading the float32 target for exact mode")
-                    load = self.exact_loader or (lambda p, progress: exact_copy(p.target, p.target_name))
+                    load = self.exact_loader or (lambda p, progress: widened_target(p.target, p.target_name)
+                                                 or exact_copy(p.target, p.target_name))
                     target_pair = exact_pair(pair, load(pair, status))
                     release_freed()       # the loader's transient buffers
                     self._sizes["exact"] = need
@@ -312,21 +314,41 @@ class AppContext:
                 ref_pair = dataclasses.replace(pair, target=runner, target_name=runner.name, backend="llamacpp",
                                                dtype=torch.float32)
                 self._reference = self._view(ref_pair)
+                self._restore_blocked()      # exact mode may have been freed for it
         return self._reference
 
     # ------------------------------------------------------------------ memory of the on-demand loads
     def _make_room(self, key: str, what: str, need: int) -> None:
         """Free what the budget says must go so that ``need`` bytes fit, or raise NotEnoughMemory having freed
         nothing.  What could go is idle: every model handler runs in the one MODEL_WORK slot, the one asking
-        for this load included.  The reference goes first (cheaper to load again)."""
+        for this load included.  The reference goes first (cheapest to load again), then the exact target, then
+        (for exact mode only: the bf16 pair then verifies without them) the target's blocked weight copies."""
         freeable = [Holding(k, EXTRA_NAMES[k], self._sizes[k]) for k in ("reference", "exact")
                     if k != key and k in self._sizes]
-        self.memory.make_room(what, need, freeable, lambda h: self.free_extra(h.key), self.memory_hints)
+        model = getattr(self._pair.target, "model", None) if self._pair is not None else None
+        if key == "exact" and model is not None and blocked_bytes(model):
+            freeable.append(Holding("blocked", EXTRA_NAMES["blocked"], blocked_bytes(model)))
+        self.memory.make_room(what, need, freeable, lambda h: self.free_extra(h.key, restore=False),
+                              self.memory_hints)
 
-    def free_extra(self, key: str) -> bool:
-        """Unload the llama.cpp reference ("reference") or exact mode's target ("exact"); loaded again on its
-        next use.  False when it was not loaded."""
+    def _restore_blocked(self) -> None:
+        """Make the target's blocked copies again once exact mode no longer holds their memory, if they fit."""
+        model = getattr(self._pair.target, "model", None) if self._pair is not None else None
+        if "blocked" not in self._sizes or self._exact is not None or model is None:
+            return
+        if self.memory.plan(EXTRA_NAMES["blocked"], self._sizes["blocked"]).fits:
+            restore_blocked_copies(model)
+            del self._sizes["blocked"]
+
+    def free_extra(self, key: str, restore: bool = True) -> bool:
+        """Unload the llama.cpp reference ("reference") or exact mode's target ("exact"), loaded again on its next
+        use, or drop the target's blocked weight copies ("blocked"); False when there was nothing to free.
+        ``restore``: make the blocked copies again if freeing the exact target leaves room for them."""
         with self._extras_lock:
+            if key == "blocked":
+                self._sizes["blocked"] = drop_blocked_copies(self._pair.target.model)
+                release_freed()
+                return True
             view = self._reference if key == "reference" else self._exact
             if view is None or view is self:
                 return False
@@ -339,15 +361,19 @@ class AppContext:
                 self._exact, self.exact_status = None, None
                 view._exact = None     # the view pointed at itself: a cycle only gc.collect would break
             self._sizes.pop(key, None)
-        del view
-        release_freed()
+            del view
+            release_freed()
+            if restore:
+                self._restore_blocked()
         return True
 
     def memory_note(self) -> str:
         """One line: this server's memory now and what it holds on demand (Hardware tab, scripts)."""
         snap = self.memory.snapshot()
-        held = [f"{EXTRA_NAMES[k]} ({human(v)})" for k, v in self._sizes.items()]
-        return f"Memory: {snap.describe()}" + (f"; loaded on demand: {', '.join(held)}." if held else ".")
+        held = [f"{EXTRA_NAMES[k]} ({human(v)})" for k, v in self._sizes.items() if k != "blocked"]
+        dropped = (f"; dropped for it: {EXTRA_NAMES['blocked']} ({human(self._sizes['blocked'])}), so verification "
+                   "runs slower until exact mode is unloaded") if "blocked" in self._sizes else ""
+        return f"Memory: {snap.describe()}" + (f"; loaded on demand: {', '.join(held)}" if held else "") + dropped + "."
 
     def _view(self, pair) -> "AppContext":
         """This context around another pair, with its own engine and its own memo of parsed requests (their

@@ -71,7 +71,7 @@ def test_estimates_from_files(tmp_path):
     assert safetensors_params(tmp_path) == 17
     assert memory.fp32_model_bytes(17) == 68 + memory.FP32_RUNTIME_BYTES
     (tmp_path / "m.gguf").write_bytes(bytes(1000))
-    assert memory.gguf_runner_bytes(tmp_path / "m.gguf") == 1000 + memory.GGUF_RUNTIME_BYTES
+    assert memory.gguf_runner_bytes(tmp_path / "m.gguf") == 2000 + memory.GGUF_RUNTIME_BYTES
 
 
 def test_room_is_the_less_of_the_machine_and_the_cap():

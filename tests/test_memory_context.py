@@ -16,7 +16,7 @@ import app
 from components import compare_tab
 from components.context import AppContext, NotEnoughMemory
 from sequoia.runners.hf.loading import wrap_model
-from sequoia.runtime.exactness import exact_copy, is_exact
+from sequoia.runtime.exactness import is_exact, widened_target
 from sequoia.runtime.memory import GB, MemoryBudget
 
 from conftest import app_pair, perturbed, tiny_model
@@ -51,13 +51,13 @@ def low_precision_pair():
     """A bf16 target (not exact: exact mode loads a float32 copy) and a noisy draft."""
     target = tiny_model(0)
     return app_pair(perturbed(target, 0.5, 1), wrap_model(copy.deepcopy(target).to(torch.bfloat16), "tiny-target",
-                                                          "target", plain=False))
+                                                          "target", plain=False, blocked_weights=True))
 
 
 def make_ctx(pair, tmp_path, machine: FakeMachine, cap_gb: float = 14.0, hints=()) -> AppContext:
     def exact_loader(p, progress):
         machine.resident += EXACT
-        return exact_copy(p.target)
+        return widened_target(p.target)
 
     ctx = AppContext.from_pair_or_loader(
         pair, assets_dir=tmp_path, exact_loader=exact_loader,
@@ -68,14 +68,15 @@ def make_ctx(pair, tmp_path, machine: FakeMachine, cap_gb: float = 14.0, hints=(
     return ctx
 
 
-def _unload_exact_on_free(ctx: AppContext, machine: FakeMachine) -> None:
-    """Make freeing the exact target lower the fake resident size, as a real unload does."""
+def track_frees(ctx: AppContext, machine: FakeMachine, sizes: dict[str, int]) -> None:
+    """Make freeing lower the fake resident size by ``sizes`` (key -> bytes), as a real unload does."""
     free = ctx.free_extra
 
-    def tracked(key: str) -> bool:
-        done = free(key)
-        if done and key == "exact":
-            machine.resident -= EXACT
+    def tracked(key: str, restore: bool = True) -> bool:
+        done = free(key, restore=False)
+        machine.resident -= sizes.get(key, 0) if done else 0
+        if restore:                    # after the resident size fell, as free_extra's own restore sees it
+            ctx._restore_blocked()
         return done
 
     ctx.free_extra = tracked
@@ -97,7 +98,7 @@ def test_the_reference_is_freed_before_exact_mode_is_refused(low_precision_pair,
     assert runner.closed and not ctx._reference and exact.pair().target.info.weights == "fp32"
     assert machine.resident == int(12.5 * GB)
     # The reference comes back on its next use, freeing the idle exact target if it must.
-    _unload_exact_on_free(ctx, machine)
+    track_frees(ctx, machine, {"exact": EXACT})
     again = ctx.reference_context()
     assert again.pair().target is not runner and not ctx.exact_loaded and machine.resident == int(7.5 * GB)
 
@@ -147,3 +148,21 @@ def test_the_app_reads_its_cap_once_with_a_clear_error():
     assert not any("BLOCKED" in h for h in app.memory_from_env({"SEQUOIA_BACKEND": "llamacpp"}).hints)
     with pytest.raises(ValueError, match="SEQUOIA_MEMORY_GB must be a number of gigabytes"):
         app.memory_from_env({"SEQUOIA_MEMORY_GB": "lots"})
+
+
+def test_exact_mode_drops_the_blocked_copies_last_and_they_come_back(low_precision_pair, tmp_path):
+    from sequoia.runners.hf.kernels import blocked_bytes
+
+    model = low_precision_pair.target.model
+    blocked = blocked_bytes(model)
+    if not blocked:
+        pytest.skip("no oneDNN bf16 kernels here: the target has no blocked copies")
+    machine = FakeMachine(4)
+    ctx = make_ctx(low_precision_pair, tmp_path, machine, cap_gb=4 + 6.5 - 1e-9 * blocked / 2)
+    track_frees(ctx, machine, {"blocked": blocked, "exact": EXACT})
+    before = compare_tab.run_comparison(ctx, "x = 1", 8, 3, 0.0, 1.0, 6, 0, methods=["Chain"])[0]
+    ctx.exact_context()
+    assert blocked_bytes(model) == 0 and "oneDNN-blocked weight copies" in ctx.memory_note()
+    during = compare_tab.run_comparison(ctx, "x = 1", 8, 3, 0.0, 1.0, 6, 0, methods=["Chain"])[0]
+    assert [r.token_ids for r in during] == [r.token_ids for r in before]    # the same sums, only slower
+    assert ctx.free_extra("exact") and blocked_bytes(model) == blocked and "blocked" not in ctx.memory_note()

@@ -37,8 +37,9 @@ MARGIN = int(0.5 * GB)
 NO_LIMIT = 2**60
 #: The smallest cap accepted: below it not even the embedded draft fits, so a smaller value is a typo.
 MIN_CAP_GB = 1.0
-#: A llama.cpp runner holds its GGUF (memory-mapped, read whole) plus its context and compute buffers.
-GGUF_RUNTIME_BYTES = int(0.4 * GB)
+#: A llama.cpp runner holds its GGUF twice (the file mapped and read whole, and the CPU backend's repacked
+#: copy of its weights) plus this for its context and compute buffers (measured, docs/serving.md "Memory").
+GGUF_RUNTIME_BYTES = int(0.3 * GB)
 #: A float32 target holds its weights plus the plain forward's activations and KV cache (measured: see
 #: docs/serving.md, "Memory").
 FP32_RUNTIME_BYTES = int(0.3 * GB)
@@ -151,8 +152,13 @@ def fp32_copy_bytes(runner) -> int:
 
 
 def gguf_runner_bytes(gguf: Path) -> int:
-    """A llama.cpp runner of one GGUF file: the file (its weights, mapped whole) plus context and buffers."""
-    return Path(gguf).stat().st_size + GGUF_RUNTIME_BYTES
+    """A llama.cpp runner of one GGUF file: the file mapped, its repacked weights, context and buffers."""
+    return gguf_size_bytes(Path(gguf).stat().st_size)
+
+
+def gguf_size_bytes(file_size: int) -> int:
+    """:func:`gguf_runner_bytes` from the file's size."""
+    return 2 * int(file_size) + GGUF_RUNTIME_BYTES
 
 
 def safetensors_params(directory: Path) -> int:
