@@ -98,6 +98,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=16, help="new tokens per decode (default 16)")
     ap.add_argument("--json", type=Path, help="write the rows here too")
+    ap.add_argument("--only", nargs="*", help="run only the steps whose names start with these (e.g. compare)")
     args = ap.parse_args()
     memory = app.memory_from_env()
     demo = app.build_demo(app.load_from_env, max_budget=app._env_budget_cap(), exact_loader=app.exact_loader_from_env(),
@@ -107,7 +108,8 @@ def main() -> None:
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     url = f"http://127.0.0.1:{port}"
     rows = [press("start (pair loaded)", ctx.pair, url)]
-    rows += [press(name, fn, url) for name, fn in steps(ctx, args.tokens)]
+    rows += [press(name, fn, url) for name, fn in steps(ctx, args.tokens)
+             if not args.only or any(name.startswith(o) for o in args.only)]
     print(ctx.memory_note(), flush=True)
     machine = {"cap_gb": memory.budget.cap / GB if memory.budget.cap else None,
                "backend": os.environ.get("SEQUOIA_BACKEND") or "hf", "cpu_count": os.cpu_count()}

@@ -42,7 +42,7 @@ MIN_CAP_GB = 1.0
 GGUF_RUNTIME_BYTES = int(0.3 * GB)
 #: A float32 target holds its weights plus the plain forward's activations and KV cache (measured: see
 #: docs/serving.md, "Memory").
-FP32_RUNTIME_BYTES = int(0.3 * GB)
+FP32_RUNTIME_BYTES = int(0.1 * GB)
 
 _SAFETENSORS_ITEM = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                      "BOOL": 1}
