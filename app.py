@@ -29,10 +29,11 @@ from components.context import ASSETS, AppContext, LoadStatus, budget_cap_for
 from sequoia.runtime.memory import MemoryBudget, gguf_size_bytes, parse_memory_gb
 
 CSS_PATH = ASSETS / "studio.css"
-#: Parameters of the embedded target (Qwen2.5-Coder-1.5B, tied head), for estimates before it is converted.
-EMBEDDED_TARGET_PARAMS = 1_543_714_304
-#: What converting the embedded target's GGUF to bf16 adds while it runs (measured, docs/serving.md "Memory").
-CONVERSION_BYTES = int(4e9)
+#: Parameters of the embedded target as converted (Qwen2.5-Coder-1.5B; the shipped GGUF has its own head), for
+#: estimates before it is converted.
+EMBEDDED_TARGET_PARAMS = 1_777_088_000
+#: What converting the embedded GGUFs to bf16 may add while it runs (a process converting both peaked at 5.4 GB).
+CONVERSION_BYTES = int(5e9)
 QUEUE_MAX_SIZE = 16     # waiting requests beyond this are refused rather than queued for minutes
 STATUS_POLL_S = 1.0     # how often an open page re-reads the loading progress until the models are ready
 
@@ -212,10 +213,13 @@ def memory_from_env(env: Mapping[str, str] = os.environ) -> MemoryOptions:
     def exact_bytes(pair) -> int:
         if getattr(pair.target, "model", None) is not None:     # a Hugging Face target: the same parameters
             return fp32_copy_bytes(pair.target)
+        # Read from the bf16 files: from_pretrained's float32 load peaks about the files' size above its result
+        # (embedded target: 3.5 GB), so the peak is planned, not only what stays.
         if files.is_dir() and any(files.glob("*.safetensors")):
-            return fp32_model_bytes(safetensors_params(files))
+            n = safetensors_params(files)
+            return fp32_model_bytes(n) + 2 * n
         # not converted yet (the llama.cpp runtime): the conversion's own peak comes first
-        return fp32_model_bytes(EMBEDDED_TARGET_PARAMS) + CONVERSION_BYTES
+        return fp32_model_bytes(EMBEDDED_TARGET_PARAMS) + 2 * EMBEDDED_TARGET_PARAMS + CONVERSION_BYTES
 
     def reference_bytes(pair) -> int:
         size = Path(reference).stat().st_size if reference and Path(reference).is_file() else EMBEDDED["target"].size
