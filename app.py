@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,14 @@ import gradio as gr
 
 from components import compare_tab, distribution_tab, dp_tab, hardware_tab, live_tab, status_view, validation
 from components.context import ASSETS, AppContext, LoadStatus, budget_cap_for
+from sequoia.runtime.memory import MemoryBudget, gguf_size_bytes, parse_memory_gb
 
 CSS_PATH = ASSETS / "studio.css"
+#: Parameters of the embedded target as converted (Qwen2.5-Coder-1.5B; the shipped GGUF has its own head), for
+#: estimates before it is converted.
+EMBEDDED_TARGET_PARAMS = 1_777_088_000
+#: What converting the embedded GGUFs to bf16 may add while it runs (a process converting both peaked at 5.4 GB).
+CONVERSION_BYTES = int(5e9)
 QUEUE_MAX_SIZE = 16     # waiting requests beyond this are refused rather than queued for minutes
 STATUS_POLL_S = 1.0     # how often an open page re-reads the loading progress until the models are ready
 
@@ -41,7 +48,8 @@ def build_demo(pair_or_loader: Any | Callable[[], Any], assets_dir: Path = ASSET
                max_budget: int | None = None, status: LoadStatus | None = None,
                cache_dir: Path | None = None, auto_profile: bool = False, owner: bool = False,
                exact_loader: Callable[[Any, Callable[[float, str], None]], Any] | None = None,
-               reference_loader: Callable[[Any, Callable[[float, str], None]], Any] | None = None) -> gr.Blocks:
+               reference_loader: Callable[[Any, Callable[[float, str], None]], Any] | None = None,
+               memory: MemoryOptions | None = None) -> gr.Blocks:
     """The whole app for a model pair, or a zero-argument callable that loads one.
 
     A loader runs on first use, or in the background once ``demo.sequoia_context.start_loading()``
@@ -50,12 +58,14 @@ def build_demo(pair_or_loader: Any | Callable[[], Any], assets_dir: Path = ASSET
     once the pair is loaded (cached under ``cache_dir``).  ``owner``: allow server-wide changes (Profile now).
     ``exact_loader``: (pair, progress) -> the float32 target of exact mode, loaded on its first use (None: a
     float32 copy of the loaded target, which suits small unquantized models).  ``reference_loader``: (pair,
-    progress) -> the same target on llama.cpp, for Compare's reference row (None: no such row).
+    progress) -> the same target on llama.cpp, for Compare's reference row (None: no such row).  ``memory``:
+    the budget those two loads are planned against, and their sizes (None: the machine's memory, no cap).
     """
     ctx = AppContext.from_pair_or_loader(pair_or_loader, assets_dir=Path(assets_dir), max_budget=max_budget,
                                          cache_dir=cache_dir, auto_profile=auto_profile, owner=owner,
                                          exact_loader=exact_loader, reference_loader=reference_loader,
-                                         **({"status": status} if status is not None else {}))
+                                         **({"status": status} if status is not None else {}),
+                                         **(memory.context_fields() if memory is not None else {}))
     if ctx.loaded:
         ctx.find_profile()
     with gr.Blocks(title="Sequoia Studio") as demo:
@@ -147,10 +157,15 @@ def graphs_from_env(env: Mapping[str, str] = os.environ) -> bool | None:
 
 def exact_loader_from_env(env: Mapping[str, str] = os.environ):
     """Exact mode's loader for the pair :func:`load_from_env` loads: the same target (SEQUOIA_TARGET) in float32
-    with the plain forward, on the same device, read again from its converted or cached files."""
+    with the plain forward, on the same device: widened from the bf16 target in memory where the pair holds one
+    (the same numbers, without the file read's transient peak), else read again from its converted files."""
     def load(pair, progress):
-        from sequoia.runtime.exactness import load_exact_target
+        from sequoia.runtime.exactness import load_exact_target, widened_target
 
+        progress(0.0, "widening the target to float32")
+        widened = widened_target(pair.target, pair.target_name)
+        if widened is not None:
+            return widened
         return load_exact_target(env.get("SEQUOIA_TARGET") or "embedded", pair.device, progress=progress,
                                  name=pair.target_name)
     return load
@@ -179,6 +194,54 @@ def reference_loader_from_env(env: Mapping[str, str] = os.environ):
     return load
 
 
+@dataclass(frozen=True)
+class MemoryOptions:
+    """What the context plans its on-demand loads with (components.context.AppContext: memory, exact_bytes, ...)."""
+
+    budget: MemoryBudget
+    exact_bytes: Callable[[Any], int] | None = None       # pair -> bytes exact mode's target adds
+    reference_bytes: Callable[[Any], int] | None = None   # pair -> bytes Compare's llama.cpp reference adds
+    hints: tuple[str, ...] = ()                           # what the owner could change to make room
+
+    def context_fields(self) -> dict[str, Any]:
+        fields = {"memory": self.budget, "memory_hints": self.hints, "exact_bytes": self.exact_bytes,
+                  "reference_bytes": self.reference_bytes}
+        return {k: v for k, v in fields.items() if v is not None}
+
+
+def memory_from_env(env: Mapping[str, str] = os.environ) -> MemoryOptions:
+    """The memory budget for the pair :func:`load_from_env` loads: capped by SEQUOIA_MEMORY_GB (a clear
+    ValueError naming it for a bad value), sizes from the files the loaders will read."""
+    from sequoia.runners.embedded import EMBEDDED, converted_dir, default_cache_dir
+    from sequoia.runtime.memory import fp32_copy_bytes, fp32_model_bytes, safetensors_params
+
+    budget = MemoryBudget(cap=parse_memory_gb(env.get("SEQUOIA_MEMORY_GB")))
+    target = env.get("SEQUOIA_TARGET") or "embedded"
+    files = converted_dir(EMBEDDED["target"], default_cache_dir(env)) if target == "embedded" else Path(target)
+    reference = (env.get("SEQUOIA_REFERENCE_GGUF") or "").strip()
+
+    def exact_bytes(pair) -> int:
+        if getattr(pair.target, "model", None) is not None:     # a Hugging Face target: the same parameters
+            return fp32_copy_bytes(pair.target)
+        # Read from the bf16 files: from_pretrained's float32 load peaks about the files' size above its result
+        # (embedded target: 3.5 GB), so the peak is planned, not only what stays.
+        if files.is_dir() and any(files.glob("*.safetensors")):
+            n = safetensors_params(files)
+            return fp32_model_bytes(n) + 2 * n
+        # not converted yet (the llama.cpp runtime): the conversion's own peak comes first
+        return fp32_model_bytes(EMBEDDED_TARGET_PARAMS) + 2 * EMBEDDED_TARGET_PARAMS + CONVERSION_BYTES
+
+    def reference_bytes(pair) -> int:
+        size = Path(reference).stat().st_size if reference and Path(reference).is_file() else EMBEDDED["target"].size
+        return gguf_size_bytes(size)
+
+    blocked = env.get("SEQUOIA_BLOCKED_WEIGHTS", "1").strip().lower() not in ("0", "false", "no", "off")
+    hints = ("restart with SEQUOIA_BLOCKED_WEIGHTS=0 (the target's second, oneDNN-blocked copy of its weights: "
+             "3.1 GB on the embedded pair)",) if blocked and (env.get("SEQUOIA_BACKEND") or "hf") != "llamacpp" else ()
+    hints += ("run on a machine with more memory" + (" or raise SEQUOIA_MEMORY_GB" if budget.cap else ""),)
+    return MemoryOptions(budget, exact_bytes, reference_bytes, hints)
+
+
 def _env_budget_cap(env: Mapping[str, str] = os.environ) -> int | None:
     """The tree-size cap for the device the pair will load on (sliders are laid out before it loads)."""
     from sequoia.runtime.models import resolve_device
@@ -196,11 +259,13 @@ def main() -> None:
     torch.set_flush_denormal(True)
     print("Sequoia Studio: loading the model pair in the background (the first run converts the embedded "
           "GGUF files once); the page is up meanwhile and shows the progress.", flush=True)
+    memory = memory_from_env()   # a bad SEQUOIA_MEMORY_GB stops here, before anything loads
     status = LoadStatus(listener=_ConsoleProgress())
     # SEQUOIA_OWNER=1: this server's owner may change server-wide state (Profile now); visitors may not.
     demo = build_demo(lambda: load_from_env(progress=status), max_budget=_env_budget_cap(), status=status,
                       auto_profile=True, owner=os.environ.get("SEQUOIA_OWNER") == "1",
-                      exact_loader=exact_loader_from_env(), reference_loader=reference_loader_from_env())
+                      exact_loader=exact_loader_from_env(), reference_loader=reference_loader_from_env(),
+                      memory=memory)
     demo.sequoia_context.start_loading()
     # GRADIO_SERVER_NAME / GRADIO_SERVER_PORT are read by gradio itself.
     demo.launch(css_paths=[CSS_PATH] if CSS_PATH.exists() else None, show_error=True)

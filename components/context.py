@@ -34,13 +34,16 @@ from sequoia.core.request import parse_vector
 from sequoia.core.profile import HardwareProfile
 from sequoia.runtime import finder
 from sequoia.runtime.engine import SpeculativeEngine
-from sequoia.runtime.exactness import exact_copy, exact_pair, is_exact
+from sequoia.runtime.exactness import exact_copy, exact_pair, is_exact, widened_target
 from sequoia.runtime.finder import DEFAULT_ENTRY, ProfileChoice
 from sequoia.core.optimizer import choose_tree
 from sequoia.runners.hf.cpu import cpu_facts
 from sequoia.runners.hf.kernels import default_draft_scheme
+from sequoia.runners.hf.onednn import blocked_bytes, drop_blocked_copies, restore_blocked_copies
 from sequoia.runtime.finder import find_profile
 from sequoia.runtime.fingerprint import expected_fingerprint, machine_fingerprint
+from sequoia.runtime.memory import (Holding, MemoryBudget, NotEnoughMemory,  # noqa: F401 (re-exported for the tabs)
+                                   fp32_copy_bytes, human, release_freed)
 from sequoia.runtime.models import BACKENDS
 
 from .target_rate import TargetRates
@@ -50,6 +53,13 @@ DEFAULT_ACCEPTANCE_LABEL = DEFAULT_ENTRY.label
 #: What Sequoia does while this machine's profile is being measured (conservative: never slower).
 UNTIL_MEASURED = ("until this machine's profile is measured, Sequoia (auto) runs the target alone and "
                   "Sequoia (dynamic) drafts nothing")
+
+#: The on-demand loads (AppContext.exact_context / reference_context) by key, as messages name them.
+EXTRA_NAMES = {"reference": "the llama.cpp reference target (Compare)", "exact": "exact mode's float32 target",
+               "blocked": "the bf16 target's oneDNN-blocked weight copies (a speed cache of its weights)"}
+#: The reference's size when nobody says (AppContext.reference_bytes): the embedded target's Q4_K_M file (1.1 GB)
+#: on llama.cpp (sequoia.runtime.memory.gguf_size_bytes: 2.5 GB; measured 2.3).
+REFERENCE_BYTES = int(2.5e9)
 
 #: Largest tree budget the UI accepts (a server guard, far below sequoia.core.tree.MAX_TREE_SIZE on CPU).
 CPU_MAX_BUDGET = 128
@@ -173,13 +183,20 @@ class AppContext:
     # Compare's reference row on the runtime a CPU user would run instead: (pair, progress) -> a runner of the
     # same target on llama.cpp (the shipped GGUF), loaded on first use and kept; None: no such row offered.
     reference_loader: Callable[[Any, ProgressFn], Any] | None = None
+    # Those two loads are planned against the memory budget first (sequoia.runtime.memory): pair -> bytes each
+    # adds (by default: the target's parameters at 4 bytes; the embedded target's Q4_K_M file and its context).
+    memory: MemoryBudget = field(default_factory=MemoryBudget)
+    exact_bytes: Callable[[Any], int] = lambda pair: fp32_copy_bytes(pair.target)
+    reference_bytes: Callable[[Any], int] = lambda pair: REFERENCE_BYTES
+    memory_hints: tuple[str, ...] = ()        # what the owner could change to make room (named when refusing)
     _reference: Any = field(default=None, repr=False)
     # The target alone's rate measured per prompt and settings (components.target_rate), shared by every view of
     # this context: its key holds the target, so exact mode's float32 target keeps its own entries.
     target_rates: TargetRates = field(default_factory=TargetRates, repr=False)
-    _reference_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _exact: Any = field(default=None, repr=False)
-    _exact_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _sizes: dict = field(default_factory=dict, repr=False)   # loaded on demand: "exact" / "reference" -> bytes
+    # One lock for both on-demand loads: loading one may free the other.
+    _extras_lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     _pair: Any = field(default=None, repr=False)
     _engine: Any = field(default=None, repr=False)
     _load_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -250,19 +267,25 @@ class AppContext:
 
     def exact_context(self) -> "AppContext":
         """This context with the exact-mode pair (float32 plain target, the same draft object) and its own
-        engine; loads that target on first use (blocking, progress in ``exact_status``) and keeps it."""
+        engine; loads that target on first use (blocking, progress in ``exact_status``) and keeps it until
+        another load needs its memory.  NotEnoughMemory (before loading anything) when it would not fit."""
         if self._exact is not None:
             return self._exact
         pair = self.pair()
-        with self._exact_lock:
+        with self._extras_lock:
             if self._exact is None:
                 if is_exact(pair):
                     target_pair = pair
                 else:
+                    need = self.exact_bytes(pair)
+                    self._make_room("exact", EXTRA_NAMES["exact"], need)
                     status = self.exact_status = LoadStatus()
                     status(0.0, "loading the float32 target for exact mode")
-                    load = self.exact_loader or (lambda p, progress: exact_copy(p.target, p.target_name))
+                    load = self.exact_loader or (lambda p, progress: widened_target(p.target, p.target_name)
+                                                 or exact_copy(p.target, p.target_name))
                     target_pair = exact_pair(pair, load(pair, status))
+                    release_freed()       # the loader's transient buffers
+                    self._sizes["exact"] = need
                     status(1.0, "float32 target ready")
                     status.ready = True
                 view = self._view(target_pair)
@@ -281,25 +304,88 @@ class AppContext:
 
     def reference_context(self) -> "AppContext":
         """This context with the target on llama.cpp (the draft object kept, never used by the target alone) and
-        its own engine; loads that runner on first use (blocking) and keeps it.  ValueError when none is offered."""
+        its own engine; loads that runner on first use (blocking) and keeps it until another load needs its
+        memory.  ValueError when none is offered; NotEnoughMemory (before loading) when it would not fit."""
         if not self.offers_reference:
             raise ValueError("no llama.cpp reference target is offered on this server")
         if self._reference is not None:
             return self._reference
         pair = self.pair()
-        with self._reference_lock:
+        with self._extras_lock:
             if self._reference is None:
+                need = self.reference_bytes(pair)
+                self._make_room("reference", EXTRA_NAMES["reference"], need)
                 runner = self.reference_loader(pair, lambda f, d: None)
+                self._sizes["reference"] = need
                 ref_pair = dataclasses.replace(pair, target=runner, target_name=runner.name, backend="llamacpp",
                                                dtype=torch.float32)
                 self._reference = self._view(ref_pair)
+                self._restore_blocked()      # exact mode may have been freed for it
         return self._reference
+
+    # ------------------------------------------------------------------ memory of the on-demand loads
+    def _make_room(self, key: str, what: str, need: int) -> None:
+        """Free what the budget says must go so that ``need`` bytes fit, or raise NotEnoughMemory having freed
+        nothing.  What could go is idle: every model handler runs in the one MODEL_WORK slot, the one asking
+        for this load included.  The reference goes first (cheapest to load again), then the exact target, then
+        (for exact mode only: the bf16 pair then verifies without them) the target's blocked weight copies."""
+        freeable = [Holding(k, EXTRA_NAMES[k], self._sizes[k]) for k in ("reference", "exact")
+                    if k != key and k in self._sizes]
+        model = getattr(self._pair.target, "model", None) if self._pair is not None else None
+        if key == "exact" and model is not None and blocked_bytes(model):
+            freeable.append(Holding("blocked", EXTRA_NAMES["blocked"], blocked_bytes(model)))
+        self.memory.make_room(what, need, freeable, lambda h: self.free_extra(h.key, restore=False),
+                              self.memory_hints)
+
+    def _restore_blocked(self) -> None:
+        """Make the target's blocked copies again once exact mode no longer holds their memory, if they fit."""
+        model = getattr(self._pair.target, "model", None) if self._pair is not None else None
+        if "blocked" not in self._sizes or self._exact is not None or model is None:
+            return
+        if self.memory.plan(EXTRA_NAMES["blocked"], self._sizes["blocked"]).fits:
+            restore_blocked_copies(model)
+            del self._sizes["blocked"]
+
+    def free_extra(self, key: str, restore: bool = True) -> bool:
+        """Unload the llama.cpp reference ("reference") or exact mode's target ("exact"), loaded again on its next
+        use, or drop the target's blocked weight copies ("blocked"); False when there was nothing to free.
+        ``restore``: make the blocked copies again if freeing the exact target leaves room for them."""
+        with self._extras_lock:
+            if key == "blocked":
+                self._sizes["blocked"] = drop_blocked_copies(self._pair.target.model)
+                release_freed()
+                return True
+            view = self._reference if key == "reference" else self._exact
+            if view is None or view is self:
+                return False
+            if key == "reference":
+                self._reference = None
+                close = getattr(view._pair.target, "close", None)
+                if close is not None:
+                    close()            # llama.cpp frees its buffers here, not when the object is collected
+            else:
+                self._exact, self.exact_status = None, None
+                view._exact = None     # the view pointed at itself: a cycle only gc.collect would break
+            self._sizes.pop(key, None)
+            del view
+            release_freed()
+            if restore:
+                self._restore_blocked()
+        return True
+
+    def memory_note(self) -> str:
+        """One line: this server's memory now and what it holds on demand (Hardware tab, scripts)."""
+        snap = self.memory.snapshot()
+        held = [f"{EXTRA_NAMES[k]} ({human(v)})" for k, v in self._sizes.items() if k != "blocked"]
+        dropped = (f"; dropped for it: {EXTRA_NAMES['blocked']} ({human(self._sizes['blocked'])}), so verification "
+                   "runs slower until exact mode is unloaded") if "blocked" in self._sizes else ""
+        return f"Memory: {snap.describe()}" + (f"; loaded on demand: {', '.join(held)}" if held else "") + dropped + "."
 
     def _view(self, pair) -> "AppContext":
         """This context around another pair, with its own engine and its own memo of parsed requests (their
         proposers belong to one engine's runs); its exact mode and llama.cpp reference are unset."""
         return dataclasses.replace(self, loader=lambda: pair, _pair=pair, _engine=None, _engine_lock=threading.Lock(),
-                                   _exact=None, requests=None, reference_loader=None, _reference=None)
+                                   _exact=None, requests=None, reference_loader=None, _reference=None, _sizes={})
 
     def budget_cap(self) -> int:
         if self.max_budget is not None:

@@ -352,7 +352,11 @@ def build(ctx: AppContext) -> None:
     def exact_handler(prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed, acceptance, chat):
         if not ctx.exact_loaded:  # first use: the float32 target loads (components/context.py)
             yield gr.skip(), gr.skip(), gr.skip(), EXACT_LOADING, gr.skip(), gr.skip()
-        yield from decode_stream(ctx.exact_context(), prompt, method, budget, depth, temperature, top_p,
+        try:
+            exact = ctx.exact_context()
+        except ValueError as exc:  # e.g. refused by the memory budget: the message says what to free
+            raise gr.Error(str(exc), title="Cannot load exact mode") from None
+        yield from decode_stream(exact, prompt, method, budget, depth, temperature, top_p,
                                  max_new_tokens, seed, acceptance, chat)
 
     inputs = [prompt, method, budget, depth, temperature, top_p, max_new, seed, acceptance, chat]

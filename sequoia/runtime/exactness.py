@@ -30,6 +30,7 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from ..runners.embedded import EMBEDDED, ProgressFn, default_cache_dir, ensure_converted
 from ..runners.hf.loading import load_model, resolve_device, wrap_model
@@ -108,6 +109,32 @@ def exact_pair(pair, target_runner):
     for key, value in changes.items():
         setattr(out, key, value)
     return out
+
+
+def widened_target(runner, name: str = ""):
+    """The float32 plain runner of a bf16 Hugging Face target already in memory, built tensor by tensor; None
+    when ``runner`` holds no such model (llama.cpp, quantized weights).
+
+    Its weights are the bf16 ones widened, the numbers :func:`load_exact_target` reads from the converted files,
+    so both give the same model.  Why not read the files again: from_pretrained's float32 load of the bf16
+    files peaked 3.5 GB above its result on the embedded target (a second mapping of the file and bf16
+    tensors cast one module at a time), this copy only by one tensor.
+    """
+    model = getattr(runner, "model", None)
+    if model is None or getattr(runner.info, "quant", "none") != "none":
+        return None
+    with torch.device("meta"):      # no allocation and no random init: every tensor is copied below
+        out = AutoModelForCausalLM.from_config(copy.deepcopy(model.config), dtype=EXACT_DTYPE,
+                                               attn_implementation="sdpa")
+    out = out.to_empty(device=next(model.parameters()).device)
+    source = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    with torch.no_grad():
+        for key, tensor in [*out.named_parameters(), *out.named_buffers()]:
+            if key not in source or source[key].shape != tensor.shape:
+                return None         # another architecture than the config says: read the files instead
+            tensor.copy_(source[key])
+    out.eval().requires_grad_(False)
+    return exact_runner(out, name or getattr(runner, "name", ""))
 
 
 def exact_copy(runner_or_model, name: str = ""):

@@ -20,6 +20,7 @@ module's own state (:func:`sequoia.runners.hf.kernels.block_weights` installs it
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -158,7 +159,7 @@ class BlockedLinear(torch.nn.Module):
         # Always 2-D: a prefill's head input is an odd-strided [1, 1, H] view that a 3-D matmul would
         # multiply by copying the whole weight first (1.3 s on the target; see lean.head_rows).
         flat = x.reshape(rows, self.in_features)
-        if rows <= 1 or x.dtype != torch.bfloat16:   # one row (or an odd dtype): the plain weight
+        if rows <= 1 or x.dtype != torch.bfloat16 or not self._blocked:   # one row, or the copy dropped
             y = F.linear(flat, self.weight, self.bias)
         else:
             if rows < PAD_ROWS:
@@ -167,5 +168,39 @@ class BlockedLinear(torch.nn.Module):
             y = y[:rows]
         return y.reshape(*x.shape[:-1], self.out_features)
 
+    def drop_copy(self) -> int:
+        """Free the blocked copy (many rows then multiply from the plain weight, the same sums); its bytes."""
+        freed = sum(t.numel() * t.element_size() for t in self._blocked)
+        self._blocked = ()
+        return freed
+
+    def restore_copy(self) -> None:
+        if not self._blocked:
+            self._blocked = (torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None),)
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bf16, oneDNN-blocked copy"
+
+
+def blocked_copies(model: torch.nn.Module) -> list[BlockedLinear]:
+    """The layers of ``model`` that :func:`block_weights` gave a blocked copy (dropped or not)."""
+    return [m for m in model.modules() if isinstance(m, BlockedLinear)]
+
+
+def blocked_bytes(model: torch.nn.Module) -> int:
+    """Bytes the blocked copies of ``model`` hold now (0: none, or dropped)."""
+    return sum(t.numel() * t.element_size() for m in blocked_copies(model) for t in m._blocked)
+
+
+def drop_blocked_copies(model: torch.nn.Module) -> int:
+    """Free every blocked copy of ``model``'s bf16 linears, a cache of their weights that a server short of
+    memory can give back (verification then costs what it costs without :func:`block_weights`); the bytes freed."""
+    freed = sum(m.drop_copy() for m in blocked_copies(model))
+    gc.collect()
+    return freed
+
+
+def restore_blocked_copies(model: torch.nn.Module) -> None:
+    """Make again the copies :func:`drop_blocked_copies` freed."""
+    for m in blocked_copies(model):
+        m.restore_copy()

@@ -1,0 +1,122 @@
+"""Press every model button of the served app once, in-process, and print the resident memory after each.
+
+    flock /tmp/sequoia-heavy.lock /usr/bin/time -v .venv/bin/python scripts/memory_tour.py
+    SEQUOIA_MEMORY_GB=14 .venv/bin/python scripts/memory_tour.py --tokens 16 --json out.json
+
+The app is built as ``python app.py`` builds it (the same environment variables: SEQUOIA_BACKEND,
+SEQUOIA_MEMORY_GB, ...) and served on 127.0.0.1; then the tour calls the handlers behind the buttons, in
+this order: Live (the default method), Live in exact mode, Compare in exact mode, Compare with the
+llama.cpp reference row, the distribution check, the Hardware tab's Measure, Live again.  After each it
+reads this process's resident memory (VmRSS) and its peak so far (VmHWM), and checks that the server still
+answers an HTTP request.  A step that the memory budget refuses prints its message and the tour goes on:
+a refusal is an answer, a killed server is not.  Runs are short (``--tokens``): the weights, not the
+decode, decide the memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import gradio as gr  # noqa: E402
+
+import app  # noqa: E402
+from components import compare_tab, distribution_tab, hardware_tab, live_tab  # noqa: E402
+from components.context import DEFAULT_ACCEPTANCE_LABEL, AppContext, acceptance_catalogue  # noqa: E402
+from sequoia.runtime.memory import GB, parse_kib_field  # noqa: E402
+
+PROMPT = "Write a Python function that checks whether a number is prime."
+
+
+def status_gb(field: str) -> float:
+    return (parse_kib_field(Path("/proc/self/status").read_text(), field) or 0) / GB
+
+
+def serving(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/config", timeout=30) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def drain(gen) -> None:
+    for _ in gen:
+        pass
+
+
+def steps(ctx: AppContext, tokens: int) -> list[tuple[str, Callable[[], object]]]:
+    """(name, press) for every model button, in the tour's order."""
+    label = DEFAULT_ACCEPTANCE_LABEL
+    live = (PROMPT, live_tab.DEFAULT_METHOD, 32, 8, 0.0, 1.0, tokens, 0, label, True)
+    compare = (PROMPT, 32, 8, 0.0, 1.0, tokens, 0, label, True)
+    methods = [m for m in compare_tab.DEFAULT_METHODS if m in compare_tab.offered(ctx)]
+    if ctx.offers_reference and "llama.cpp target alone" not in methods:
+        methods.append("llama.cpp target alone")
+    return [
+        ("live", lambda: drain(live_tab.decode_stream(ctx, *live))),
+        ("live exact", lambda: drain(live_tab.decode_stream(ctx.exact_context(), *live))),
+        ("compare exact", lambda: drain(compare_tab.on_compare(ctx, *compare, methods, exact=True))),
+        ("compare + reference", lambda: drain(compare_tab.on_compare(ctx, *compare, methods))),
+        ("distribution check", lambda: drain(distribution_tab.on_check(ctx, "Write a haiku about autumn leaves.",
+                                                                       1.0, 0.95, 200, 4, 0, True))),
+        ("measure", lambda: hardware_tab.measure(ctx, 32, 8, acceptance_catalogue(ctx.assets_dir)[label])),
+        ("live again", lambda: drain(live_tab.decode_stream(ctx, *live))),
+    ]
+
+
+def press(name: str, fn: Callable[[], object], url: str) -> dict:
+    start = time.monotonic()
+    try:
+        fn()
+        outcome = "ok"
+    except (gr.Error, ValueError) as exc:   # a refusal (the memory budget's included) is shown, not fatal
+        outcome = f"refused: {getattr(exc, 'message', None) or exc}"
+    row = {"step": name, "outcome": outcome, "seconds": round(time.monotonic() - start, 1),
+           "rss_gb": round(status_gb("VmRSS"), 2), "peak_gb": round(status_gb("VmHWM"), 2), "serving": serving(url)}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=16, help="new tokens per decode (default 16)")
+    ap.add_argument("--json", type=Path, help="write the rows here too")
+    ap.add_argument("--only", nargs="*", help="run only the steps whose names start with these (e.g. compare)")
+    args = ap.parse_args()
+    memory = app.memory_from_env()
+    demo = app.build_demo(app.load_from_env, max_budget=app._env_budget_cap(), exact_loader=app.exact_loader_from_env(),
+                          reference_loader=app.reference_loader_from_env(), memory=memory)
+    ctx = demo.sequoia_context
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    url = f"http://127.0.0.1:{port}"
+    rows = [press("start (pair loaded)", ctx.pair, url)]
+    rows += [press(name, fn, url) for name, fn in steps(ctx, args.tokens)
+             if not args.only or any(name.startswith(o) for o in args.only)]
+    print(ctx.memory_note(), flush=True)
+    machine = {"cap_gb": memory.budget.cap / GB if memory.budget.cap else None,
+               "backend": os.environ.get("SEQUOIA_BACKEND") or "hf", "cpu_count": os.cpu_count()}
+    if args.json:
+        args.json.write_text(json.dumps({"machine": machine, "rows": rows}, indent=1) + "\n")
+    demo.close()
+
+
+if __name__ == "__main__":
+    main()
