@@ -106,7 +106,8 @@ def test_a_load_that_does_not_fit_is_refused_naming_what_to_free():
 
 
 def test_the_margin_is_kept_free():
-    assert not plan_load("x", 4 * GB, snap(9, 4.2), margin=int(0.5 * GB)).fits
+    refused = plan_load("x", 4 * GB, snap(9, 4.2), margin=int(0.5 * GB))
+    assert not refused.fits and "needs about 4.0 GB (plus 0.5 GB kept free)" in refused.message()
     assert plan_load("x", 4 * GB, snap(9, 4.6), margin=int(0.5 * GB)).fits
 
 

@@ -226,10 +226,12 @@ class LoadPlan:
     free: tuple[Holding, ...]      # to free first (empty when it fits as it is, or when refused)
     fits: bool
     hints: tuple[str, ...] = ()    # what else would make room that the server cannot do itself
+    margin: int = 0                # bytes kept free beyond the estimate
 
     def message(self) -> str:
         """Why it was refused, and what to free, in a sentence or two."""
-        head = (f"not enough memory for {self.what}: it needs about {human(self.need)} and this server has "
+        kept = f" (plus {human(self.margin)} kept free)" if self.margin else ""
+        head = (f"not enough memory for {self.what}: it needs about {human(self.need)}{kept} and this server has "
                 f"{self.snapshot.describe()}")
         return head + "; " + "; or ".join(self.hints) + "." if self.hints else head + "."
 
@@ -254,7 +256,7 @@ def plan_load(what: str, need: int, snapshot: MemorySnapshot, freeable: Sequence
     if freeable:
         named = [f"even freeing {_and(h.name for h in freeable)} (about {human(sum(h.size for h in freeable))}) "
                  "would not make room"]
-    return LoadPlan(what, need, snapshot, (), False, tuple(named) + tuple(hints))
+    return LoadPlan(what, need, snapshot, (), False, tuple(named) + tuple(hints), margin)
 
 
 def _and(names) -> str:
