@@ -32,7 +32,8 @@ from sequoia.runtime.exactness import is_exact
 from sequoia.runtime.timing import RunResult, iter_run, run_method, warmup
 
 from . import compare_view, divergence_view, serving, validation
-from .context import MODEL_WORK, AppContext, acceptance_catalogue, default_acceptance_label, follow_temperature
+from .context import MODEL_WORK, AppContext
+from .acceptance_choice import acceptance_catalogue, default_acceptance_label, follow_temperature
 from .exact_compare import after_comparison
 from .frames import FRAME_S, Throttle
 

@@ -1,4 +1,4 @@
-"""App-wide state the tabs share, and the catalogue of acceptance vectors.
+"""App-wide state the tabs share (the acceptance vectors offered: :mod:`components.acceptance_choice`).
 
 :class:`AppContext` is built once by ``app.build_demo`` and handed to every
 tab.  It owns what is per *server*, not per browser session: the model pair
@@ -19,37 +19,28 @@ import dataclasses
 import html
 import os
 import threading
-import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import gradio as gr
 import torch
 
 from sequoia._meta import ASSETS, ProgressFn, pair_name  # ASSETS re-exported for the tabs
-from sequoia.core.request import parse_vector
 from sequoia.core.profile import HardwareProfile
 from sequoia.runtime import finder
 from sequoia.runtime.engine import SpeculativeEngine
 from sequoia.runtime.exactness import exact_copy, exact_pair, is_exact, widened_target
-from sequoia.runtime.finder import DEFAULT_ENTRY, ProfileChoice
-from sequoia.core.optimizer import choose_tree
-from sequoia.runners.hf.cpu import cpu_facts
-from sequoia.runners.hf.kernels import default_draft_scheme
+from sequoia.runtime.finder import ProfileChoice
 from sequoia.runners.hf.onednn import blocked_bytes, drop_blocked_copies, restore_blocked_copies
-from sequoia.runtime.finder import find_profile
-from sequoia.runtime.fingerprint import expected_fingerprint, machine_fingerprint
+from sequoia.runtime.fingerprint import machine_fingerprint
 from sequoia.runtime.memory import (Holding, MemoryBudget, NotEnoughMemory,  # noqa: F401 (re-exported for the tabs)
                                    fp32_copy_bytes, human, release_freed)
-from sequoia.runtime.models import BACKENDS
 
+from .load_status import LoadStatus, ModelsNotReady  # noqa: F401 (re-exported for the app and the tabs)
 from .target_rate import TargetRates
 
-#: The catalogue label of the built-in vector (used when no measured file fits).
-DEFAULT_ACCEPTANCE_LABEL = DEFAULT_ENTRY.label
 #: What Sequoia does while this machine's profile is being measured (conservative: never slower).
 UNTIL_MEASURED = ("until this machine's profile is measured, Sequoia (auto) runs the target alone and "
                   "Sequoia (dynamic) drafts nothing")
@@ -77,88 +68,6 @@ LIGHT_WORK = {"concurrency_id": "light", "concurrency_limit": 1 if (os.cpu_count
 def budget_cap_for(device: Any) -> int:
     """Largest tree budget the UI accepts on a device (a torch.device or its name)."""
     return GPU_MAX_BUDGET if str(device).startswith("cuda") else CPU_MAX_BUDGET
-
-
-class ModelsNotReady(ValueError):
-    """The model pair is still loading, or failed to load; the message says which."""
-
-
-@dataclass
-class LoadStatus:
-    """Progress of the model load, written by the loader and read by the page banner.
-
-    Callable as the loader's ``progress(fraction, description)``; ``listener``
-    (e.g. a console printer) sees every update too.
-    """
-
-    fraction: float = 0.0
-    description: str = "waiting to start"
-    error: str | None = None
-    ready: bool = False
-    started: float | None = None            # time.monotonic() when loading began
-    listener: ProgressFn | None = field(default=None, repr=False)
-
-    def __call__(self, fraction: float, description: str) -> None:
-        if self.started is None:
-            self.started = time.monotonic()
-        self.fraction, self.description = min(max(float(fraction), 0.0), 1.0), str(description)
-        if self.listener is not None:
-            self.listener(self.fraction, self.description)
-
-    @property
-    def elapsed_s(self) -> float:
-        return time.monotonic() - self.started if self.started is not None else 0.0
-
-    def summary(self) -> str:
-        """One line, e.g. "42%, converting the target, 35 s"."""
-        return f"{self.fraction:.0%}, {self.description}, {self.elapsed_s:.0f} s"
-
-
-def acceptance_catalogue(assets_dir: Path = ASSETS) -> dict[str, tuple[float, ...]]:
-    """label -> values of every measured acceptance vector (by kind and temperature), then the built-in one.
-
-    Only ``sequoia-acceptance/1`` files (:func:`sequoia.runtime.finder.list_acceptance`): calibrations
-    are not acceptance vectors and are never listed.
-    """
-    entries = [*finder.list_acceptance(assets_dir), DEFAULT_ENTRY]
-    return {e.label: e.values for e in entries}
-
-
-def default_acceptance_label(kind: str, temperature: float, assets_dir: Path = ASSETS) -> str:
-    """The catalogue label to preselect for prompts of ``kind`` (e.g. "code", "chat", "rag") at ``temperature``."""
-    return finder.find_acceptance(kind, float(temperature), assets_dir).label
-
-
-def label_for_temperature(temperature: float, current: str | None, assets_dir: Path = ASSETS) -> str | None:
-    """The vector to show after the temperature changes: same prompt kind as ``current``, nearest temperature.
-
-    A vector the visitor typed in ("custom") or one the catalogue does not know is left as it is (None).
-    """
-    if not current or current not in acceptance_catalogue(assets_dir):
-        return None
-    entry = next((e for e in finder.list_acceptance(assets_dir) if e.label == current), None)
-    kind = entry.kind if entry is not None and entry.kind else "code"   # the built-in vector was measured on code
-    return default_acceptance_label(kind, temperature, assets_dir)
-
-
-def follow_temperature(temperature, acceptance, assets_dir: Path = ASSETS) -> None:
-    """Wire ``temperature`` so that ``acceptance`` switches to the vector measured nearest the new temperature."""
-    def update(t, current):
-        label = label_for_temperature(t, current, assets_dir)
-        return gr.update() if label is None else gr.update(value=label)
-
-    temperature.input(update, [temperature, acceptance], acceptance, api_visibility="private",
-                      show_progress="hidden", **LIGHT_WORK)
-
-
-def parse_acceptance(value: Any) -> tuple[float, ...]:
-    """A list, or text such as ``"0.8, 0.1"`` / ``"[0.8, 0.1]"``, as a validated vector (at most
-    MAX_ACCEPTANCE_LEN entries): :func:`sequoia.core.request.parse_vector`."""
-    return parse_vector(value)
-
-
-def format_acceptance(vec: tuple[float, ...]) -> str:
-    return ", ".join(f"{x:.4g}" for x in vec)
 
 
 @dataclass
@@ -474,42 +383,3 @@ class AppContext:
         return (f'<div class="sq-status sq-status-profiling"><small>Measuring this machine\'s profile: '
                 f"{self.profiling.fraction:.0%} ({html.escape(self.profiling.description)}); "
                 f"{UNTIL_MEASURED}.</small></div>")
-
-
-# ------------------------------------------------------------------ runtimes on this machine
-def runtime_profiles(ctx: AppContext) -> list[tuple[str, object, str]]:
-    """(runtime, profile, source) for each runtime with a profile measured on this machine: the loaded pair's
-    own, and for the other runtimes the one the finder would pick for their default models (never measured here)."""
-    loaded = ctx.pair().backend if ctx.loaded else None
-    out = []
-    for backend in BACKENDS:
-        if backend == loaded and ctx.profile is not None:
-            out.append((backend, ctx.profile, "in use"))
-            continue
-        choice = find_profile(_expected_fingerprint(backend), cache_dir=ctx.cache_dir, assets_dir=ctx.assets_dir)
-        if choice.profile is not None:
-            out.append((backend, choice.profile, choice.source))
-    return out
-
-
-def _expected_fingerprint(backend: str):
-    """This machine's fingerprint for the embedded pair on ``backend`` as it would load by default."""
-    return expected_fingerprint(torch.device("cpu"), torch.bfloat16, default_draft_scheme("cpu", cpu_facts()[1]),
-                                backend=backend)
-
-
-def fastest_elsewhere(ctx: AppContext, acceptance, running: str) -> str:
-    """A line naming the fastest configuration predicted from this machine's measured profiles, when it is not
-    the one ``running`` on the pair in use ("" when it is, or nothing else is profiled here)."""
-    best = None
-    for backend, prof, _ in runtime_profiles(ctx):
-        choice = choose_tree(acceptance, prof, max_budget=min(128, prof.max_tokens - 1), max_depth=12)
-        label = f"Sequoia (n={choice.budget}, d={choice.depth})" if choice.budget else "the target alone"
-        rate = 1000.0 / choice.ms_per_token
-        if best is None or rate > best[2]:
-            best = (backend, label, rate)
-    loaded = ctx.pair().backend if ctx.loaded else None
-    if best is None or (best[0] == loaded and running != "ar" and best[1] != "the target alone"):
-        return ""
-    return (f"Fastest on this machine by its measured costs: {best[1]} on {best[0]}, about {best[2]:.0f} tokens/s "
-            "(Hardware tab).")

@@ -28,7 +28,8 @@ from sequoia.core.dp import baseline_curves, check_copies, optimal_tree, optimal
 from sequoia.core.tree import MAX_TREE_SIZE
 
 from . import dp_view, serving, validation
-from .context import LIGHT_WORK, AppContext, acceptance_catalogue, format_acceptance, parse_acceptance
+from .context import LIGHT_WORK, AppContext
+from .acceptance_choice import acceptance_catalogue, format_acceptance, parse_acceptance
 
 
 @dataclass

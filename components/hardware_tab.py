@@ -23,8 +23,9 @@ from sequoia.runtime.profiling import measure_profile
 from sequoia.runtime.timing import run_method, warmup
 
 from . import dp_view, hardware_view, validation
-from .context import (LIGHT_WORK, MODEL_WORK, AppContext, ModelsNotReady, acceptance_catalogue,
-                      default_acceptance_label, runtime_profiles)
+from .context import LIGHT_WORK, MODEL_WORK, AppContext, ModelsNotReady
+from .acceptance_choice import acceptance_catalogue, default_acceptance_label
+from .runtimes_here import runtime_profiles
 
 QUICK_TARGET_GRID = (1, 2, 4, 8, 16, 32, 64, 128)
 QUICK_DRAFT_GRID = (1, 2, 4, 8, 16, 32)

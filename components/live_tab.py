@@ -26,15 +26,9 @@ from sequoia.runtime.finder import DEFAULT_ENTRY
 
 from . import inspector_view, serving, stats_view, target_rate, text_view, tree_view, validation
 from .divergence_view import LOADING as EXACT_LOADING
-from .context import (
-    LIGHT_WORK,
-    MODEL_WORK,
-    AppContext,
-    acceptance_catalogue,
-    default_acceptance_label,
-    fastest_elsewhere,
-    follow_temperature,
-)
+from .context import LIGHT_WORK, MODEL_WORK, AppContext
+from .acceptance_choice import acceptance_catalogue, default_acceptance_label, follow_temperature
+from .runtimes_here import fastest_elsewhere
 from .frames import FRAME_S, Throttle
 from .validation import EngineInputs
 

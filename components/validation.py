@@ -35,7 +35,8 @@ from sequoia.core.tree import MAX_TREE_SIZE
 from sequoia.runtime.methods import make_method
 
 from . import serving
-from .context import AppContext, acceptance_catalogue
+from .context import AppContext
+from .acceptance_choice import acceptance_catalogue
 
 #: Requests remembered per server between the validator's parse and the handler's (each holds its prompt ids).
 MEMO_SIZE = 64

@@ -32,7 +32,8 @@ import gradio as gr  # noqa: E402
 
 import app  # noqa: E402
 from components import compare_tab, distribution_tab, hardware_tab, live_tab  # noqa: E402
-from components.context import DEFAULT_ACCEPTANCE_LABEL, AppContext, acceptance_catalogue  # noqa: E402
+from components.context import AppContext  # noqa: E402
+from components.acceptance_choice import DEFAULT_ACCEPTANCE_LABEL, acceptance_catalogue
 from sequoia.runtime.memory import GB, parse_kib_field  # noqa: E402
 
 PROMPT = "Write a Python function that checks whether a number is prime."

@@ -9,14 +9,8 @@ import pytest
 
 import app
 from components import compare_tab, dp_tab, hardware_tab, live_tab, validation
-from components.context import (
-    DEFAULT_ACCEPTANCE_LABEL,
-    AppContext,
-    LoadStatus,
-    acceptance_catalogue,
-    default_acceptance_label,
-    parse_acceptance,
-)
+from components.context import AppContext, LoadStatus
+from components.acceptance_choice import DEFAULT_ACCEPTANCE_LABEL, acceptance_catalogue, default_acceptance_label, parse_acceptance
 from sequoia.runtime.dynamic import MAX_DEPTH
 from sequoia.runtime.methods import DEFAULT_ACCEPTANCE
 
@@ -385,7 +379,7 @@ def test_auto_says_when_the_optimizer_keeps_the_target_alone(ctx):
 def test_live_summary_names_the_fastest_configuration_when_it_is_another(ctx):
     from sequoia.core.profile import HardwareProfile
 
-    from components.context import fastest_elsewhere
+    from components.runtimes_here import fastest_elsewhere
 
     ctx.profile = HardwareProfile.hand_made(lambda n: 30.0 * n, lambda w: 10.0)   # compute-bound: no tree pays
     try:

@@ -425,7 +425,8 @@ def test_inspector_explain_in_plain_words():
 
 def test_live_tab_records_checks_and_feeds_the_inspector(tiny_app_pair, tmp_path):
     from components import live_tab
-    from components.context import AppContext, acceptance_catalogue
+    from components.context import AppContext
+    from components.acceptance_choice import acceptance_catalogue
 
     ctx = AppContext.from_pair_or_loader(tiny_app_pair, assets_dir=tmp_path, max_budget=24)
     vector = next(iter(acceptance_catalogue(tmp_path)))
@@ -450,7 +451,8 @@ def test_live_tab_records_checks_and_feeds_the_inspector(tiny_app_pair, tmp_path
 
 
 def test_the_vector_follows_the_temperature_and_the_prompt_kind():
-    from components.context import ASSETS, acceptance_catalogue, default_acceptance_label, label_for_temperature
+    from components.context import ASSETS
+    from components.acceptance_choice import acceptance_catalogue, default_acceptance_label, label_for_temperature
 
     code0 = default_acceptance_label("code", 0.0, ASSETS)
     chat0 = default_acceptance_label("chat", 0.0, ASSETS)

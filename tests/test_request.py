@@ -22,7 +22,7 @@ import pytest
 
 import app
 from components import live_tab, validation
-from components.context import DEFAULT_ACCEPTANCE_LABEL
+from components.acceptance_choice import DEFAULT_ACCEPTANCE_LABEL
 from sequoia.core import fields
 from sequoia.core import request as rq
 from sequoia.core.request import (

@@ -18,7 +18,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import app
 from components import dp_tab, serving, validation
-from components.context import DEFAULT_ACCEPTANCE_LABEL, LIGHT_WORK, MODEL_WORK
+from components.context import LIGHT_WORK, MODEL_WORK
+from components.acceptance_choice import DEFAULT_ACCEPTANCE_LABEL
 from sequoia.core.config import CPU_CAPS, MAX_ACCEPTANCE_LEN, GenerationConfig, caps_for
 from sequoia.core.dp import optimal_tree
 from sequoia.core.tree import MAX_TREE_SIZE, Tree
