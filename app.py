@@ -24,7 +24,7 @@ from typing import Any
 
 import gradio as gr
 
-from components import compare_tab, distribution_tab, dp_tab, hardware_tab, live_tab, status_view, validation
+from components import compare_tab, distribution_tab, dp_tab, hardware_tab, live_layout, status_view, validation
 from components.context import ASSETS, AppContext, LoadStatus, budget_cap_for
 from sequoia.runtime.memory import MemoryBudget, gguf_size_bytes, parse_memory_gb
 
@@ -74,7 +74,7 @@ def build_demo(pair_or_loader: Any | Callable[[], Any], assets_dir: Path = ASSET
         ready = gr.State(ctx.status.ready)  # flips once, when the models are ready; its change refreshes views
         with gr.Tabs():
             with gr.Tab("Live decoding"):
-                live_tab.build(ctx)
+                live_layout.build(ctx)
             with gr.Tab("DP explorer"):
                 dp_tab.build(ctx, demo)
             with gr.Tab("Compare"):

@@ -11,7 +11,6 @@ the Compare tab); the handler receives that parse and builds the proposer.
 # No ``from __future__ import annotations`` here: gr.api reads the endpoint's
 # return annotation with inspect.signature, which would see a plain string.
 
-import functools
 import time
 from collections.abc import Iterator
 from contextlib import closing
@@ -25,9 +24,8 @@ from sequoia.runtime.dynamic import MAX_DEPTH
 from sequoia.runtime.finder import DEFAULT_ENTRY
 
 from . import inspector_view, serving, stats_view, target_rate, text_view, tree_view, validation
-from .divergence_view import LOADING as EXACT_LOADING
-from .context import LIGHT_WORK, MODEL_WORK, AppContext
-from .acceptance_choice import acceptance_catalogue, default_acceptance_label, follow_temperature
+from .context import AppContext
+from .acceptance_choice import acceptance_catalogue
 from .runtimes_here import fastest_elsewhere
 from .frames import FRAME_S, Throttle
 from .validation import EngineInputs
@@ -256,7 +254,7 @@ def decode_api_fn(ctx: AppContext):
 
 
 # ------------------------------------------------------------------ layout
-_NO_NODE = "*Decode something, then pick a node of the step shown above.*"
+NO_NODE = "*Decode something, then pick a node of the step shown above.*"
 
 
 def inspect_choices(step, session: LiveSession):
@@ -268,7 +266,7 @@ def inspect_choices(step, session: LiveSession):
     figure on an older step while the picker named the new one.
     """
     if session is None or not session.records:
-        return gr.Dropdown(choices=[], value=None), None, _NO_NODE
+        return gr.Dropdown(choices=[], value=None), None, NO_NODE
     rec = session.records[min(max(int(step), 0), len(session.records) - 1)]
     choices = inspector_view.node_choices(rec)
     node = inspector_view.default_node(rec)
@@ -279,115 +277,6 @@ def inspect_choices(step, session: LiveSession):
 def inspect_node(node, step, session: LiveSession):
     """Inspector handler: figure and explanation of one node of the shown step."""
     if session is None or not session.records or node is None:
-        return None, _NO_NODE
+        return None, NO_NODE
     rec = session.records[min(max(int(step), 0), len(session.records) - 1)]
     return inspector_view.figure(rec, int(node)), inspector_view.explain(rec, int(node))
-
-
-def build(ctx: AppContext) -> None:
-    """Lay out the tab inside the current ``gr.Blocks`` and wire its events."""
-    cap = ctx.budget_cap()
-    choices = list(acceptance_catalogue(ctx.assets_dir))
-    start_vector = default_acceptance_label("code", 0.0, ctx.assets_dir)
-    gr.Markdown(START_HERE, elem_id="sq-start")
-    with gr.Accordion("How to read this", open=False):
-        gr.Markdown(HOW_TO_READ)
-    with gr.Row():
-        with gr.Column(scale=1, min_width=300):
-            prompt = gr.Textbox(label="Prompt", lines=5, elem_id="sq-prompt",
-                                value="Write a Python function that checks whether a number is prime.")
-            chat = gr.Checkbox(value=True, label="apply the chat template")
-            method = gr.Dropdown(list(METHOD_OF_LABEL), value=DEFAULT_METHOD, label="Method")
-            with gr.Row():
-                budget = gr.Slider(1, cap, value=min(32, cap), step=1, label="budget (draft tokens / step)")
-                depth = gr.Slider(1, 32, value=8, step=1, label="depth")
-            gr.Markdown(budget_help())
-            with gr.Row():
-                # A number box, not a slider: a slider's box sets -1 to 0 on its own and the decode ran at T=0;
-                # here the request check refuses it beside the field and nothing runs.
-                temperature = gr.Number(0, step=0.05, label="temperature (0 = greedy)",
-                                        elem_id="sq-temperature")
-                top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p")
-            with gr.Row():
-                # A number box, not a slider: a slider clamps 100000 to its maximum silently, while the
-                # request check answers with the server's cap (before the request queues).
-                new_cap = serving.server_caps(ctx).max_new_tokens
-                max_new = gr.Number(min(DEFAULT_NEW_TOKENS, new_cap), precision=0, minimum=1,
-                                    label=f"max new tokens (at most {new_cap} here)", elem_classes="sq-max-new")
-                seed = gr.Number(0, precision=0, minimum=0, label="seed")
-            acceptance = gr.Dropdown(choices, value=start_vector if start_vector in choices else choices[0],
-                                     label="acceptance vector (for the DP tree)")
-            with gr.Row():
-                go_btn = gr.Button("Decode", variant="primary")
-                stop_btn = gr.Button("Stop", variant="stop")
-            exact_btn = gr.Button("Decode in exact mode (float32 target: at T=0 exactly the target alone's text)",
-                                  size="sm", elem_id="sq-exact")
-            guided_btn = gr.Button("▶ Guided example: a code prompt at T=0.6 (the tree branches)", size="sm",
-                                   elem_id="sq-guided")
-        with gr.Column(scale=2):
-            text = gr.HTML(text_view.html_view([]), label="Generated text", elem_id="sq-text")
-            summary_md = gr.Markdown(stats_view.summary_markdown([]), elem_id="sq-summary")
-            step = gr.Slider(0, 1, value=0, step=1, label="step (tree shown below)", interactive=False)
-            tree = gr.Plot(label="Speculated tree", elem_id="sq-tree")
-            with gr.Accordion("Inspector: why was a node accepted or rejected?", open=True, elem_id="sq-inspector"):
-                node = gr.Dropdown([], label="node of the step shown above", elem_id="sq-inspect-node")
-                explain = gr.Markdown(_NO_NODE, elem_id="sq-inspect-text")
-                inspect_fig = gr.Plot(label="target p and draft q at the test", elem_id="sq-inspect-plot")
-    stats = gr.Plot(label="Statistics", elem_id="sq-stats")
-    session = gr.State(LiveSession())
-
-    # Named parameters: a refusal before the queue names the input it is about (components.validation).
-    @functools.partial(serving.on_gpu, duration=lambda *a: serving.gpu_seconds(a[6]))  # ZeroGPU only
-    def handler(prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed, acceptance, chat):
-        yield from decode_stream(ctx, prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed,
-                                 acceptance, chat)
-
-    @functools.partial(serving.on_gpu, duration=lambda *a: serving.gpu_seconds(a[6]) * 2)  # ZeroGPU only
-    def exact_handler(prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed, acceptance, chat):
-        if not ctx.exact_loaded:  # first use: the float32 target loads (components/context.py)
-            yield gr.skip(), gr.skip(), gr.skip(), EXACT_LOADING, gr.skip(), gr.skip()
-        try:
-            exact = ctx.exact_context()
-        except ValueError as exc:  # e.g. refused by the memory budget: the message says what to free
-            raise gr.Error(str(exc), title="Cannot load exact mode") from None
-        yield from decode_stream(exact, prompt, method, budget, depth, temperature, top_p,
-                                 max_new_tokens, seed, acceptance, chat)
-
-    inputs = [prompt, method, budget, depth, temperature, top_p, max_new, seed, acceptance, chat]
-    outputs = [text, tree, stats, summary_md, step, session]
-    # The first frame comes from a light event outside the model queue, so it shows at once (even while
-    # another visitor's decode holds the model).
-    frame = functools.partial(checked_first_frame, ctx)
-    go_btn.click(frame, inputs, [text, summary_md], api_visibility="private", show_progress="hidden",
-                 concurrency_limit=None)
-    event = go_btn.click(handler, inputs, outputs, api_name="decode_stream", **MODEL_WORK)
-    fields = [prompt, method, budget, depth, temperature, max_new, seed, acceptance]
-    # The vector measured nearest the example's temperature, as moving the slider by hand would pick.
-    guided_vector = default_acceptance_label("code", GUIDED["temperature"], ctx.assets_dir)
-    guided_values = [min(GUIDED[k], new_cap) if k == "max_new" else GUIDED[k]
-                     for k in ("prompt", "method", "budget", "depth", "temperature", "max_new", "seed")]
-    guided = guided_btn.click(lambda: [*guided_values, guided_vector if guided_vector in choices else gr.skip()],
-                              None, fields, api_visibility="private", concurrency_limit=None)
-    guided = guided.then(frame, inputs, [text, summary_md], api_visibility="private",
-                         show_progress="hidden", concurrency_limit=None)
-    guided_run = guided.then(handler, inputs, outputs, api_visibility="private", **MODEL_WORK)
-    # Cancelling closes the handler's generator, and with it the engine's (see decode_stream).
-    exact_event = exact_btn.click(exact_handler, inputs, outputs, api_visibility="private", **MODEL_WORK)
-    stop_btn.click(None, None, None, cancels=[event, guided_run, exact_event], api_visibility="private")
-    # input (user moves only, not the updates streamed during decoding); always_last drops stale drags.
-    step.input(show_step, [step, session], [tree, text], api_visibility="private", trigger_mode="always_last",
-               **LIGHT_WORK)
-    # change also fires on the slider updates the stream sends, so the inspector follows the tree on screen; a
-    # run's end refreshes it too (a new run as long as the last leaves the slider's value, so no change fires).
-    inspector = dict(fn=inspect_choices, inputs=[step, session], outputs=[node, inspect_fig, explain],
-                     api_visibility="private", show_progress="hidden", **LIGHT_WORK)
-    step.change(trigger_mode="always_last", **inspector)
-    for run in (event, guided_run, exact_event):
-        run.then(**inspector)
-    # input: the visitor's own pick (the updates above set figure and words with the picker).
-    node.input(inspect_node, [node, step, session], [inspect_fig, explain], api_visibility="private",
-               trigger_mode="always_last", show_progress="hidden", **LIGHT_WORK)
-    gr.api(decode_api_fn(ctx), api_name="decode", **MODEL_WORK)
-    follow_temperature(temperature, acceptance, ctx.assets_dir)
-    for slider, name in ((budget, "budget"), (depth, "depth")):
-        validation.say_when_clamped(slider, name)

@@ -1,0 +1,162 @@
+"""The Live tab's layout and wiring: the request's fields, the views, and which event feeds which handler.
+
+The handlers themselves (the decode stream, the step views, the inspector) are in :mod:`components.live_tab`.
+"""
+
+from __future__ import annotations
+
+import functools
+from types import SimpleNamespace
+
+import gradio as gr
+
+from sequoia.core.request import METHOD_OF_LABEL
+
+from . import serving, stats_view, text_view, validation
+from .acceptance_choice import acceptance_catalogue, default_acceptance_label, follow_temperature
+from .context import LIGHT_WORK, MODEL_WORK, AppContext
+from .divergence_view import LOADING as EXACT_LOADING
+from .live_tab import (DEFAULT_METHOD, DEFAULT_NEW_TOKENS, GUIDED, HOW_TO_READ, NO_NODE, START_HERE,
+                       LiveSession, budget_help, checked_first_frame, decode_api_fn, decode_stream, inspect_choices,
+                       inspect_node, show_step)
+
+
+def build(ctx: AppContext) -> None:
+    """Lay out the tab inside the current ``gr.Blocks`` and wire its events."""
+    gr.Markdown(START_HERE, elem_id="sq-start")
+    with gr.Accordion("How to read this", open=False):
+        gr.Markdown(HOW_TO_READ)
+    with gr.Row():
+        with gr.Column(scale=1, min_width=300):
+            c = _controls(ctx)
+        with gr.Column(scale=2):
+            v = _outputs_column()
+    v.stats = gr.Plot(label="Statistics", elem_id="sq-stats")
+    v.session = gr.State(LiveSession())
+    _wire(ctx, c, v)
+
+
+def _controls(ctx: AppContext) -> SimpleNamespace:
+    """The request's fields and the buttons (the left column)."""
+    cap = ctx.budget_cap()
+    c = SimpleNamespace(choices=list(acceptance_catalogue(ctx.assets_dir)))
+    start_vector = default_acceptance_label("code", 0.0, ctx.assets_dir)
+    c.prompt = gr.Textbox(label="Prompt", lines=5, elem_id="sq-prompt",
+                          value="Write a Python function that checks whether a number is prime.")
+    c.chat = gr.Checkbox(value=True, label="apply the chat template")
+    c.method = gr.Dropdown(list(METHOD_OF_LABEL), value=DEFAULT_METHOD, label="Method")
+    with gr.Row():
+        c.budget = gr.Slider(1, cap, value=min(32, cap), step=1, label="budget (draft tokens / step)")
+        c.depth = gr.Slider(1, 32, value=8, step=1, label="depth")
+    gr.Markdown(budget_help())
+    with gr.Row():
+        # A number box, not a slider: a slider's box sets -1 to 0 on its own and the decode ran at T=0;
+        # here the request check refuses it beside the field and nothing runs.
+        c.temperature = gr.Number(0, step=0.05, label="temperature (0 = greedy)", elem_id="sq-temperature")
+        c.top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p")
+    with gr.Row():
+        # A number box, not a slider: a slider clamps 100000 to its maximum silently, while the
+        # request check answers with the server's cap (before the request queues).
+        c.new_cap = serving.server_caps(ctx).max_new_tokens
+        c.max_new = gr.Number(min(DEFAULT_NEW_TOKENS, c.new_cap), precision=0, minimum=1,
+                              label=f"max new tokens (at most {c.new_cap} here)", elem_classes="sq-max-new")
+        c.seed = gr.Number(0, precision=0, minimum=0, label="seed")
+    c.acceptance = gr.Dropdown(c.choices, value=start_vector if start_vector in c.choices else c.choices[0],
+                               label="acceptance vector (for the DP tree)")
+    with gr.Row():
+        c.go_btn = gr.Button("Decode", variant="primary")
+        c.stop_btn = gr.Button("Stop", variant="stop")
+    c.exact_btn = gr.Button("Decode in exact mode (float32 target: at T=0 exactly the target alone's text)",
+                            size="sm", elem_id="sq-exact")
+    c.guided_btn = gr.Button("▶ Guided example: a code prompt at T=0.6 (the tree branches)", size="sm",
+                             elem_id="sq-guided")
+    return c
+
+
+def _outputs_column() -> SimpleNamespace:
+    """The text, summary, step slider, tree and inspector (the right column)."""
+    v = SimpleNamespace()
+    v.text = gr.HTML(text_view.html_view([]), label="Generated text", elem_id="sq-text")
+    v.summary_md = gr.Markdown(stats_view.summary_markdown([]), elem_id="sq-summary")
+    v.step = gr.Slider(0, 1, value=0, step=1, label="step (tree shown below)", interactive=False)
+    v.tree = gr.Plot(label="Speculated tree", elem_id="sq-tree")
+    with gr.Accordion("Inspector: why was a node accepted or rejected?", open=True, elem_id="sq-inspector"):
+        v.node = gr.Dropdown([], label="node of the step shown above", elem_id="sq-inspect-node")
+        v.explain = gr.Markdown(NO_NODE, elem_id="sq-inspect-text")
+        v.inspect_fig = gr.Plot(label="target p and draft q at the test", elem_id="sq-inspect-plot")
+    return v
+
+
+def _handlers(ctx: AppContext):
+    """The decode and exact-mode stream handlers (named parameters: a refusal before the queue names the input
+    it is about, components.validation)."""
+    @functools.partial(serving.on_gpu, duration=lambda *a: serving.gpu_seconds(a[6]))  # ZeroGPU only
+    def handler(prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed, acceptance, chat):
+        yield from decode_stream(ctx, prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed,
+                                 acceptance, chat)
+
+    @functools.partial(serving.on_gpu, duration=lambda *a: serving.gpu_seconds(a[6]) * 2)  # ZeroGPU only
+    def exact_handler(prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed, acceptance, chat):
+        if not ctx.exact_loaded:  # first use: the float32 target loads (components/context.py)
+            yield gr.skip(), gr.skip(), gr.skip(), EXACT_LOADING, gr.skip(), gr.skip()
+        try:
+            exact = ctx.exact_context()
+        except ValueError as exc:  # e.g. refused by the memory budget: the message says what to free
+            raise gr.Error(str(exc), title="Cannot load exact mode") from None
+        yield from decode_stream(exact, prompt, method, budget, depth, temperature, top_p,
+                                 max_new_tokens, seed, acceptance, chat)
+
+    return handler, exact_handler
+
+
+def _wire(ctx: AppContext, c: SimpleNamespace, v: SimpleNamespace) -> None:
+    handler, exact_handler = _handlers(ctx)
+    inputs = [c.prompt, c.method, c.budget, c.depth, c.temperature, c.top_p, c.max_new, c.seed, c.acceptance,
+              c.chat]
+    outputs = [v.text, v.tree, v.stats, v.summary_md, v.step, v.session]
+    # The first frame comes from a light event outside the model queue, so it shows at once (even while
+    # another visitor's decode holds the model).
+    frame = functools.partial(checked_first_frame, ctx)
+    c.go_btn.click(frame, inputs, [v.text, v.summary_md], api_visibility="private", show_progress="hidden",
+                   concurrency_limit=None)
+    event = c.go_btn.click(handler, inputs, outputs, api_name="decode_stream", **MODEL_WORK)
+    guided_run = _wire_guided(ctx, c, v, frame, handler, inputs, outputs)
+    # Cancelling closes the handler's generator, and with it the engine's (see decode_stream).
+    exact_event = c.exact_btn.click(exact_handler, inputs, outputs, api_visibility="private", **MODEL_WORK)
+    c.stop_btn.click(None, None, None, cancels=[event, guided_run, exact_event], api_visibility="private")
+    _wire_inspector(v, (event, guided_run, exact_event))
+    gr.api(decode_api_fn(ctx), api_name="decode", **MODEL_WORK)
+    follow_temperature(c.temperature, c.acceptance, ctx.assets_dir)
+    for slider, name in ((c.budget, "budget"), (c.depth, "depth")):
+        validation.say_when_clamped(slider, name)
+
+
+def _wire_guided(ctx, c, v, frame, handler, inputs, outputs):
+    """The guided example: fill the fields, show the first frame, decode."""
+    fields = [c.prompt, c.method, c.budget, c.depth, c.temperature, c.max_new, c.seed, c.acceptance]
+    # The vector measured nearest the example's temperature, as moving the slider by hand would pick.
+    guided_vector = default_acceptance_label("code", GUIDED["temperature"], ctx.assets_dir)
+    guided_values = [min(GUIDED[k], c.new_cap) if k == "max_new" else GUIDED[k]
+                     for k in ("prompt", "method", "budget", "depth", "temperature", "max_new", "seed")]
+    guided = c.guided_btn.click(lambda: [*guided_values, guided_vector if guided_vector in c.choices else gr.skip()],
+                                None, fields, api_visibility="private", concurrency_limit=None)
+    guided = guided.then(frame, inputs, [v.text, v.summary_md], api_visibility="private",
+                         show_progress="hidden", concurrency_limit=None)
+    return guided.then(handler, inputs, outputs, api_visibility="private", **MODEL_WORK)
+
+
+def _wire_inspector(v, runs) -> None:
+    """The step slider redraws the tree; the inspector follows the step shown and the node picked."""
+    # input (user moves only, not the updates streamed during decoding); always_last drops stale drags.
+    v.step.input(show_step, [v.step, v.session], [v.tree, v.text], api_visibility="private",
+                 trigger_mode="always_last", **LIGHT_WORK)
+    # change also fires on the slider updates the stream sends, so the inspector follows the tree on screen; a
+    # run's end refreshes it too (a new run as long as the last leaves the slider's value, so no change fires).
+    inspector = dict(fn=inspect_choices, inputs=[v.step, v.session], outputs=[v.node, v.inspect_fig, v.explain],
+                     api_visibility="private", show_progress="hidden", **LIGHT_WORK)
+    v.step.change(trigger_mode="always_last", **inspector)
+    for run in runs:
+        run.then(**inspector)
+    # input: the visitor's own pick (the updates above set figure and words with the picker).
+    v.node.input(inspect_node, [v.node, v.step, v.session], [v.inspect_fig, v.explain], api_visibility="private",
+                 trigger_mode="always_last", show_progress="hidden", **LIGHT_WORK)
