@@ -88,6 +88,14 @@ class Runner(Protocol):
         """A fresh, empty cache.  A runtime with one cache per model may invalidate earlier sessions."""
 
 
+def upload(t: torch.Tensor, device) -> torch.Tensor:
+    """A small host tensor on ``device`` without waiting for the device's queue (pinned memory, asynchronous
+    copy: a plain copy to a GPU first drains every queued kernel)."""
+    if torch.device(device).type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def shared_vocab(pair) -> int:
     """Logit columns both runners of a pair share (embedding matrices are often padded beyond the tokenizer)."""
     return min(int(r.vocab_size) for r in (pair.draft, pair.target))

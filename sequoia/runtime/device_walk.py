@@ -25,6 +25,7 @@ import torch
 from ..core.config import SamplingConfig
 from ..core.sampling import acceptance_probability, reject, warp
 from ..core.trace import NGRAM
+from ..runners.base import upload
 
 
 def can_walk_on_device(draft, sampling: SamplingConfig, inspect: bool) -> bool:
@@ -48,13 +49,13 @@ def walk_on_device(draft, logits: torch.Tensor, sampling: SamplingConfig, mode: 
     kids = [list(tree.children[v]) + [0] * (k - len(tree.children[v])) for v in internal]
     valid = [[1] * len(tree.children[v]) + [0] * (k - len(tree.children[v])) for v in internal]
     host = torch.tensor([sum(kids, []), sum(valid, [])], dtype=torch.long)
-    up = _up(host, dev)
+    up = upload(host, dev)
     kids_d, valid_d = up[0].view(len(internal), k), up[1].view(len(internal), k).bool()   # [R, k]
-    rows_d, tokens_d = _up(torch.tensor(row_of), dev), _up(torch.tensor(draft.tokens), dev)
+    rows_d, tokens_d = upload(torch.tensor(row_of), dev), upload(torch.tensor(draft.tokens), dev)
     p = warp(logits, sampling)                                                  # [n, V]
     q = torch.stack([draft.q[v] for v in internal]).float()                    # [R, V]
     u = torch.rand((len(internal), k), generator=gen, device=dev)              # one uniform per child slot
-    first, residual = _verify(p[_up(torch.tensor(internal), dev)], q, tokens_d[kids_d], valid_d, u, mode)
+    first, residual = _verify(p[upload(torch.tensor(internal), dev)], q, tokens_d[kids_d], valid_d, u, mode)
     node, path = torch.zeros((), dtype=torch.long, device=dev), []
     for _ in range(tree.depth):   # follow accepted children; a node with none (or a leaf) stays put
         r = rows_d[node]
@@ -97,10 +98,3 @@ def _verify(p: torch.Tensor, q: torch.Tensor, drawn: torch.Tensor, valid: torch.
         r = torch.where(moved, r_next, r)
         qc = None if qc is None else torch.where(moved, q_next, qc)
     return first, r
-
-
-def _up(t: torch.Tensor, device) -> torch.Tensor:
-    """A small host tensor on ``device`` without waiting for its queue."""
-    if torch.device(device).type != "cuda":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)

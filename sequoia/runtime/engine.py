@@ -44,7 +44,7 @@ from ..core.tree import Tree
 from ..runners.base import Session
 from .device_walk import can_walk_on_device, walk_on_device
 from .drafter import Draft, Drafter, Proposer
-from ..runners.base import shared_vocab
+from ..runners.base import shared_vocab, upload
 
 _DISPLAY = SamplingConfig(temperature=1.0)  # at T=0, show the models' raw confidence
 
@@ -289,8 +289,8 @@ def node_target_probs(draft: Draft, logits: torch.Tensor, sampling: SamplingConf
     order = sorted(range(tree.size), key=lambda j: row_of[tree.parents[j + 1]])   # nodes - 1, by parent row
     inv_sorted = [row_of[tree.parents[j + 1]] for j in order]
     host = torch.tensor([inv_sorted, [draft.tokens[j + 1] for j in order], order], dtype=torch.long)
-    dev = _to_device(host, logits.device)                                           # [3, n]
-    rows = _to_device(torch.tensor(rows_list, dtype=torch.long), logits.device)     # [u]
+    dev = upload(host, logits.device)                                           # [3, n]
+    rows = upload(torch.tensor(rows_list, dtype=torch.long), logits.device)     # [u]
     pieces = []
     # Chunks bound the [rows, V] float32 copy on a CPU; on a GPU one chunk saves a dozen launches per 32 rows.
     size = 256 if logits.device.type == "cuda" else 32
@@ -306,13 +306,6 @@ def node_target_probs(draft: Draft, logits: torch.Tensor, sampling: SamplingConf
     out = torch.empty(tree.size, dtype=torch.float32, device=logits.device)
     out[dev[2]] = torch.cat(pieces).float()
     return (1.0,) + tuple(out.tolist())
-
-
-def _to_device(t: torch.Tensor, device) -> torch.Tensor:
-    """A small host tensor on ``device`` without waiting for the device's queue (pinned, asynchronous)."""
-    if torch.device(device).type != "cuda":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)
 
 
 def _with_times(record: StepRecord, draft_s: float, verify_s: float, other_s: float) -> StepRecord:

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ..base import RunnerInfo, check_forward_args, check_keep_args
+from ..base import RunnerInfo, check_forward_args, check_keep_args, upload
 from .slot_cache import SlotCache, slot_bytes
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)   # new-token counts a graph is captured for
@@ -193,11 +193,8 @@ def fill_mask(mask: torch.Tensor, block: torch.Tensor, chain: int, n: int) -> No
 
 
 def _upload(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A host array on the device without waiting for the device (pinned memory, asynchronous copy)."""
-    t = torch.from_numpy(np.ascontiguousarray(array))
-    if device.type != "cuda":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
+    """A host array on the device without waiting for the device."""
+    return upload(torch.from_numpy(np.ascontiguousarray(array)), device)
 
 
 class _Graph:
