@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -262,6 +263,21 @@ def test_overlapping_one_token_forwards_restore_onednn_once_the_last_ends():
     first.__exit__(None, None, None)        # the first ends: the second still runs without oneDNN
     assert torch.backends.mkldnn.enabled is False
     second.__exit__(None, None, None)
+    assert torch.backends.mkldnn.enabled == before
+
+
+def test_one_row_scopes_in_many_threads_leave_onednn_as_they_found_it():
+    """Forwards on several threads enter and leave the switch in any order; none sees oneDNN on while inside."""
+    before = torch.backends.mkldnn.enabled
+    inside = threading.Barrier(4)
+
+    def forward(_):
+        with onednn.single_row_scope(cpu.SINGLE_ROW_ATEN, 1):
+            inside.wait(timeout=10)                 # all four inside at once
+            return torch.backends.mkldnn.enabled
+
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(forward, range(4))) == [False] * 4
     assert torch.backends.mkldnn.enabled == before
 
 
