@@ -63,15 +63,20 @@ def test_the_host_walk_stays_where_the_device_walk_does_not_apply(pair8):
 
 
 @pytest.mark.parametrize("mode", ["without_replacement", "with_replacement", "topk"])
-def test_batched_verdicts_equal_the_rows_rule_of_sampling(mode):
-    """Same p, q, children and uniforms: the device walk's verdicts are core.sampling.verify_rows' exactly."""
-    from sequoia.core.sampling import sample_children, verify_rows
-    from sequoia.runtime.device_walk import _verify
+def test_padding_slots_change_no_verdict_and_no_residual(mode):
+    """Nodes with fewer children than the widest are padded; a padded slot must count as no child at all."""
+    from sequoia.core.sampling import sample_children, verify_rows_state
 
     g = torch.Generator().manual_seed(0)
     p = torch.softmax(torch.randn(64, 12, generator=g) * 2, -1)
     q = torch.softmax(torch.randn(64, 12, generator=g) * 2, -1)
     drawn = sample_children(q, 4, mode, g)
     u = torch.rand(drawn.shape, generator=g)
-    first, _ = _verify(p, q, drawn, torch.ones_like(drawn, dtype=torch.bool), u, mode)
-    assert torch.equal(first, verify_rows(p, q, drawn, u, mode))
+    kids = torch.randint(1, 5, (64,), generator=g)                       # each row's real children: 1..4
+    valid = torch.arange(4)[None, :] < kids[:, None]
+    first, residual = verify_rows_state(p, q, drawn, u, mode, valid)
+    for k in range(1, 5):
+        rows = kids == k
+        want_first, want_r = verify_rows_state(p[rows], q[rows], drawn[rows, :k], u[rows, :k], mode)
+        assert torch.equal(first[rows], want_first) and torch.equal(residual[rows], want_r)
+    assert (first < kids).all()

@@ -250,6 +250,15 @@ def verify_rows(p: torch.Tensor, q: torch.Tensor, drawn: torch.Tensor, u: torch.
 
     p, q: [R, V]; drawn, u: [R, k] (children in sampling order, one uniform per slot) -> [R] int64.
     """
+    return verify_rows_state(p, q, drawn, u, mode)[0]
+
+
+def verify_rows_state(p: torch.Tensor, q: torch.Tensor, drawn: torch.Tensor, u: torch.Tensor, mode: str,
+                      valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`verify_rows`, and each row's target distribution after its rejections (the residual a bonus
+    token is drawn from when nothing was accepted).  ``valid``: [R, k] bool, False for padding slots (rows
+    with fewer children), skipped as fillers are.  No host reads: it runs on a GPU without waiting.
+    """
     first = torch.full((p.shape[0],), -1, dtype=torch.long, device=p.device)
     live = torch.ones(p.shape[0], dtype=torch.bool, device=p.device)   # no child accepted yet
     r, qc = p, (None if mode == "topk" else q)
@@ -257,14 +266,16 @@ def verify_rows(p: torch.Tensor, q: torch.Tensor, drawn: torch.Tensor, u: torch.
         x = drawn[:, i:i + 1]                                           # [R, 1]
         qx = torch.ones_like(first, dtype=p.dtype) if qc is None else qc.gather(-1, x)[:, 0]
         tested = live & (qx > 0)                                        # fillers are skipped, as in verify_children
+        if valid is not None:
+            tested = tested & valid[:, i]
         accept = tested & (u[:, i] < acceptance_probability(r.gather(-1, x)[:, 0], qx))
-        first[accept] = i
+        first = torch.where(accept, i, first)
         live &= ~accept
         r_next, q_next = reject(r, qc, x, mode)
         moved = (tested & ~accept)[:, None]                             # [R, 1] rows whose state changes
         r = torch.where(moved, r_next, r)
         qc = None if qc is None else torch.where(moved, q_next, qc)
-    return first
+    return first, r
 
 
 def sample_token(probs: torch.Tensor, generator: torch.Generator | None) -> int:

@@ -3,8 +3,8 @@
 The host walk (:func:`sequoia.runtime.engine.walk_tree`) verifies the children of
 the nodes on the accepted path one uniform at a time, and each test reads a
 probability back from the GPU.  Here every node that has children is verified in
-one batch with :mod:`sequoia.core.sampling`'s own rule (``acceptance_probability``
-and ``reject`` over rows), with one uniform per child drawn up front; the path
+one batch with :mod:`sequoia.core.sampling`'s own rule over rows
+(:func:`~sequoia.core.sampling.verify_rows_state`), with one uniform per child drawn up front; the path
 then follows the accepted children on the device, the bonus token is drawn from
 the residual (or p at a leaf), and the path, the bonus and each node's verdict
 come back in one readback.
@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from ..core.config import SamplingConfig
-from ..core.sampling import acceptance_probability, reject, warp
+from ..core.sampling import verify_rows_state, warp
 from ..core.trace import NGRAM
 from ..runners.base import upload
 
@@ -55,7 +55,8 @@ def walk_on_device(draft, logits: torch.Tensor, sampling: SamplingConfig, mode: 
     p = warp(logits, sampling)                                                  # [n, V]
     q = torch.stack([draft.q[v] for v in internal]).float()                    # [R, V]
     u = torch.rand((len(internal), k), generator=gen, device=dev)              # one uniform per child slot
-    first, residual = _verify(p[upload(torch.tensor(internal), dev)], q, tokens_d[kids_d], valid_d, u, mode)
+    first, residual = verify_rows_state(p[upload(torch.tensor(internal), dev)], q, tokens_d[kids_d], u, mode,
+                                        valid_d)
     node, path = torch.zeros((), dtype=torch.long, device=dev), []
     for _ in range(tree.depth):   # follow accepted children; a node with none (or a leaf) stays put
         r = rows_d[node]
@@ -74,27 +75,3 @@ def walk_on_device(draft, logits: torch.Tensor, sampling: SamplingConfig, mode: 
             f = verdicts[row_of[v]]
             verified.update(tree.children[v] if f < 0 else tree.children[v][: f + 1])
     return walked, int(bonus_tok), verified
-
-
-def _verify(p: torch.Tensor, q: torch.Tensor, drawn: torch.Tensor, valid: torch.Tensor, u: torch.Tensor,
-            mode: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Index of each row's first accepted child (-1: none) and the row's distribution after its rejections.
-
-    p, q: [R, V]; drawn, valid, u: [R, k].  The rule of ``verify_children`` over rows, without host reads:
-    padded and zero-probability slots are skipped, as fillers are there.
-    """
-    first = torch.full((p.shape[0],), -1, dtype=torch.long, device=p.device)
-    live = torch.ones(p.shape[0], dtype=torch.bool, device=p.device)
-    r, qc = p, (None if mode == "topk" else q)
-    for i in range(drawn.shape[1]):
-        x = drawn[:, i:i + 1]                                                  # [R, 1]
-        qx = torch.ones_like(u[:, i]) if qc is None else qc.gather(-1, x)[:, 0]
-        tested = live & valid[:, i] & (qx > 0)
-        accept = tested & (u[:, i] < acceptance_probability(r.gather(-1, x)[:, 0], qx.clamp(min=1e-30)))
-        first = torch.where(accept, i, first)
-        live = live & ~accept
-        r_next, q_next = reject(r, qc, x, mode)
-        moved = (tested & ~accept)[:, None]
-        r = torch.where(moved, r_next, r)
-        qc = None if qc is None else torch.where(moved, q_next, qc)
-    return first, r
