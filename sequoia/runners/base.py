@@ -126,6 +126,25 @@ def check_forward_args(length: int, tokens: Sequence[int], parents: Sequence[int
     return parents
 
 
+def new_positions(positions: Sequence[int], parents: Sequence[int]) -> list[int]:
+    """Positions of new slots: each its parent's + 1 (0 without one).  ``positions``: the cached slots';
+    ``parents``: the new slots', checked (:func:`check_forward_args`).  # [n]"""
+    start, out = len(positions), []
+    for p in parents:
+        out.append(0 if p < 0 else (positions[p] if p < start else out[p - start]) + 1)
+    return out
+
+
+def check_path(parents: Sequence[int], prefix: int, slots: Sequence[int]) -> None:
+    """A kept tail must be a path hanging off slot ``prefix - 1`` (else its positions would be wrong)."""
+    previous = prefix - 1
+    for s in slots:
+        if parents[s] != previous:
+            raise ValueError(f"keep: slot {s} is not a child of slot {previous}; kept slots must form a path "
+                             f"from slot {prefix - 1}")
+        previous = s
+
+
 def check_keep_args(length: int, prefix: int, slots: Sequence[int]) -> list[int]:
     """Validate a keep call; the slots as a list.  # [k]"""
     slots = [int(s) for s in slots]

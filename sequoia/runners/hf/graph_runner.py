@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ..base import RunnerInfo, check_forward_args, check_keep_args, upload
+from ..base import RunnerInfo, check_forward_args, check_keep_args, check_path, new_positions, upload
 from .slot_cache import SlotCache, slot_bytes
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)   # new-token counts a graph is captured for
@@ -271,7 +271,7 @@ class GraphSession:
         n = len(parents)
         if start + n > run.capacity:
             raise ValueError(f"forward: {start + n} slots exceed this runner's cache of {run.capacity}")
-        pos = self._positions(parents)
+        pos = new_positions(self._pos, parents)
         chain_call = self._chain == start and all(p == start + i - 1 for i, p in enumerate(parents))
         anchors = list(range(start, start + n)) if chain_call else self._anchors(parents)
         if chain_call:
@@ -297,12 +297,7 @@ class GraphSession:
     def keep(self, prefix: int, slots: Sequence[int]) -> None:
         self._check_live()
         slots = check_keep_args(len(self), prefix, slots)
-        previous = prefix - 1
-        for s in slots:
-            if self._parent[s] != previous:
-                raise ValueError(f"keep: slot {s} is not a child of slot {previous}; kept slots must form a "
-                                 f"path from slot {prefix - 1}")
-            previous = s
+        check_path(self._parent, prefix, slots)
         if slots != list(range(prefix, prefix + len(slots))):
             self.runner.cache.move(prefix, _upload(np.asarray(slots, dtype=np.int64), self.runner.device))
         self._pos = self._pos[:prefix] + [self._pos[s] for s in slots]
@@ -327,10 +322,4 @@ class GraphSession:
         start, chain, out = len(self), self._chain, []
         for p in parents:
             out.append(p if p < chain else self._anchor[p] if p < start else out[p - start])
-        return out
-
-    def _positions(self, parents: list[int]) -> list[int]:
-        start, out = len(self), []
-        for p in parents:
-            out.append(0 if p < 0 else (self._pos[p] if p < start else out[p - start]) + 1)
         return out

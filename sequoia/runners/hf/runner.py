@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ...core.masks import tree_attention_mask
-from ..base import RunnerInfo, check_forward_args, check_keep_args
+from ..base import RunnerInfo, check_forward_args, check_keep_args, check_path, new_positions
 from .onednn import single_row_scope
 from .kv_cache import KVCache
 from .lean import model_forward
@@ -78,7 +78,7 @@ class HFSession:
         """Logits after each new token (the last ``keep`` if > 0).  # [rows, V]"""
         start = len(self)
         parents = check_forward_args(start, tokens, parents, keep)
-        pos = self._positions(parents)
+        pos = new_positions(self._pos, parents)
         is_chain = self._chain == start and all(p == start + i - 1 for i, p in enumerate(parents))
         mask = None if is_chain else tree_attention_mask(self._visible(start, parents), self.runner.mask_dtype,
                                                          self.runner.device)
@@ -96,7 +96,7 @@ class HFSession:
 
     def keep(self, prefix: int, slots: Sequence[int]) -> None:
         slots = check_keep_args(len(self), prefix, slots)
-        _check_path(self._parent, prefix, slots)
+        check_path(self._parent, prefix, slots)
         self.cache.keep(prefix, slots)
         self._pos = self._pos[:prefix] + [self._pos[s] for s in slots]
         self._parent = self._parent[:prefix] + list(range(prefix - 1, prefix + len(slots) - 1))
@@ -111,12 +111,6 @@ class HFSession:
         self._chain = min(self._chain, length)
 
     # ------------------------------------------------------------------ internals
-    def _positions(self, parents: list[int]) -> list[int]:
-        start, out = len(self), []
-        for p in parents:
-            out.append(0 if p < 0 else (self._pos[p] if p < start else out[p - start]) + 1)
-        return out
-
     def _visible(self, start: int, parents: list[int]) -> torch.Tensor:
         """Which slots each new token attends to: its ancestors and itself.  # [n, start + n] bool"""
         n = len(parents)
@@ -132,13 +126,3 @@ class HFSession:
             if slot >= 0:
                 allowed[i, : slot + 1] = True
         return allowed
-
-
-def _check_path(parent: list[int], prefix: int, slots: list[int]) -> None:
-    """A kept tail must be a path hanging off slot ``prefix - 1`` (else its positions would be wrong)."""
-    previous = prefix - 1
-    for s in slots:
-        if parent[s] != previous:
-            raise ValueError(f"keep: slot {s} is not a child of slot {previous}; kept slots must form a path "
-                             f"from slot {prefix - 1}")
-        previous = s
