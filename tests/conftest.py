@@ -8,6 +8,8 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from sequoia.tools.gpucheck.models import perturbed  # noqa: F401 (a noisy copy of a model: the drafts the tests use)
+
 # Tiny models gain nothing from threads, and on a shared 2-core machine thread
 # contention makes them ~6x slower.  Tests of real-size models raise this
 # again with the `full_threads` fixture.
@@ -71,18 +73,6 @@ def tiny_model(seed: int, vocab: int = 48, init: float = 0.3, layers: int = 2, h
     )
     torch.manual_seed(seed)
     return Qwen2ForCausalLM(cfg).eval().float()
-
-
-def perturbed(model, scale: float, seed: int):
-    """A copy of ``model`` with noise on every weight: a draft that agrees only partly."""
-    import copy
-
-    out = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for prm in out.parameters():
-            prm.add_(torch.randn(prm.shape, generator=g) * scale * prm.std().clamp(min=1e-3))
-    return out
 
 
 def runner(model, name: str = "tiny", role: str = "target"):
