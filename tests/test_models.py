@@ -309,3 +309,28 @@ def test_embedded_pair_loads_and_agrees_on_code(embedded_pair_fp32):
     assert pair.tokenizer.decode([int(p[-1].argmax())]).strip() == "fibonacci"
     agree = (p[4:].argmax(-1) == q[4:].argmax(-1)).float().mean()
     assert agree >= 0.6, f"draft/target greedy agreement {agree:.2f} on code"
+
+
+def test_llamacpp_threads_are_the_callers(monkeypatch):
+    """``load_pair(threads=)`` reaches every llama.cpp runner it loads: a bench timing with the process's CPU time
+    runs one thread, and a second llama.cpp thread would add its time (and its spinning) to every step."""
+    with pytest.raises(ValueError, match="threads must be a positive integer"):
+        M.load_pair(backend="llamacpp", threads=0)
+    pytest.importorskip("llama_cpp")
+    from sequoia.runners import llamacpp
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_load(path, options=None, name=None):
+        seen.append(options.n_threads)
+        raise Stop
+
+    monkeypatch.setattr(llamacpp, "load_llamacpp_runner", fake_load)
+    with pytest.raises(Stop):
+        M.load_pair("a.gguf", "b.gguf", backend="llamacpp", threads=1)
+    with pytest.raises(Stop):
+        M.load_pair("a.gguf", "embedded", backend="mixed", threads=1)
+    assert seen == [1, 1]

@@ -73,7 +73,7 @@ def overhead_ms(profile: HardwareProfile, n_nodes: int) -> float:
 
     It is measured on drafting steps (sequoia.runtime.profiling), and what it holds is theirs: a verification
     forward with its tree, the draft catching up, the walk.  A plain step is one forward of one token, as
-    the target alone's is: measured on the AVX-512-BF16 machine (session 7), the engine's plain steps took
+    the target alone's is: measured on a 2-vCPU AMD EPYC (AVX-512-BF16), the engine's plain steps took
     111-146 ms (median 118) against target(1) = 125 ms and a step overhead of 18 ms, and Hugging Face
     ``generate`` 125 ms a token.  Charging it to the target alone priced drafting ~13% too well there, and
     Sequoia drafted on chat prompts where it lost to the target alone.

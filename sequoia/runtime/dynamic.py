@@ -178,7 +178,7 @@ class DynamicTreeProposer(Proposer):
         """Tokens per ms a drafting step must beat: the target alone's, plus ``min_gain``.
 
         Not merely the target alone's: a drafting step's predicted ms ran ~9% under its measured time on
-        held-out chat prompts (AVX-512-BF16 CPU, session 7; single steps vary by 15% there), so drafting that
+        held-out chat prompts (2-vCPU AMD EPYC, AVX-512-BF16; single steps vary by 15% there), so drafting that
         only breaks even by the prediction loses in fact.
         """
         return (1.0 + self.min_gain) / cost.baseline_ms(self.profile)

@@ -134,7 +134,7 @@ def load_pair(draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME, device: s
               dtype: str = "auto", draft_int8: bool | None = None, cache_dir: str | Path | None = None,
               progress: ProgressFn | None = None, draft_quant: str | None = None,
               target_quant: str = "none", blocked_weights: bool = True, plain: bool = False,
-              backend: str = "hf", graphs: bool | None = None) -> ModelPair:
+              backend: str = "hf", graphs: bool | None = None, threads: int | None = None) -> ModelPair:
     """Load and check a draft/target pair of Hugging Face runners.
 
     ``draft_quant`` ("none" | "int8" | "int4", see :mod:`sequoia.runners.hf.kernels`) defaults to the
@@ -149,13 +149,19 @@ def load_pair(draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME, device: s
     through their own forward with no CPU kernel choice (what a GPU runs; the draft unquantized).
     ``graphs`` (CUDA only; None: yes) runs both models on the graph runner (a slot cache and one CUDA graph
     per forward size, :mod:`sequoia.runners.hf.graph_runner`); False keeps the eager runner (ZeroGPU).
+    ``threads`` is the CPU threads of the llama.cpp runners (None: every core); torch's own are the caller's
+    ``torch.set_num_threads``.  A bench timing with the process's CPU time runs both on one thread: a second
+    llama.cpp thread would add its time (and its spinning while torch runs) to every step's.
     """
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
     if backend == "llamacpp":
-        return _load_llamacpp_pair(draft, target, cache_dir, progress)
+        return _load_llamacpp_pair(draft, target, cache_dir, progress, threads)
     if backend == "mixed":
-        return _load_mixed_pair(draft, target, device, dtype, target_quant, cache_dir, progress, blocked_weights, plain)
+        return _load_mixed_pair(draft, target, device, dtype, target_quant, cache_dir, progress, blocked_weights, plain,
+                                threads)
     return _load_hf_pair(draft, target, device, dtype, draft_int8, cache_dir, progress, draft_quant, target_quant,
                          blocked_weights, plain, graphs=graphs)
 
@@ -203,7 +209,8 @@ def _load_hf_pair(draft, target, device, dtype, draft_int8, cache_dir, progress,
     )
 
 
-def _load_llamacpp_pair(draft: str, target: str, cache_dir, progress: ProgressFn | None) -> ModelPair:
+def _load_llamacpp_pair(draft: str, target: str, cache_dir, progress: ProgressFn | None,
+                        threads: int | None = None) -> ModelPair:
     """Two GGUF files on llama.cpp: the embedded pair as shipped (no conversion) or two local ``.gguf`` paths.
 
     The tokenizer is the Hugging Face one read from the target's GGUF (cached beside it after the first
@@ -214,13 +221,15 @@ def _load_llamacpp_pair(draft: str, target: str, cache_dir, progress: ProgressFn
 
     report = progress or (lambda frac, desc: None)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    options = llamacpp.LlamaCppOptions(n_threads=threads)
     if (draft == EMBEDDED_NAME) != (target == EMBEDDED_NAME):
         raise ValueError("on the llamacpp backend give both models as .gguf paths, or neither (the embedded pair)")
     if target == EMBEDDED_NAME:
-        runners = llamacpp.load_embedded_llamacpp(cache, progress=lambda f, d: report(0.7 * f, d))
+        runners = llamacpp.load_embedded_llamacpp(cache, options, progress=lambda f, d: report(0.7 * f, d))
         gguf = runners["target"].path
     else:
-        runners = {role: llamacpp.load_llamacpp_runner(path) for role, path in (("draft", draft), ("target", target))}
+        runners = {role: llamacpp.load_llamacpp_runner(path, options)
+                   for role, path in (("draft", draft), ("target", target))}
         gguf = Path(target)
     report(0.75, "loading the tokenizer")
     tok = gguf_tokenizer(gguf, cache, converted=converted_dir(EMBEDDED["target"], cache)
@@ -238,12 +247,12 @@ def _load_llamacpp_pair(draft: str, target: str, cache_dir, progress: ProgressFn
 
 
 def _load_mixed_pair(draft: str, target: str, device, dtype, target_quant, cache_dir, progress, blocked_weights,
-                     plain) -> ModelPair:
+                     plain, threads: int | None = None) -> ModelPair:
     """The Hugging Face target (as :func:`load_pair` loads it) with the draft on llama.cpp: the embedded draft
     requantized to :data:`MIXED_DRAFT_TYPE`, or a ``.gguf`` path.  The two runtimes share nothing but token ids,
     so any draft GGUF whose vocabulary is the target tokenizer's will do."""
     # Imported here: llama-cpp-python is a native build that the rest of the library does not need.
-    from ..runners.llamacpp import load_llamacpp_runner, requantize
+    from ..runners.llamacpp import LlamaCppOptions, load_llamacpp_runner, requantize
 
     report = progress or (lambda frac, desc: None)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -256,7 +265,7 @@ def _load_mixed_pair(draft: str, target: str, device, dtype, target_quant, cache
         gguf, name = Path(draft), None
     else:
         raise ValueError(f"on the mixed backend the draft runs on llama.cpp: give it as a .gguf path, not {draft!r}")
-    draft_runner = load_llamacpp_runner(gguf, name=name)
+    draft_runner = load_llamacpp_runner(gguf, LlamaCppOptions(n_threads=threads), name=name)
     try:
         return _load_hf_pair(str(gguf), target, device, dtype, None, cache, lambda f, d: report(0.2 + 0.8 * f, d),
                              None, target_quant, blocked_weights, plain, gguf_draft=draft_runner)

@@ -45,7 +45,8 @@ def load_from_args(args):
     """The model pair the ``add_model_args`` options name."""
     return load_pair(args.draft, args.target, device=args.device, dtype=args.dtype,
                      draft_quant=_draft_quant(args), target_quant=args.target_quant, cache_dir=args.cache_dir,
-                     blocked_weights=not args.no_blocked_weights, backend=backend_of(args))
+                     blocked_weights=not args.no_blocked_weights, backend=backend_of(args),
+                     threads=getattr(args, "threads", None))
 
 
 def backend_of(args) -> str:
