@@ -4,7 +4,8 @@
         --prompts docs/data/prompts-retrieval-long.jsonl --kind rag --threads 1 --clock cpu --out OUT.json
 
 Decodes each prompt with the target alone (``ar``) and with ``sequoia-dynamic`` (the price gate off, so every
-step drafts what the prior and the profile choose), and sets every step's measured times beside the profile's
+step drafts what the prior and the profile choose; ``--fit both`` also without the prompt fit of
+:mod:`sequoia.runtime.prompt_fit`, interleaved), and sets every step's measured times beside the profile's
 price at that step's context (:meth:`HardwareProfile.at_context`): the verify forward of the step's n nodes,
 the whole step (the dynamic tree's own prediction), and the target alone's one-token step.  The tokens a step
 committed are set beside the tokens it predicted.  Medians of measured over priced say whether the curves
@@ -86,6 +87,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="cpu: this process's CPU time (with --threads 1), for a busy shared machine")
+    ap.add_argument("--fit", choices=("on", "off", "both"), default="on",
+                    help="the dynamic tree's prompt fit (scale on its acceptance estimates); both: each in turn")
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
     if args.threads:
@@ -96,29 +99,38 @@ def main(argv=None) -> int:
     pair = load_pair()
     name = pair_name(pair)
     entry = find_acceptance(args.kind, 0.0, entries=list_acceptance(ASSETS, name))
-    dynamic = make_method("sequoia-dynamic", acceptance=entry.values, profile=profile,
-                          calibration=find_calibration(0.0, ASSETS, name),
-                          copy_acceptance=find_ngram_acceptance(args.kind, 0.0, ASSETS, name), price=None)
+    fits = {"on": (True,), "off": (False,), "both": (True, False)}[args.fit]
+    variants = {fit: make_method("sequoia-dynamic", acceptance=entry.values, profile=profile,
+                                 calibration=find_calibration(0.0, ASSETS, name),
+                                 copy_acceptance=find_ngram_acceptance(args.kind, 0.0, ASSETS, name), price=None)
+                for fit in fits}
+    for fit, method in variants.items():
+        method.fit = fit
     engine = SpeculativeEngine(pair, clock=clock)
     prompts = [pair.encode_prompt(p) for p in load_prompts(args.prompts)[: args.limit]]
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens)
-    warmup(engine, pair, prompts[0], [("engine", make_method("ar")), ("engine", dynamic)], tokens=4)
+    warmup(engine, pair, prompts[0], [("engine", make_method("ar"))] + [("engine", m) for m in variants.values()],
+           tokens=4)
     out = []
     for i, ids in enumerate(prompts):
         alone, _ = run(engine, pair, "engine", ids, gen, make_method("ar"))
-        tree, result = run(engine, pair, "engine", ids, gen, dynamic)
-        a_rows, t_rows = step_rows(alone, profile), step_rows(tree, profile)
-        a_sum, t_sum = summary(a_rows), summary(t_rows)
+        a_rows = step_rows(alone, profile)
+        a_sum = summary(a_rows)
         ar_ms = statistics.median(r["step_ms"] for r in a_rows)
-        tree_ms_per_token = sum(r["step_ms"] for r in t_rows) / max(sum(r["tokens"] for r in t_rows), 1)
-        out.append({"prompt": i, "prompt_tokens": len(ids), "alone": a_sum, "dynamic": t_sum,
-                    "alone_step_ms": ar_ms, "dynamic_ms_per_token": tree_ms_per_token,
-                    "dynamic_vs_alone": ar_ms / tree_ms_per_token, "alone_steps": a_rows, "dynamic_steps": t_rows})
-        print(f"prompt {i} ({len(ids)} tokens): target alone {ar_ms:.0f} ms/step, priced "
-              f"x{a_sum['verify_measured_over_priced']:.2f}; dynamic {tree_ms_per_token:.0f} ms/token "
-              f"({ar_ms / tree_ms_per_token:.2f}x), {t_sum['median_nodes']} nodes, verify priced "
-              f"x{t_sum['verify_measured_over_priced']:.2f}, step predicted x{t_sum['step_measured_over_predicted']:.2f}, "
-              f"tokens {t_sum['tokens_per_step']:.2f} of {t_sum['tokens_predicted_per_step']:.2f} predicted", flush=True)
+        for fit, method in variants.items():
+            tree, _ = run(engine, pair, "engine", ids, gen, method)
+            t_rows = step_rows(tree, profile)
+            t_sum = summary(t_rows)
+            tree_ms_per_token = sum(r["step_ms"] for r in t_rows) / max(sum(r["tokens"] for r in t_rows), 1)
+            out.append({"prompt": i, "prompt_tokens": len(ids), "fit": fit, "alone": a_sum, "dynamic": t_sum,
+                        "alone_step_ms": ar_ms, "dynamic_ms_per_token": tree_ms_per_token,
+                        "dynamic_vs_alone": ar_ms / tree_ms_per_token, "alone_steps": a_rows, "dynamic_steps": t_rows})
+            print(f"prompt {i} ({len(ids)} tokens): target alone {ar_ms:.0f} ms/step, priced "
+                  f"x{a_sum['verify_measured_over_priced']:.2f}; dynamic (fit {'on' if fit else 'off'}) "
+                  f"{tree_ms_per_token:.0f} ms/token ({ar_ms / tree_ms_per_token:.2f}x), {t_sum['median_nodes']} "
+                  f"nodes, verify priced x{t_sum['verify_measured_over_priced']:.2f}, step predicted "
+                  f"x{t_sum['step_measured_over_predicted']:.2f}, tokens {t_sum['tokens_per_step']:.2f} of "
+                  f"{t_sum['tokens_predicted_per_step']:.2f} predicted", flush=True)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"profile": args.profile, "prompts": args.prompts, "kind": args.kind,

@@ -59,10 +59,10 @@ from ..core.profile import HardwareProfile
 from ..core.trace import DynamicInfo, StepRecord
 from ..core.tree import Tree
 from .drafter import Draft, Drafter, Proposer
+from .growth import _Growth, best_prefix, choose_expansion
 from .price import PLAIN, Decision, PredictedGate, PriceGate, PriceSettings
+from .prompt_fit import PromptFit
 
-#: Levels of lookahead when pricing the next draft forward.
-LOOKAHEAD = 3
 #: Per-token acceptance of the most confident draft the gate prices (``can_pay``).  Not 1: priced as if every
 #: token were accepted, a deep chain pays wherever verifying many tokens costs less than that many steps,
 #: and on llama.cpp's AVX2 costs (one token 77 ms, 32 tokens 869 ms: no tree pays at the acceptance measured
@@ -73,35 +73,6 @@ CONFIDENT = 0.95
 #: took 55 target calls and 33.3-38.4 s for five prompts, 24 took 54 calls and 30.4-31.2 s, 32 the same
 #: calls and 31.5 s (HF assisted drafts up to 20 tokens a call).
 MAX_DEPTH = 24
-
-
-@dataclass
-class _Growth:
-    """The tree so far, in breadth-first order."""
-
-    parents: list[int]
-    depths: list[int]
-    tokens: list[int]
-    q_token: list[float]
-    f: list[float]                              # estimated acceptance of each node (root: 1)
-    q: dict[int, torch.Tensor]                  # node -> [V] q over its children
-    budget: int = 1 << 30                       # most draft tokens this step (the price gate may lower it)
-    widths: list[int] = field(default_factory=lambda: [1])  # draft forward widths (begin first)
-    # node -> (the draft's probability of its fixed (copied) children's tokens, how many): its drawn children
-    # come from q without those tokens and are verified after them, so they are priced below them.
-    held: dict[int, tuple[float, int]] = field(default_factory=dict)
-
-    @property
-    def size(self) -> int:
-        return len(self.parents) - 1
-
-    def add(self, parent: int, token: int, q_token: float, f: float) -> int:
-        self.parents.append(parent)
-        self.depths.append(self.depths[parent] + 1)
-        self.tokens.append(token)
-        self.q_token.append(q_token)
-        self.f.append(f)
-        return len(self.parents) - 1
 
 
 #: Context lengths are priced in steps of this many tokens (see DynamicTreeProposer._price_at).
@@ -121,6 +92,7 @@ class DynamicTreeProposer(Proposer):
     min_gain: float = 0.1             # "pays" means beats the target alone by this much (can_pay and the gate)
     gate: bool = True                 # skip drafting while it has been predicted not to pay
     price: PriceSettings | None = None  # judge steps by their measured cost too (None: by predictions alone)
+    fit: bool = True                  # scale acceptance estimates by what verification saw (PromptFit)
     mode: str = "without_replacement"
     name: str = "sequoia-dynamic"
 
@@ -138,6 +110,8 @@ class DynamicTreeProposer(Proposer):
         self._priced_at = self.profile.context_len
         self._price = PriceGate(self.profile, self.price) if self.price is not None else None
         self._decision: Decision | None = None   # the price gate's choice for the step being drafted
+        self._fit = PromptFit()
+        self._drawn: dict[int, float] = {}       # the step being verified: drawn node -> unscaled acceptance
 
     # ------------------------------------------------------------------ pricing by context
     def _price_at(self, context: int) -> None:
@@ -165,6 +139,8 @@ class DynamicTreeProposer(Proposer):
         self._price_at(self._measured.context_len)
         self._restart_gate()
         self._decision = None
+        self._fit.start()
+        self._drawn = {}
         if self._price is not None:
             self._price.start()
 
@@ -211,6 +187,14 @@ class DynamicTreeProposer(Proposer):
         # A drafting step feeds the predicted gate (skipped steps and the price gate's plain ones predict nothing).
         if record.dynamic is not None and record.dynamic.gate != "plain":
             self._gate.observe(record.n_new, record.dynamic.predicted_ms, self._paying_rate)
+        if self._drawn and not record.prompt_tokens:
+            self._fit.observe(record, self._drawn)
+        self._drawn = {}
+
+    @property
+    def scale(self) -> float:
+        """This generation's factor on every acceptance estimate (:mod:`sequoia.runtime.prompt_fit`; 1: off)."""
+        return self._fit.scale if self.fit else 1.0
 
     def wants_draft(self) -> bool:
         """The price gate decides first (its plain steps are root-only proposals that carry its reason); then
@@ -309,7 +293,8 @@ class DynamicTreeProposer(Proposer):
         held = [g.held.get(u, (0.0, 0)) for u in frontier]
         keep = torch.tensor([1.0 - m for m, _ in held])[:, None]          # [m, 1]
         shift = torch.tensor([c for _, c in held])[:, None]               # [m, 1]
-        value = f_u[:, None] * self.calibration.accept(top.cpu() * keep, torch.arange(k)[None] + shift)
+        scale = self.scale
+        value = f_u[:, None] * scale * self.calibration.accept(top.cpu() * keep, torch.arange(k)[None] + shift)
         value = torch.cummin(value, dim=-1).values                         # children are a prefix of ranks
         counts = self._best_prefix(g, value)                               # [m]
         if int(counts.max()) == 0:
@@ -324,55 +309,17 @@ class DynamicTreeProposer(Proposer):
         for u, c, toks, qs, acc in zip(np.array(frontier)[live.numpy()].tolist(), counts[live].tolist(),
                                        drawn.tolist(), q_drawn.tolist(), a.tolist()):
             for r in range(c):
-                new.append(g.add(u, toks[r], qs[r], g.f[u] * acc[r]))
+                new.append(g.add(u, toks[r], qs[r], g.f[u] * scale * acc[r]))
+                g.drawn[new[-1]] = acc[r]
+        self._drawn = g.drawn
         return new
 
     def _best_prefix(self, g: _Growth, value: torch.Tensor) -> torch.Tensor:
-        """Children per row: the best-first prefix of all candidates maximising E / cost.  value: [m, k]"""
-        flat = value.flatten()
-        order = torch.argsort(flat, descending=True, stable=True)
-        room = g.budget - g.size
-        gains = np.concatenate([[0.0], np.cumsum(flat[order[:room]].numpy(), dtype=np.float64)])  # [J+1]
-        j = np.arange(len(gains))
-        base = self.step_ms(g.widths, 1) - float(self.profile.target(1))
-        ms = base + self.profile.target(g.size + 1 + j)
-        rate = (1.0 + sum(g.f[1:]) + gains) / ms
-        best = int(np.argmax(rate))
-        chosen = torch.zeros(flat.shape[0], dtype=torch.long)
-        chosen[order[:best]] = 1
-        return chosen.view(value.shape).sum(-1)
+        return best_prefix(g, value, self.profile)
 
     def _choose_expansion(self, g: _Growth, level: list[int]) -> list[int]:
-        """The new nodes worth a draft forward: the best w, w priced over a short lookahead.
-
-        A node's children are predicted to be accepted with probability
-        ``next_accept``: half the average first-child acceptance, half the
-        node's own calibrated confidence (acceptance comes in runs, so a
-        confident token tends to be followed by another).  Expanding w nodes
-        for L more levels adds about w * L nodes, L draft forwards of width w
-        and a larger verification.
-        """
-        f = np.array([g.f[v] for v in level])                              # [m]
-        own = np.array([g.f[v] / max(g.f[g.parents[v]], 1e-12) for v in level])
         prior = self.calibration.acceptance or self.acceptance
-        nxt = np.clip(0.5 * (float(prior[0]) if prior else 0.0) + 0.5 * own, 0.0, 1.0)  # [m]
-        order = np.argsort(-(f * nxt), kind="stable")
-        E = 1.0 + sum(g.f[1:])
-        base = self.step_ms(g.widths, g.size + 1)
-        best_rate, best_w = E / base, 0
-        room = g.budget - g.size
-        w = np.arange(1, len(level) + 1)                                  # [m] candidate widths
-        for L in range(1, LOOKAHEAD + 1):
-            chain = sum(nxt[order] ** i for i in range(1, L + 1))          # [m] gain of one chain of L
-            added = np.minimum(w * L, room)
-            gain = np.cumsum(f[order] * chain) * added / (w * L)
-            ms = (base + L * (self.profile.draft(w) + self.profile.level_overhead_ms)
-                  + self.profile.target(g.size + 1 + added) - self.profile.target(g.size + 1))
-            rate = (E + gain) / ms
-            i = int(np.argmax(rate))
-            if rate[i] > best_rate:
-                best_rate, best_w = float(rate[i]), int(w[i])
-        return sorted(level[i] for i in order[:best_w])
+        return choose_expansion(g, level, self.profile, self.scale * (float(prior[0]) if prior else 0.0))
 
     # ------------------------------------------------------------------ static comparison
     def static_tree(self, n: int) -> Tree:
