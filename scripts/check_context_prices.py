@@ -47,7 +47,8 @@ def step_rows(records, profile: HardwareProfile) -> list[dict]:
             at = profile.at_context(context)
             n = r.tree.n_nodes
             row = {"context": context, "nodes": n, "verify_ms": 1e3 * r.verify_s,
-                   "verify_priced_ms": float(at.target(n)), "step_ms": 1e3 * r.total_s, "tokens": r.n_new}
+                   "verify_priced_ms": float(at.target(n)), "step_ms": 1e3 * r.total_s, "tokens": r.n_new,
+                   "cut": r.finish_reason == "length"}
             if r.dynamic is not None:
                 row.update(step_predicted_ms=r.dynamic.predicted_ms, tokens_predicted=r.dynamic.predicted_tokens)
             rows.append(row)
@@ -56,15 +57,19 @@ def step_rows(records, profile: HardwareProfile) -> list[dict]:
 
 
 def summary(rows: list[dict]) -> dict:
+    """Medians of measured over priced; tokens per step without the step the length limit cut short (it
+    commits what is left to generate, not what its tree yields)."""
+    whole = [r for r in rows if not r.get("cut")]
+
     def med(key_a, key_b):
         pairs = [r[key_a] / r[key_b] for r in rows if r.get(key_b)]
         return statistics.median(pairs) if pairs else None
     return {"steps": len(rows), "median_nodes": statistics.median(r["nodes"] for r in rows) if rows else None,
             "verify_measured_over_priced": med("verify_ms", "verify_priced_ms"),
             "step_measured_over_predicted": med("step_ms", "step_predicted_ms"),
-            "tokens_per_step": statistics.mean(r["tokens"] for r in rows) if rows else None,
-            "tokens_predicted_per_step": (statistics.mean(r["tokens_predicted"] for r in rows if "tokens_predicted" in r)
-                                          if any("tokens_predicted" in r for r in rows) else None)}
+            "tokens_per_step": statistics.mean(r["tokens"] for r in whole) if whole else None,
+            "tokens_predicted_per_step": (statistics.mean(r["tokens_predicted"] for r in whole if "tokens_predicted" in r)
+                                          if any("tokens_predicted" in r for r in whole) else None)}
 
 
 def run(engine, pair, method, ids, gen, proposer):

@@ -39,5 +39,7 @@ def test_steps_are_priced_at_their_own_context(script):
     assert rows[0]["verify_ms"] == pytest.approx(20.0) and rows[0]["tokens"] == 4
     s = script.summary(rows)
     assert s["steps"] == 2 and s["tokens_per_step"] == 4
+    cut = rows[1] | {"cut": True, "tokens": 1}                                   # the length limit's last step
+    assert script.summary([rows[0], cut])["tokens_per_step"] == 4
     assert s["verify_measured_over_priced"] == pytest.approx(20.0 / rows[1]["verify_priced_ms"], rel=0.02)
     assert s["tokens_predicted_per_step"] is None                               # static trees predict nothing here
