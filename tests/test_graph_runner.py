@@ -112,6 +112,8 @@ def test_the_device_grown_tree_equals_the_host_grown_tree(temperature):
         assert drafter.on_device == isinstance(runner, GraphRunner)
         drafts.append(proposer.propose(drafter, torch.Generator().manual_seed(5)))
     host, device = drafts
+    assert device.unread   # left on the device until the engine's one readback
+    device = device.read(torch.cat([device.token_ids.double(), device.q_token_ids.double()]).tolist())
     assert host.tokens == device.tokens
     np.testing.assert_allclose(host.q_token, device.q_token, rtol=1e-6)
 
