@@ -215,10 +215,15 @@ def reject(
     """
     r_next = _residual(r, q, x)
     if mode == "without_replacement":
-        q = q.scatter(-1, x, 0.0)
-        total = q.sum(-1, keepdim=True)
-        q = torch.where(total > _TINY, q / total.clamp(min=_TINY), torch.zeros_like(q))
+        q = _drop(q, x)
     return r_next, q
+
+
+def _drop(q: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """q without token x per row, renormalised (all zeros once its support is used up).  [..., V]"""
+    q = q.scatter(-1, x, 0.0)
+    total = q.sum(-1, keepdim=True)
+    return torch.where(total > _TINY, q / total.clamp(min=_TINY), torch.zeros_like(q))
 
 
 def _residual(p: torch.Tensor, q: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
@@ -261,7 +266,8 @@ def verify_rows_state(p: torch.Tensor, q: torch.Tensor, drawn: torch.Tensor, u: 
 
     ``widths``: for rows with fewer children than ``drawn`` has slots, sorted by child count (widest
     first), how many rows have a child in each slot: slot i is tested in rows [0, widths[i]) only, and
-    the rows past them take no part in its work (most nodes of a Sequoia tree have one child, a few many).
+    the rows past them take no part in its work (most nodes of a Sequoia tree have one child, a few many);
+    the draft's next state is worked out only for rows with a next slot.
     """
     n_rows, k = drawn.shape
     widths = [n_rows] * k if widths is None else list(widths)
@@ -278,14 +284,14 @@ def verify_rows_state(p: torch.Tensor, q: torch.Tensor, drawn: torch.Tensor, u: 
         accept = tested & (u[:m, i] < acceptance_probability(r_m.gather(-1, x)[:, 0], qx))
         first[:m].masked_fill_(accept, i)
         live[:m].logical_and_(~accept)
-        last = i + 1 == k or widths[i + 1] == 0
-        # After the last slot only the residual is used: the draft's next state is not computed.
-        r_next, q_next = (_residual(r_m, q_m, x), q_m) if last else reject(r_m, q_m, x, mode)
         moved = (tested & ~accept)[:, None]                             # [m, 1] rows whose state changes
-        r_m.copy_(torch.where(moved, r_next, r_m))
-        if q_next is not q_m:
-            q_m.copy_(torch.where(moved, q_next, q_m))
-        if last:
+        r_m.copy_(torch.where(moved, _residual(r_m, q_m, x), r_m))      # what reject does, row by row
+        # The draft's next state, without replacement, only in rows with a child in the next slot.
+        m_next = widths[i + 1] if i + 1 < k else 0
+        if mode == "without_replacement" and m_next:
+            q_n = qc[:m_next]
+            q_n.copy_(torch.where(moved[:m_next], _drop(q_n, x[:m_next]), q_n))
+        if not m_next:
             break
     return first, r
 
