@@ -287,8 +287,9 @@ def walk_tree(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, mode
         path.append(node)
 
 
-def node_target_probs(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
-    """p of each node's token under its parent's target distribution, root excluded.  # [n_nodes - 1] on the device
+def node_target_probs(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor | None:
+    """p of each node's token under its parent's target distribution, root excluded (None: the root alone).
+    # [n_nodes - 1] on the device
 
     Only rows of nodes that have children are warped, and without top-k/top-p
     a token's probability is exp(logit / T - logsumexp): no [rows, V] softmax.
@@ -296,7 +297,7 @@ def node_target_probs(draft: Draft, logits: torch.Tensor, sampling: SamplingConf
     """
     tree = draft.tree
     if tree.size == 0:
-        return torch.empty(0, dtype=torch.float32, device=logits.device)
+        return None
     cfg = _DISPLAY if sampling.greedy else sampling
     # Chunks bound the [rows, V] float32 copy on a CPU; on a GPU one chunk saves a dozen launches per 32 rows.
     ix = _probs_index(tree, str(logits.device), 256 if logits.device.type == "cuda" else 32)
@@ -344,10 +345,12 @@ def _probs_index(tree: Tree, device: str, size: int) -> _ProbsIndex:
 def _read_back(draft: Draft, ints: torch.Tensor | None = None, probs: torch.Tensor | None = None):
     """The step's one readback: ``ints`` (e.g. the walk's values), ``probs`` ([n_nodes - 1], see
     :func:`node_target_probs`) and the draft's tokens and q where still on the device.  (draft, ints, p)."""
-    parts = [x.double() for x in (ints, probs) if x is not None]   # ids < 2**53 and float32 are exact in float64
+    parts = [x for x in (ints, probs) if x is not None and x.numel()]
     if draft.unread:
-        parts += [draft.token_ids.double(), draft.q_token_ids.double()]
-    back = torch.cat(parts).tolist() if parts else []
+        parts += [draft.token_ids, draft.q_token_ids]
+    if len({x.dtype for x in parts}) > 1:
+        parts = [x.double() for x in parts]   # ids below 2**53 and float32 values are exact in float64
+    back = (parts[0] if len(parts) == 1 else torch.cat(parts)).tolist() if parts else []
     a = 0 if ints is None else ints.numel()
     b = a + (0 if probs is None else probs.numel())
     if draft.unread:
