@@ -7,7 +7,7 @@ GPU's own work.  Here each forward is timed by wrapping the model's own forward
 (``GraphRunner.call``) and, on CUDA, each graph replay, both drained before and
 after so that the time outside them is the host's work plus the small kernels it
 queued.  A second, untimed pass counts the torch operators dispatched outside
-the forwards: each is a kernel launch on a GPU, whatever the CPU it was counted on.
+the forwards, views aside: each is a kernel launch on a GPU, whatever the CPU it was counted on.
 
 Models: a tiny fp32 target and a noisy copy of it as the draft (some tokens
 accepted), on the graph runner (eager off CUDA, the same cache and masks);
@@ -58,6 +58,8 @@ class _Forwards:
 
     def _timed(self, fn):
         def wrapped(*args, **kwargs):
+            if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                return fn(*args, **kwargs)   # a graph being captured: no waits allowed, nothing run
             sync(self.device)
             t0, self.inside = time.perf_counter(), True
             try:
@@ -92,7 +94,7 @@ class _Forwards:
 
 
 class _OpCount(TorchDispatchMode):
-    """Counts torch operators dispatched while ``forwards.inside`` is False, and among them the scalar reads
+    """Counts torch operators (views aside) dispatched while ``forwards.inside`` is False, and the scalar reads
     (``.item()``, ``int(t)``, indexing by a 0-d tensor: each a host wait on a GPU; ``.tolist()`` is not seen)."""
 
     def __init__(self, forwards: _Forwards) -> None:
@@ -100,10 +102,16 @@ class _OpCount(TorchDispatchMode):
         self.forwards, self.n, self.reads = forwards, 0, 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not self.forwards.inside:
+        if not self.forwards.inside and not _is_view(func):
             self.n += 1
             self.reads += func is torch.ops.aten._local_scalar_dense.default
         return func(*args, **(kwargs or {}))
+
+
+def _is_view(func) -> bool:
+    """An operator returning an alias of an input it does not write (a slice, a view): no device work."""
+    returns = func._schema.returns
+    return bool(returns) and returns[0].alias_info is not None and not returns[0].alias_info.is_write
 
 
 def measure_step_host(pair, tree: Tree, sampling: SamplingConfig, new_tokens: int, ctx: int = 32,
@@ -159,6 +167,16 @@ def _engine(pair) -> SpeculativeEngine:
 def check_host(device: torch.device, new_tokens: int = 48, log: Callable[[str], None] = print,
                kind: str = "graph") -> dict:
     """Host work per step for each tree of :data:`TREES` at each of :data:`TEMPERATURES` on ``device``."""
+    threads = torch.get_num_threads()
+    if device.type == "cpu":   # tiny models: one thread, so that the host's work is not mixed with OpenMP's waits
+        torch.set_num_threads(1)
+    try:
+        return _check_host(device, new_tokens, log, kind)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _check_host(device: torch.device, new_tokens: int, log: Callable[[str], None], kind: str) -> dict:
     target = tiny_model(0, device, vocab=VOCAB)
     draft = perturbed(target, 0.3, 1)
     pair = pair_of(runner(draft, kind, "tiny-draft"), runner(target, kind, "tiny-target"), "tiny host pair")
