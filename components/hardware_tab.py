@@ -7,22 +7,29 @@ server-wide, since it describes the machine, and "Sequoia (auto)" in the other
 tabs uses it.  *Profile now* re-measures it, for the server's owner only
 (``SEQUOIA_OWNER=1``).
 "Measure" decodes a short prompt with the chosen tree and with the target
-alone to put measured ms/token beside the predictions.
+alone to put measured ms/token beside the predictions.  "Eager and graph
+runners" sets the two runners' measured costs side by side where this machine
+has profiles of both (on a CPU only the eager one applies).
 """
 
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 
 import gradio as gr
+import torch
 
 from sequoia.core.optimizer import choose_tree, predict
 from sequoia.core.request import MethodSpec
 from sequoia.core.tree import Tree
-from sequoia.runtime.finder import ProfileChoice, cache_profile
+from sequoia.runners.hf.graph_runner import GraphRunner
+from sequoia.runners.hf.loading import GRAPHS
+from sequoia.runtime.finder import ProfileChoice, cache_profile, find_profile
+from sequoia.runtime.fingerprint import machine_fingerprint
 from sequoia.runtime.profiling import measure_profile
 from sequoia.runtime.timing import run_method, warmup
 
-from . import dp_view, hardware_view, validation
+from . import dp_view, hardware_view, runners_view, validation
 from .context import LIGHT_WORK, MODEL_WORK, AppContext, ModelsNotReady
 from .acceptance_choice import acceptance_catalogue, default_acceptance_label
 from .runtimes_here import runtime_profiles
@@ -59,12 +66,13 @@ def predictions(ctx: AppContext, acceptance, budget: int, depth: int, measured: 
 
 
 def views(ctx: AppContext, acceptance_name, budget, depth, session: HardwareSession):
-    """(cost figure, choice markdown, predicted-grid heatmap, prediction bars, runtimes figure, runtimes table)."""
+    """(cost figure, choice markdown, predicted-grid heatmap, prediction bars, runtimes figure, runtimes table,
+    runners figure, runners markdown)."""
     if ctx.profile is None and not ctx.loaded:
         return None, "*The models are still loading; the hardware view fills in once they are ready.*", None, None, \
-            None, ""
+            None, "", None, ""
     if ctx.profile is None:
-        return None, f"*{ctx.profile_note()}*", None, None, None, ""
+        return (None, f"*{ctx.profile_note()}*", None, None, None, "", *runner_views(ctx))
     acc = acceptance_catalogue(ctx.assets_dir).get(acceptance_name)
     if acc is None:
         raise gr.Error(f"unknown acceptance vector {acceptance_name!r}")
@@ -75,7 +83,43 @@ def views(ctx: AppContext, acceptance_name, budget, depth, session: HardwareSess
                            zlabel="ms/token (predicted)", colorscale="Viridis_r",
                            title="predicted ms per token of the DP tree of every cell")
     return (hardware_view.cost_figure(hardware_view.cost_series(ctx.profile), chosen_n=choice.budget or None),
-            md, grid, hardware_view.prediction_figure(rows), *runtime_views(ctx, acc, budget, depth))
+            md, grid, hardware_view.prediction_figure(rows), *runtime_views(ctx, acc, budget, depth),
+            *runner_views(ctx))
+
+
+def runner_curves(ctx: AppContext) -> runners_view.RunnerCurves:
+    """The loaded pair's costs on the graph runner and the eager one, from the profiles found for this machine
+    with each (the fingerprints differ only in their kernels: "cuda-graphs" or torch's own)."""
+    pair = ctx.pair()
+    device = torch.device(pair.device).type
+    if device != "cuda":
+        own = hardware_view.cost_series(ctx.profile) if ctx.profile is not None else None
+        return runners_view.RunnerCurves(device, eager=own)
+    base = ctx.profile.fingerprint if ctx.profile is not None and ctx.profile.fingerprint else \
+        machine_fingerprint(pair)
+
+    def measured(kernel: str):
+        prof = find_profile(replace(base, single_row_kernel=kernel, multi_row_kernel=kernel),
+                            cache_dir=ctx.cache_dir, assets_dir=ctx.assets_dir).profile
+        return hardware_view.cost_series(prof) if prof is not None else None
+
+    return runners_view.RunnerCurves(device, graph=measured(GRAPHS), eager=measured(""), cache_note=cache_note(pair))
+
+
+def cache_note(pair) -> str:
+    """The graph runners' slot caches and captured graphs ("" when the pair runs eagerly)."""
+    parts = [f"{role} {r.capacity} slots ({r.cache.nbytes / 2**20:.0f} MiB), {r.graph_count} graphs captured"
+             + (f", {len(r.capture_errors)} capture failures (eager there)" if r.capture_errors else "")
+             for role, r in (("target", pair.target), ("draft", pair.draft)) if isinstance(r, GraphRunner)]
+    return ("Graph runner slot caches: " + "; ".join(parts) + ".") if parts else ""
+
+
+def runner_views(ctx: AppContext):
+    """(figure, markdown) of :func:`runner_curves`; (None, "") until the models are loaded."""
+    if not ctx.loaded:
+        return None, ""
+    curves = runner_curves(ctx)
+    return runners_view.runners_figure(curves), runners_view.runners_markdown(curves)
 
 
 def runtime_views(ctx: AppContext, acceptance, budget: int, depth: int):
@@ -135,24 +179,11 @@ HOW_TO_READ = """\
 def build(ctx: AppContext, demo: gr.Blocks, refresh_on=()) -> None:
     """Lay out the tab; it refreshes on page load and on each of ``refresh_on`` (event triggers such as the
     tab's ``select``: the profile is server-wide and may change under an open page)."""
-    choices = list(acceptance_catalogue(ctx.assets_dir))
     with gr.Accordion("How to read this", open=False):
         gr.Markdown(HOW_TO_READ)
     with gr.Row():
         with gr.Column(scale=1, min_width=300):
-            acceptance = gr.Dropdown(choices, value=default_acceptance_label("code", 0.0, ctx.assets_dir),
-                                     label="acceptance vector")
-            budget = gr.Slider(1, ctx.budget_cap(), value=min(128, ctx.budget_cap()), step=1,
-                               label="largest budget considered")
-            depth = gr.Slider(1, 32, value=12, step=1, label="largest depth considered")
-            choice_md = gr.Markdown()
-            with gr.Row():
-                quick = gr.Checkbox(value=True, label="quick profile (fewer points)")
-                prof_btn = gr.Button("Profile now", interactive=ctx.owner)
-            if not ctx.owner:
-                gr.Markdown(f"<small>{PROFILE_NOW_DISABLED}.</small>")
-            prof_file = gr.File(label="measured profile (JSON)", interactive=False, visible=False)
-            measure_btn = gr.Button("Measure predicted vs real", variant="primary")
+            acceptance, budget, depth, choice_md, quick, prof_btn, prof_file, measure_btn = _controls(ctx)
         with gr.Column(scale=2):
             cost = gr.Plot(label="cost model")
             pred = gr.Plot(label="predicted vs measured")
@@ -161,36 +192,65 @@ def build(ctx: AppContext, demo: gr.Blocks, refresh_on=()) -> None:
         with gr.Row():
             runtimes = gr.Plot(label="cost by runtime")
             runtimes_md = gr.Markdown()
+    with gr.Accordion("Eager and graph runners", open=True):
+        with gr.Row():
+            runners = gr.Plot(label="cost by runner")
+            runners_md = gr.Markdown()
     session = gr.State(HardwareSession())
     inputs = [acceptance, budget, depth, session]
-    outputs = [cost, choice_md, grid, pred, runtimes, runtimes_md]
-
-    def refresh(name, b, d, s):
-        return views(ctx, name, b, d, s)
-
-    def on_profile(q, name, b, d, s, progress=gr.Progress()):
-        if not ctx.owner:
-            raise gr.Error(PROFILE_NOW_DISABLED)
-        try:
-            path = profile_now(ctx, q, progress=lambda fraction, label: progress(fraction, desc=label))
-        except ModelsNotReady as exc:
-            raise gr.Error(str(exc)) from None
-        except (ValueError, RuntimeError) as exc:
-            raise gr.Error(f"profiling failed: {exc}") from None
-        return (gr.File(path, visible=True), *views(ctx, name, b, d, s))
-
-    def on_measure(name, b, d, s):
-        try:
-            ctx.pair()  # ModelsNotReady while loading: say so rather than "no profile"
-            if ctx.profile is None:
-                raise ValueError(ctx.profile_note())
-            measured = measure(ctx, int(b), int(d), acceptance_catalogue(ctx.assets_dir).get(name))
-        except ValueError as exc:
-            raise gr.Error(str(exc)) from None
-        s = HardwareSession(measured)
-        return (*views(ctx, name, b, d, s), s)
-
+    outputs = [cost, choice_md, grid, pred, runtimes, runtimes_md, runners, runners_md]
     for trigger in (acceptance.change, budget.release, depth.release, demo.load, *refresh_on):
-        trigger(refresh, inputs, outputs, api_visibility="private", **LIGHT_WORK)
-    prof_btn.click(on_profile, [quick, *inputs], [prof_file, *outputs], api_visibility="private", **MODEL_WORK)
-    measure_btn.click(on_measure, inputs, [*outputs, session], api_visibility="private", **MODEL_WORK)
+        trigger(_bound(views, ctx, "refresh"), inputs, outputs, api_visibility="private", **LIGHT_WORK)
+    prof_btn.click(_bound(_on_profile, ctx), [quick, *inputs], [prof_file, *outputs], api_visibility="private",
+                   **MODEL_WORK)
+    measure_btn.click(_bound(_on_measure, ctx), inputs, [*outputs, session], api_visibility="private",
+                      **MODEL_WORK)
+
+
+def _bound(fn, ctx: AppContext, name: str = ""):
+    """``fn`` with the context bound, under a name of its own (Gradio names an event's endpoint after it)."""
+    bound = partial(fn, ctx)
+    bound.__name__ = name or fn.__name__.lstrip("_")
+    return bound
+
+
+def _controls(ctx: AppContext):
+    """The left column: acceptance, budget and depth, the choice, Profile now and Measure."""
+    acceptance = gr.Dropdown(list(acceptance_catalogue(ctx.assets_dir)),
+                             value=default_acceptance_label("code", 0.0, ctx.assets_dir), label="acceptance vector")
+    budget = gr.Slider(1, ctx.budget_cap(), value=min(128, ctx.budget_cap()), step=1,
+                       label="largest budget considered")
+    depth = gr.Slider(1, 32, value=12, step=1, label="largest depth considered")
+    choice_md = gr.Markdown()
+    with gr.Row():
+        quick = gr.Checkbox(value=True, label="quick profile (fewer points)")
+        prof_btn = gr.Button("Profile now", interactive=ctx.owner)
+    if not ctx.owner:
+        gr.Markdown(f"<small>{PROFILE_NOW_DISABLED}.</small>")
+    prof_file = gr.File(label="measured profile (JSON)", interactive=False, visible=False)
+    measure_btn = gr.Button("Measure predicted vs real", variant="primary")
+    return acceptance, budget, depth, choice_md, quick, prof_btn, prof_file, measure_btn
+
+
+def _on_profile(ctx: AppContext, q, name, b, d, s, progress=gr.Progress()):
+    if not ctx.owner:
+        raise gr.Error(PROFILE_NOW_DISABLED)
+    try:
+        path = profile_now(ctx, q, progress=lambda fraction, label: progress(fraction, desc=label))
+    except ModelsNotReady as exc:
+        raise gr.Error(str(exc)) from None
+    except (ValueError, RuntimeError) as exc:
+        raise gr.Error(f"profiling failed: {exc}") from None
+    return (gr.File(path, visible=True), *views(ctx, name, b, d, s))
+
+
+def _on_measure(ctx: AppContext, name, b, d, s):
+    try:
+        ctx.pair()  # ModelsNotReady while loading: say so rather than "no profile"
+        if ctx.profile is None:
+            raise ValueError(ctx.profile_note())
+        measured = measure(ctx, int(b), int(d), acceptance_catalogue(ctx.assets_dir).get(name))
+    except ValueError as exc:
+        raise gr.Error(str(exc)) from None
+    s = HardwareSession(measured)
+    return (*views(ctx, name, b, d, s), s)

@@ -1,6 +1,7 @@
 """The GPU check: is Sequoia lossless on this device, and what does it cost at real shapes?  No download.
 
     python scripts/gpu_check.py --out DIR [--device cuda|cpu] [--compile] [--skip-costs] [--skip-correctness]
+                                [--skip-host]
 
 (a) correctness on tiny fp32 models, on the graph runner (CUDA graphs over a slot cache) and the eager one:
 greedy equality of every method with the target's greedy ``generate``, a tree's logits against each node's
@@ -8,7 +9,8 @@ chain, graph replay against eager, the chi-square of a sampled joint and of a br
 (b) costs with random bf16 weights at the embedded pair's shapes and a 7B target's: forwards by new-token
 count, the hardware profile, the optimizer's choice under each shipped acceptance vector, engine steps
 against the prediction, and baselines (target alone on graphs, HF ``generate`` eager; ``--compile``: with a
-static cache and torch.compile).  Writes DIR/gpu_check.json and DIR/gpu_check.md (after each part, so a run
+static cache and torch.compile); (c) host work per engine step (the step minus its forwards, with the torch
+operators and scalar reads outside them) for DP trees of 55 and 127 nodes at T=0 and T=1 on tiny models.  Writes DIR/gpu_check.json and DIR/gpu_check.md (after each part, so a run
 cut short keeps what it did).  ``--device cpu`` runs the same on tiny stand-in shapes in seconds.
 """
 
@@ -29,6 +31,7 @@ import transformers  # noqa: E402
 from sequoia._meta import write_json  # noqa: E402
 from sequoia.tools.gpucheck.correctness import check_correctness  # noqa: E402
 from sequoia.tools.gpucheck.costs import check_costs  # noqa: E402
+from sequoia.tools.gpucheck.host import check_host  # noqa: E402
 from sequoia.tools.gpucheck.models import CPU_DRAFT, CPU_TARGET, DRAFT_05B, TARGET_7B, TARGET_15B  # noqa: E402
 from sequoia.tools.gpucheck.report import markdown  # noqa: E402
 
@@ -63,6 +66,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--quick", action="store_true", help="one prompt and one sampled rule in part (a)")
     ap.add_argument("--skip-correctness", action="store_true")
     ap.add_argument("--skip-costs", action="store_true")
+    ap.add_argument("--skip-host", action="store_true")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -94,6 +98,12 @@ def main(argv: list[str]) -> int:
                     args.repeats or (20 if cuda else 3), args.compile, log=log, compiled=args.compile_runners,
                     out=result["costs"], saved=save)
         result["costs"]["seconds"] = time.perf_counter() - t1
+        save()
+    if not args.skip_host:
+        log("(c) host work per engine step, tiny models on the graph runner")
+        t1 = time.perf_counter()
+        result["host"] = check_host(device, new_tokens=args.new_tokens, log=log)
+        result["host"]["seconds"] = time.perf_counter() - t1
         save()
     result["seconds"] = time.perf_counter() - t0
     save()

@@ -276,9 +276,12 @@ def test_hardware_tab_with_hand_made_profile(ctx):
     assert hardware_tab.views(ctx, CODE, 16, 4, None)[0] is None  # no profile yet
     ctx.profile = HardwareProfile.hand_made(lambda n: 30 + 0.5 * n, lambda w: 3 + 0.1 * w)
     try:
-        cost, md, grid, pred, runtimes, runtimes_md = hardware_tab.views(ctx, CODE, 16, 4,
-                                                                         hardware_tab.HardwareSession())
+        cost, md, grid, pred, runtimes, runtimes_md, runners, runners_md = hardware_tab.views(
+            ctx, CODE, 16, 4, hardware_tab.HardwareSession())
         assert "Chosen tree" in md and len(pred.data) == 1
+        # A CPU pair: the eager runner's curves (this profile's), and graphs said not to apply.
+        assert runners.data[0].name == "eager runner: verify (target forward)"
+        assert "CUDA graphs do not apply on a CPU" in runners_md
         # The pair in use (hf) with its profile, beside any other runtime profiled on this machine.
         assert runtimes.data[0].name == "hf: target" and "| hf: " in runtimes_md and "Fastest here" in runtimes_md
         measured = hardware_tab.measure(ctx, 16, 4, DEFAULT_ACCEPTANCE)

@@ -280,6 +280,28 @@ def test_hardware_from_profile_and_choice():
     assert "No speculation" in hardware_view.choice_markdown(optimizer.choose_tree([0.5], slow_draft, 8, 4))
 
 
+def test_runner_curves_eager_and_graph():
+    from components import runners_view as rv
+
+    graph = hardware_view.CostSeries((1, 16, 128), (4.5, 5.3, 5.8), (1, 16), (3.2, 3.7))
+    eager = hardware_view.CostSeries((1, 16, 128), (38.4, 45.2, 55.2), (1, 16), (32.7, 35.7))
+    both = rv.RunnerCurves("cuda", graph, eager, cache_note="Graph runner slot caches: target 4096 slots (112 MiB).")
+    fig = rv.runners_figure(both)
+    assert [t.name for t in fig.data] == [f"{rv.GRAPH}: verify (target forward)", f"{rv.GRAPH}: draft level",
+                                          f"{rv.EAGER}: verify (target forward)", f"{rv.EAGER}: draft level"]
+    assert list(fig.data[2].y) == [38.4, 45.2, 55.2] and "not measured" not in fig.layout.title.text
+    md = rv.runners_markdown(both)
+    assert "one-token verify 4.50 ms on graphs against 38.40 ms eager (8.5x)" in md and "4096 slots" in md
+    only_graph = rv.runners_figure(rv.RunnerCurves("cuda", graph=graph))
+    assert len(only_graph.data) == 2 and f"{rv.EAGER}: not measured" in only_graph.layout.title.text
+    assert f"The {rv.EAGER} is not measured" in rv.runners_markdown(rv.RunnerCurves("cuda", graph=graph))
+    cpu = rv.RunnerCurves("cpu", eager=eager)
+    assert "do not apply on a CPU" in rv.runners_figure(cpu).layout.title.text
+    assert rv.runners_markdown(cpu).startswith(rv.CPU_NOTE) and rv.runners_markdown(cpu).count("not measured") == 0
+    assert "no profile of it is measured yet" in rv.runners_markdown(rv.RunnerCurves("cpu"))
+    assert len(rv.runners_figure(rv.RunnerCurves("cuda")).data) == 0
+
+
 # ------------------------------------------------------------------ status banner
 def test_status_banner_loading_failed_ready():
     status = LoadStatus()

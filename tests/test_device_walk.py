@@ -63,8 +63,9 @@ def test_the_host_walk_stays_where_the_device_walk_does_not_apply(pair8):
 
 
 @pytest.mark.parametrize("mode", ["without_replacement", "with_replacement", "topk"])
-def test_padding_slots_change_no_verdict_and_no_residual(mode):
-    """Nodes with fewer children than the widest are padded; a padded slot must count as no child at all."""
+def test_rows_with_fewer_children_change_no_verdict_and_no_residual(mode):
+    """Rows sorted widest first, slot i tested in the first widths[i] rows only: each row's verdict and
+    residual are those of verifying its own children alone."""
     from sequoia.core.sampling import sample_children, verify_rows_state
 
     g = torch.Generator().manual_seed(0)
@@ -72,11 +73,13 @@ def test_padding_slots_change_no_verdict_and_no_residual(mode):
     q = torch.softmax(torch.randn(64, 12, generator=g) * 2, -1)
     drawn = sample_children(q, 4, mode, g)
     u = torch.rand(drawn.shape, generator=g)
-    kids = torch.randint(1, 5, (64,), generator=g)                       # each row's real children: 1..4
-    valid = torch.arange(4)[None, :] < kids[:, None]
-    first, residual = verify_rows_state(p, q, drawn, u, mode, valid)
+    kids = torch.randint(1, 5, (64,), generator=g).sort(descending=True).values   # each row's children: 1..4
+    widths = [int((kids > i).sum()) for i in range(4)]
+    first, residual = verify_rows_state(p, q, drawn, u, mode, widths)
     for k in range(1, 5):
         rows = kids == k
         want_first, want_r = verify_rows_state(p[rows], q[rows], drawn[rows, :k], u[rows, :k], mode)
         assert torch.equal(first[rows], want_first) and torch.equal(residual[rows], want_r)
     assert (first < kids).all()
+    with pytest.raises(ValueError, match="non-increasing"):
+        verify_rows_state(p, q, drawn, u, mode, [64, 10, 20, 0])

@@ -112,8 +112,23 @@ def test_the_device_grown_tree_equals_the_host_grown_tree(temperature):
         assert drafter.on_device == isinstance(runner, GraphRunner)
         drafts.append(proposer.propose(drafter, torch.Generator().manual_seed(5)))
     host, device = drafts
+    assert device.unread   # left on the device until the engine's one readback
+    device = device.read(torch.cat([device.token_ids.double(), device.q_token_ids.double()]).tolist())
     assert host.tokens == device.tokens
     np.testing.assert_allclose(host.q_token, device.q_token, rtol=1e-6)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_step_reads_no_scalar_back(temperature):
+    """Outside the forwards a step's only readback is the engine's one ``.tolist()``: no ``.item()``, no
+    indexing by a 0-d tensor (each a host wait on a GPU), at T = 0 and on the device walk at T > 0."""
+    from sequoia.tools.gpucheck.host import measure_step_host
+
+    target = tiny_model(0, vocab=64)
+    pair = graph_pair(perturbed(target, 0.3, 1), target, 64)
+    tree = make_method("sequoia", budget=24, depth=5).tree
+    res = measure_step_host(pair, tree, SamplingConfig(temperature=temperature), new_tokens=16)
+    assert res["scalar_reads"] == 0 and res["ops_outside_forwards"] > 0 and res["host_ms"] > 0
 
 
 def test_wrap_model_keeps_the_eager_runner_off_cuda():

@@ -60,6 +60,7 @@ fixed children needs no q (the draft never forwarded it).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -214,10 +215,15 @@ def reject(
     """
     r_next = _residual(r, q, x)
     if mode == "without_replacement":
-        q = q.scatter(-1, x, 0.0)
-        total = q.sum(-1, keepdim=True)
-        q = torch.where(total > _TINY, q / total.clamp(min=_TINY), torch.zeros_like(q))
+        q = _drop(q, x)
     return r_next, q
+
+
+def _drop(q: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """q without token x per row, renormalised (all zeros once its support is used up).  [..., V]"""
+    q = q.scatter(-1, x, 0.0)
+    total = q.sum(-1, keepdim=True)
+    return torch.where(total > _TINY, q / total.clamp(min=_TINY), torch.zeros_like(q))
 
 
 def _residual(p: torch.Tensor, q: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
@@ -254,27 +260,39 @@ def verify_rows(p: torch.Tensor, q: torch.Tensor, drawn: torch.Tensor, u: torch.
 
 
 def verify_rows_state(p: torch.Tensor, q: torch.Tensor, drawn: torch.Tensor, u: torch.Tensor, mode: str,
-                      valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      widths: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`verify_rows`, and each row's target distribution after its rejections (the residual a bonus
-    token is drawn from when nothing was accepted).  ``valid``: [R, k] bool, False for padding slots (rows
-    with fewer children), skipped as fillers are.  No host reads: it runs on a GPU without waiting.
+    token is drawn from when nothing was accepted).  No host reads: it runs on a GPU without waiting.
+
+    ``widths``: for rows with fewer children than ``drawn`` has slots, sorted by child count (widest
+    first), how many rows have a child in each slot: slot i is tested in rows [0, widths[i]) only, and
+    the rows past them take no part in its work (most nodes of a Sequoia tree have one child, a few many);
+    the draft's next state is worked out only for rows with a next slot.
     """
-    first = torch.full((p.shape[0],), -1, dtype=torch.long, device=p.device)
-    live = torch.ones(p.shape[0], dtype=torch.bool, device=p.device)   # no child accepted yet
-    r, qc = p, (None if mode == "topk" else q)
-    for i in range(drawn.shape[1]):
-        x = drawn[:, i:i + 1]                                           # [R, 1]
-        qx = torch.ones_like(first, dtype=p.dtype) if qc is None else qc.gather(-1, x)[:, 0]
-        tested = live & (qx > 0)                                        # fillers are skipped, as in verify_children
-        if valid is not None:
-            tested = tested & valid[:, i]
-        accept = tested & (u[:, i] < acceptance_probability(r.gather(-1, x)[:, 0], qx))
-        first = torch.where(accept, i, first)
-        live &= ~accept
-        r_next, q_next = reject(r, qc, x, mode)
-        moved = (tested & ~accept)[:, None]                             # [R, 1] rows whose state changes
-        r = torch.where(moved, r_next, r)
-        qc = None if qc is None else torch.where(moved, q_next, qc)
+    n_rows, k = drawn.shape
+    widths = [n_rows] * k if widths is None else list(widths)
+    if len(widths) != k or any(not 0 <= w <= n_rows for w in widths) or sorted(widths, reverse=True) != widths:
+        raise ValueError(f"widths must be {k} non-increasing row counts in 0..{n_rows}, got {widths}")
+    first = torch.full((n_rows,), -1, dtype=torch.long, device=p.device)
+    live = torch.ones(n_rows, dtype=torch.bool, device=p.device)   # no child accepted yet
+    r, qc = p.clone(), (None if mode == "topk" else q.clone())     # updated in place, a slice per slot
+    for i, m in enumerate(widths):
+        x = drawn[:m, i:i + 1]                                          # [m, 1]
+        r_m, q_m = r[:m], (None if qc is None else qc[:m])
+        qx = torch.ones(m, dtype=p.dtype, device=p.device) if q_m is None else q_m.gather(-1, x)[:, 0]
+        tested = live[:m] & (qx > 0)                                    # fillers are skipped, as in verify_children
+        accept = tested & (u[:m, i] < acceptance_probability(r_m.gather(-1, x)[:, 0], qx))
+        first[:m].masked_fill_(accept, i)
+        live[:m].logical_and_(~accept)
+        moved = (tested & ~accept)[:, None]                             # [m, 1] rows whose state changes
+        r_m.copy_(torch.where(moved, _residual(r_m, q_m, x), r_m))      # what reject does, row by row
+        # The draft's next state, without replacement, only in rows with a child in the next slot.
+        m_next = widths[i + 1] if i + 1 < k else 0
+        if mode == "without_replacement" and m_next:
+            q_n = qc[:m_next]
+            q_n.copy_(torch.where(moved[:m_next], _drop(q_n, x[:m_next]), q_n))
+        if not m_next:
+            break
     return first, r
 
 

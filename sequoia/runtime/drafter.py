@@ -24,7 +24,7 @@ depth of every node so far rather than a finished :class:`Tree`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -38,15 +38,29 @@ from ..runners.base import Runner
 @dataclass
 class Draft:
     tree: Tree
-    tokens: list[int]                 # [n_nodes]; tokens[0] is the root
+    tokens: list[int]                 # [n_nodes]; tokens[0] is the root (empty while token_ids is unread)
     q: dict[int, torch.Tensor]        # node -> [V] draft distribution over that node's children
-    q_token: list[float]              # [n_nodes] q of each node's token under its parent (root: 1.0)
+    q_token: list[float]              # [n_nodes] q of each node's token under its parent (root: 1.0; empty, likewise)
     dynamic: DynamicInfo | None = None  # a dynamic tree's decisions, copied into the step record
     # [n_nodes] who proposed each node (root: "root"): DRAFT, or NGRAM (copied from the context, a fixed
     # proposal verified as a point mass before the draft's children of the same parent, never forwarded).
     # None: every node is the draft's.
     sources: tuple[str, ...] | None = None
     match_len: tuple[int, ...] | None = None  # [n_nodes] n of the match that proposed each copied node (0: not copied)
+    # A tree grown on the device leaves its tokens and q_token there ([n_nodes] each): the target verifies
+    # the device tokens and the engine reads both back with the step's walk (see ``read``).
+    token_ids: torch.Tensor | None = None
+    q_token_ids: torch.Tensor | None = None
+
+    @property
+    def unread(self) -> bool:
+        return self.token_ids is not None and not self.tokens
+
+    def read(self, values: list[float]) -> "Draft":
+        """This draft with ``tokens`` and ``q_token`` filled from ``values``, the read-back concatenation of
+        ``token_ids`` and ``q_token_ids`` (ids below 2**53 are exact in float64)."""
+        n = self.tree.n_nodes
+        return replace(self, tokens=[int(t) for t in values[:n]], q_token=list(values[n: 2 * n]))
 
     def n_fixed(self, node: int) -> int:
         """How many of ``node``'s first children are fixed (copied) proposals; see sampling.verify_children."""
@@ -238,7 +252,7 @@ def _device_levels(proposer: "StaticTreeProposer", device: torch.device) -> list
 
 
 def _grow_on_device(proposer: StaticTreeProposer, drafter: Drafter, generator) -> Draft:
-    """The static tree grown level by level on the device; tokens and q read back once at the end.
+    """The static tree grown level by level on the device; its tokens and q stay there (``Draft.read``).
 
     Same draws as the host path (one ``sample`` call per level over the same rows), so the same tree.
     """
@@ -256,9 +270,7 @@ def _grow_on_device(proposer: StaticTreeProposer, drafter: Drafter, generator) -
         picked = drawn[level.rows, level.cols]                              # [c]
         tokens[level.kids] = picked
         q_tok[level.kids] = rows[level.rows, picked].float()
-    # Token ids below 2**53 are exact in float64: one readback for both.
-    back = torch.stack([tokens.double(), q_tok.double()]).tolist()
-    return Draft(tree=tree, tokens=[int(t) for t in back[0]], q=q, q_token=back[1])
+    return Draft(tree=tree, tokens=[], q=q, q_token=[], token_ids=tokens, q_token_ids=q_tok)
 
 
 def _parents_by_level(tree: Tree) -> list[list[int]]:

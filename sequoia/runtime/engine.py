@@ -33,6 +33,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -109,31 +110,42 @@ class SpeculativeEngine:
         t0 = self._now()
         logits = self._prefill(state)
         t1 = self._now()
-        draft = _plain(state)
-        walk = walk_tree(draft, logits, config.sampling, proposer.mode, gen, inspect)
-        record = self._conclude(0, state, draft, logits, walk, config, proposer, with_texts, t0, t0, t1)
+        draft, walk, p = self._walk(_plain(state), logits, config, proposer, gen, inspect)
+        record = self._conclude(0, state, draft, p, walk, config, proposer, with_texts, t0, t0, t1)
         return dataclasses.replace(record, prompt_tokens=n_prompt)
 
     def _step(self, state, proposer, config, gen, step, with_texts, inspect=False) -> StepRecord:
         t0 = self._now()
         draft = self._draft(state, proposer, gen)
         t1 = self._now()
-        logits = self._verify_forward(state, draft.tree, draft.tokens)
+        if draft.unread and not getattr(self.pair.target, "device_tokens", False):
+            draft, _, _ = _read_back(draft)   # a target that takes host tokens: read the draft now
+        logits = self._verify_forward(state, draft)
         t2 = self._now()
-        if self.device_walk and can_walk_on_device(draft, config.sampling, inspect):
-            walk = Walk(*walk_on_device(draft, logits, config.sampling, proposer.mode, gen))
-        else:
-            walk = walk_tree(draft, logits, config.sampling, proposer.mode, gen, inspect)
+        draft, walk, p = self._walk(draft, logits, config, proposer, gen, inspect)
         prefix = len(state.target) - draft.tree.n_nodes
         state.target.keep(prefix, [prefix + v for v in walk.path])
         if draft.tree.size:
             state.drafter.commit(walk.path)
-        return self._conclude(step, state, draft, logits, walk, config, proposer, with_texts, t0, t1, t2)
+        return self._conclude(step, state, draft, p, walk, config, proposer, with_texts, t0, t1, t2)
 
-    def _conclude(self, step, state, draft, logits, walk, config, proposer, with_texts, t0, t1, t2) -> StepRecord:
+    def _walk(self, draft: Draft, logits: torch.Tensor, config, proposer, gen, inspect):
+        """(draft, walk, p): the accepted path and each node's target probability, read back from the device
+        once, with the draft's tokens where they are still there (a host walk at T > 0 reads as it tests)."""
+        sampling = config.sampling
+        probs = node_target_probs(draft, logits, sampling)                        # [n_nodes - 1] on the device
+        if self.device_walk and can_walk_on_device(draft, sampling, inspect):
+            pending = walk_on_device(draft, logits, sampling, proposer.mode, gen)
+            draft, values, p = _read_back(draft, pending.values, probs)
+            return draft, Walk(*pending.finish(values)), p
+        top = logits.argmax(-1) if sampling.greedy else None
+        draft, values, p = _read_back(draft, top, probs)
+        return draft, walk_tree(draft, logits, sampling, proposer.mode, gen, inspect, top=values if sampling.greedy else None), p
+
+    def _conclude(self, step, state, draft, p, walk, config, proposer, with_texts, t0, t1, t2) -> StepRecord:
         """Commit the walk's tokens and make the step's record; t0..t2: start, drafted, verified."""
         new, reason = self._commit(state, draft, walk, config)
-        record = self._record(step, draft, logits, walk, new, reason, config, proposer, with_texts)
+        record = self._record(step, draft, p, walk, new, reason, config, proposer, with_texts)
         if walk.checks is not None:
             decode = self.pair.tokenizer.batch_decode if with_texts else (lambda ids: [""] * len(ids))
             record = dataclasses.replace(record, checks=checks_with_texts(walk.checks, decode))
@@ -153,14 +165,15 @@ class SpeculativeEngine:
             state.drafter.skip(state.committed)
         return proposer.propose(state.drafter, gen)
 
-    def _verify_forward(self, state, tree: Tree, tokens: list[int]) -> torch.Tensor:
+    def _verify_forward(self, state, draft: Draft) -> torch.Tensor:
         """Target logits at every node, from one forward of the whole tree.  # [n_nodes, V]
 
         The root (the last committed token, not cached yet) hangs off the last cached slot; every other
         node off its parent's slot in this same call.
         """
         start = len(state.target)
-        parents = [start - 1] + [start + p for p in tree.parents[1:]]
+        parents = [start - 1] + [start + p for p in draft.tree.parents[1:]]
+        tokens = draft.token_ids if draft.unread else draft.tokens
         return state.target.forward(tokens, parents)[:, : self.vocab_size]
 
     def _prefill(self, state) -> torch.Tensor:
@@ -191,7 +204,7 @@ class SpeculativeEngine:
         tail = self.pair.tokenizer.decode(state.committed[-(state.n_new):], skip_special_tokens=True)
         return any(s and s in tail for s in config.stop_strings)
 
-    def _record(self, step, draft, logits, walk, new, reason, config, proposer, with_texts) -> StepRecord:
+    def _record(self, step, draft, p, walk, new, reason, config, proposer, with_texts) -> StepRecord:
         tree = draft.tree
         on_path = set(walk.path)
         status = tuple(ACCEPTED if v in on_path else REJECTED if v in walk.verified else UNREACHED
@@ -200,7 +213,7 @@ class SpeculativeEngine:
         texts = tuple(tok.batch_decode([[t] for t in draft.tokens])) if with_texts else ()
         return StepRecord(
             step=step, tree=tree, tokens=tuple(draft.tokens), texts=texts,
-            q=tuple(draft.q_token), p=node_target_probs(draft, logits, config.sampling),
+            q=tuple(draft.q_token), p=p,
             accepted=tuple(walk.path), status=status, bonus=walk.bonus,
             bonus_text=tok.decode([walk.bonus]) if with_texts else "",
             new_tokens=new, draft_s=0.0, verify_s=0.0, other_s=0.0,
@@ -235,15 +248,17 @@ class _State:
 
 
 def walk_tree(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, mode: str, gen,
-              inspect: bool = False) -> Walk:
+              inspect: bool = False, top: list[int] | None = None) -> Walk:
     """Accept a path from the root and draw the bonus token.  logits: [n_nodes, V] target.
 
-    ``inspect`` fills ``Walk.checks`` (same random draws, same result).
+    ``inspect`` fills ``Walk.checks`` (same random draws, same result); ``top``: each node's target argmax
+    (greedy), where the caller read it back already.
     """
     tree, node, path, verified = draft.tree, 0, [0], set()
     checks: list[NodeCheck] | None = [] if inspect else None
     # One readback of every node's argmax, not one per node on the path (each is a host wait on a GPU).
-    top = logits.argmax(-1).tolist() if sampling.greedy else None
+    if sampling.greedy and top is None:
+        top = logits.argmax(-1).tolist()
     while True:
         kids = list(tree.children[node])
         kid_tokens = [draft.tokens[c] for c in kids]
@@ -272,40 +287,75 @@ def walk_tree(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig, mode
         path.append(node)
 
 
-def node_target_probs(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig) -> tuple[float, ...]:
-    """p of each node's token under its parent's target distribution (root: 1.0).  # [n_nodes]
+def node_target_probs(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor | None:
+    """p of each node's token under its parent's target distribution, root excluded (None: the root alone).
+    # [n_nodes - 1] on the device
 
     Only rows of nodes that have children are warped, and without top-k/top-p
     a token's probability is exp(logit / T - logsumexp): no [rows, V] softmax.
+    Queued without a host wait; the engine reads it back with the walk.
     """
     tree = draft.tree
     if tree.size == 0:
-        return (1.0,)
+        return None
     cfg = _DISPLAY if sampling.greedy else sampling
-    # Parent rows, nodes grouped by them, and chunk bounds are worked out on the host: boolean masks or a
-    # unique on the device would each wait for the GPU.
-    rows_list = sorted(set(tree.parents[1:]))
-    row_of = {p: i for i, p in enumerate(rows_list)}
-    order = sorted(range(tree.size), key=lambda j: row_of[tree.parents[j + 1]])   # nodes - 1, by parent row
-    inv_sorted = [row_of[tree.parents[j + 1]] for j in order]
-    host = torch.tensor([inv_sorted, [draft.tokens[j + 1] for j in order], order], dtype=torch.long)
-    dev = upload(host, logits.device)                                           # [3, n]
-    rows = upload(torch.tensor(rows_list, dtype=torch.long), logits.device)     # [u]
-    pieces = []
     # Chunks bound the [rows, V] float32 copy on a CPU; on a GPU one chunk saves a dozen launches per 32 rows.
-    size = 256 if logits.device.type == "cuda" else 32
-    for lo in range(0, len(rows_list), size):
-        a, b = bisect.bisect_left(inv_sorted, lo), bisect.bisect_left(inv_sorted, lo + size)
-        part = logits[rows[lo: lo + size]].float()
-        r, t = dev[0, a:b] - lo, dev[1, a:b]
+    ix = _probs_index(tree, str(logits.device), 256 if logits.device.type == "cuda" else 32)
+    tokens = draft.token_ids if draft.token_ids is not None else upload(torch.tensor(draft.tokens), logits.device)
+    tok = tokens[ix.nodes]                                                     # [n - 1] by parent row
+    pieces = []
+    for rows, r, a, b in ix.chunks:
+        part, t = logits[rows].float(), tok[a:b]
         if cfg.top_k or cfg.top_p < 1.0:
             pieces.append(warp(part, cfg)[r, t])
         else:
             part = part / cfg.temperature
             pieces.append(torch.exp(part[r, t] - torch.logsumexp(part, -1)[r]))
     out = torch.empty(tree.size, dtype=torch.float32, device=logits.device)
-    out[dev[2]] = torch.cat(pieces).float()
-    return (1.0,) + tuple(out.tolist())
+    out[ix.order] = torch.cat(pieces).float()
+    return out
+
+
+@dataclass(frozen=True)
+class _ProbsIndex:
+    """Where each node's probability is read: parent rows in chunks, nodes grouped by them (device tensors)."""
+
+    nodes: torch.Tensor                                            # [n - 1] nodes, by parent row
+    order: torch.Tensor                                            # [n - 1] their places in the output (node - 1)
+    chunks: tuple[tuple[torch.Tensor, torch.Tensor, int, int], ...]   # (parent rows, row of each node, a, b)
+
+
+@lru_cache(maxsize=64)
+def _probs_index(tree: Tree, device: str, size: int) -> _ProbsIndex:
+    # Worked out on the host once per tree shape: boolean masks or a unique on the device would each wait.
+    rows_list = sorted(set(tree.parents[1:]))
+    row_of = {p: i for i, p in enumerate(rows_list)}
+    order = sorted(range(tree.size), key=lambda j: row_of[tree.parents[j + 1]])   # nodes - 1, by parent row
+    inv_sorted = [row_of[tree.parents[j + 1]] for j in order]
+    dev = torch.device(device)
+    chunks = []
+    for lo in range(0, len(rows_list), size):
+        a, b = bisect.bisect_left(inv_sorted, lo), bisect.bisect_left(inv_sorted, lo + size)
+        host = torch.tensor([v - lo for v in inv_sorted[a:b]], dtype=torch.long)
+        chunks.append((upload(torch.tensor(rows_list[lo: lo + size], dtype=torch.long), dev), upload(host, dev), a, b))
+    both = upload(torch.tensor([[j + 1 for j in order], order], dtype=torch.long), dev)
+    return _ProbsIndex(both[0], both[1], tuple(chunks))
+
+
+def _read_back(draft: Draft, ints: torch.Tensor | None = None, probs: torch.Tensor | None = None):
+    """The step's one readback: ``ints`` (e.g. the walk's values), ``probs`` ([n_nodes - 1], see
+    :func:`node_target_probs`) and the draft's tokens and q where still on the device.  (draft, ints, p)."""
+    parts = [x for x in (ints, probs) if x is not None and x.numel()]
+    if draft.unread:
+        parts += [draft.token_ids, draft.q_token_ids]
+    if len({x.dtype for x in parts}) > 1:
+        parts = [x.double() for x in parts]   # ids below 2**53 and float32 values are exact in float64
+    back = (parts[0] if len(parts) == 1 else torch.cat(parts)).tolist() if parts else []
+    a = 0 if ints is None else ints.numel()
+    b = a + (0 if probs is None else probs.numel())
+    if draft.unread:
+        draft = draft.read(back[b:])
+    return draft, [int(x) for x in back[:a]], (1.0,) + tuple(back[a:b])
 
 
 def _with_times(record: StepRecord, draft_s: float, verify_s: float, other_s: float) -> StepRecord:

@@ -15,6 +15,8 @@ def markdown(result: dict) -> str:
         lines += _correctness(result["correctness"])
     if "costs" in result:
         lines += _costs(result["costs"])
+    if "host" in result:
+        lines += _host(result["host"])
     return "\n".join(lines) + "\n"
 
 
@@ -85,6 +87,20 @@ def _target(name: str, t: dict, draft: str) -> list[str]:
         out.append(f"| {label} | {ch['budget']}, {ch['depth']} | {ch['expected_tokens']:.2f} | "
                    f"{ch['speedup']:.2f}x |")
     return out
+
+
+def _host(h: dict) -> list[str]:
+    out = ["", "## (c) Host work per engine step (tiny fp32 models, graph runner)", "",
+           "Median ms per step; host = the step minus its forwards (each drained), the draft's and the verify's "
+           "share of it, and the engine's other; torch operators and scalar reads (each a host wait on a GPU) "
+           "outside the forwards.  On a CPU, one thread.", "",
+           "| tree, temperature | step | forwards | host | draft host | verify host | other | ops | scalar reads |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for name, r in h.get("rows", {}).items():
+        out.append(f"| {name} | {r['step_ms']:.2f} | {r['forward_ms']:.2f} | **{r['host_ms']:.2f}** | "
+                   f"{r['draft_host_ms']:.2f} | {r['verify_host_ms']:.2f} | {r['other_ms']:.2f} | "
+                   f"{r['ops_outside_forwards']:.0f} | {r['scalar_reads']:.0f} |")
+    return out + [""]
 
 
 def _ok(d: dict) -> str:
