@@ -47,7 +47,7 @@ def ngram_records(pair, prompt_ids: Sequence[list[int]], sampling: SamplingConfi
         for ids in prompt_ids:
             cfg = GenerationConfig(max_new_tokens=max_new_tokens, sampling=sampling,
                                    seed=int(torch.randint(2**31 - 1, (1,), generator=gen)))
-            out += engine.generate(ids, proposer, cfg, with_texts=False)
+            out += engine.generate(ids, proposer, cfg)
             tick(f"{len(out)} steps")
     finally:
         tick.close()

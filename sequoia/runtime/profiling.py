@@ -157,8 +157,7 @@ def _measure_overheads(pair, curves: HardwareProfile, steps: int, gen: torch.Gen
     tree = Tree.chain(OVERHEAD_CHAIN)
     config = GenerationConfig(max_new_tokens=(steps + 2) * (OVERHEAD_CHAIN + 1), stop_at_eos=False)
     records = []
-    for record in SpeculativeEngine(pair).generate(prompt, StaticTreeProposer(tree, name="overheads"), config,
-                                                  with_texts=False):
+    for record in SpeculativeEngine(pair).generate(prompt, StaticTreeProposer(tree, name="overheads"), config):
         records.append(record)
         tick(f"overheads, step {len(records)}")
         if len(records) == steps + 2:

@@ -142,7 +142,7 @@ def iter_run(engine: SpeculativeEngine, pair, method: str, ids: list[int], gen: 
         tokens, first_s, first_n = hf.tokens, hf.first_token_s, hf.first_tokens
         calls = hf.target_calls
     else:
-        steps = engine.generate(ids, proposer, gen, with_texts=False)
+        steps = engine.generate(ids, proposer, gen)
         try:
             while True:
                 w0, t0 = time.perf_counter(), clock()
