@@ -15,7 +15,8 @@ from sequoia.core.profile import HardwareProfile
 from sequoia.core.trace import DRAFT, NGRAM, ROOT, UNREACHED
 from sequoia.runtime.drafter import Draft
 from sequoia.runtime.engine import SpeculativeEngine
-from sequoia.runtime.ngram_proposer import NgramDynamicProposer, NgramSettings
+from sequoia.runtime.ngram_dynamic import NgramDynamicProposer
+from sequoia.runtime.ngram_proposer import NgramSettings
 
 #: Verification nearly free next to a step: copies (and drafts) pay.
 CHEAP = HardwareProfile.hand_made(lambda n: 30 + 0.5 * n, lambda w: 3 + 0.1 * w)

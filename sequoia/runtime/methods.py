@@ -15,7 +15,7 @@ name               tree                                        children drawn
 ``ngram``          copied continuations of the context only      fixed (no draft model)
                    (sequoia.runtime.ngram_proposer)
 ``sequoia-ngram``  copied branches + the dynamic tree, one        fixed, then without
-                   cost model                                   replacement
+                   cost model (sequoia.runtime.ngram_dynamic)    replacement
 =================  ==========================================  ==================
 
 The automatic methods (``sequoia-auto``, ``sequoia-dynamic``, ``ngram``,
@@ -39,7 +39,8 @@ from ..core.request import ENGINE_METHODS, LABEL_OF, PRICED_METHODS, MethodSpec
 from ..core.tree import Tree
 from .drafter import StaticTreeProposer
 from .dynamic import MAX_DEPTH, DynamicTreeProposer
-from .ngram_proposer import NgramDynamicProposer, NgramProposer, NgramSettings
+from .ngram_dynamic import NgramDynamicProposer
+from .ngram_proposer import NgramProposer, NgramSettings
 from .price import PLAIN, SMALL, PriceGate, PriceSettings
 
 #: Deepest static tree the hardware-aware optimizer may choose (``sequoia-auto``) unless asked otherwise.
