@@ -28,7 +28,8 @@ from .._meta import ASSETS, ProgressFn
 from ..core.acceptance import AcceptanceVector
 from ..core.calibration import Calibration
 from ..core.ngram import NgramAcceptance, pool_ngram_acceptance
-from ..core.profile import Fingerprint, HardwareProfile
+from ..core.fingerprint import Fingerprint
+from ..core.profile import HardwareProfile
 from ..runners.embedded import default_cache_dir
 from .fingerprint import machine_fingerprint
 from .methods import DEFAULT_ACCEPTANCE
