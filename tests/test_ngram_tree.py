@@ -10,7 +10,8 @@ from conftest import make_pair, tiny_model
 from test_engine import _empirical_joint, _hf_greedy, _joint_pvalue
 
 from sequoia.core.config import GenerationConfig, SamplingConfig
-from sequoia.core.ngram import NgramIndex, ngram_prior
+from sequoia.core.ngram import NgramIndex
+from sequoia.core.ngram_acceptance import ngram_prior
 from sequoia.core.profile import HardwareProfile
 from sequoia.core.trace import DRAFT, NGRAM, ROOT, UNREACHED
 from sequoia.runtime.drafter import Draft

@@ -33,7 +33,7 @@ from ..core.calibration import Calibration
 from ..core.config import check_budget
 from ..core.cost import conservative_profile
 from ..core.dp import optimal_tree
-from ..core.ngram import NgramAcceptance, ngram_prior
+from ..core.ngram_acceptance import NgramAcceptance, ngram_prior
 from ..core.optimizer import choose_tree
 from ..core.request import ENGINE_METHODS, LABEL_OF, PRICED_METHODS, MethodSpec
 from ..core.tree import Tree
@@ -83,7 +83,7 @@ def make_method(
 
     ``copy_acceptance``: the measured acceptance of copied tokens for ``ngram`` / ``sequoia-ngram``
     (:func:`sequoia.runtime.finder.find_ngram_acceptance`); None: the hand-set prior
-    (:func:`sequoia.core.ngram.ngram_prior`).
+    (:func:`sequoia.core.ngram_acceptance.ngram_prior`).
 
     ``price``: how the automatic methods' price gate weighs measured step costs (None: no price gate, the
     cost model's predictions alone decide).

@@ -38,7 +38,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..core.ngram import NgramTrie, RequestAcceptance, ngram_prior
+from ..core.ngram import NgramTrie
+from ..core.ngram_acceptance import RequestAcceptance, ngram_prior
 from ..core.sampling import without_tokens
 from ..core.trace import DRAFT, NGRAM, ROOT, StepRecord
 from ..core.tree import Tree

@@ -7,9 +7,9 @@ the root.  A copied node costs no draft forward but widens the target's
 verification, so both methods price it with the one cost model
 (:func:`sequoia.core.cost.step_ms`): trie nodes are taken best-first by their
 estimated acceptance f(v) = product along the path of ``accept(match length,
-depth)`` (default :func:`~sequoia.core.ngram.ngram_prior`), as many as
+depth)`` (default :func:`~sequoia.core.ngram_acceptance.ngram_prior`), as many as
 maximise (1 + sum f) / step_ms.  During a request, ``accept`` is scaled by how
-the request's own copies have fared (:class:`~sequoia.core.ngram.RequestAcceptance`,
+the request's own copies have fared (:class:`~sequoia.core.ngram_acceptance.RequestAcceptance`,
 ``adapt=True``): a table cannot tell an answer that quotes its passage from
 fresh code.
 
@@ -27,7 +27,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..core import cost
-from ..core.ngram import NgramIndex, NgramTrie, RequestAcceptance, ngram_prior
+from ..core.ngram import NgramIndex, NgramTrie
+from ..core.ngram_acceptance import RequestAcceptance, ngram_prior
 from ..core.profile import HardwareProfile
 from ..core.trace import NGRAM, ROOT, StepRecord
 from ..core.tree import Tree
