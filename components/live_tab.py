@@ -22,6 +22,7 @@ from sequoia.core.request import BY_NAME, METHOD_OF_LABEL
 from sequoia.core.trace import StepRecord
 from sequoia.runtime.dynamic import MAX_DEPTH
 from sequoia.runtime.finder import DEFAULT_ENTRY
+from sequoia.runtime.texts import generate_with_texts
 
 from . import inspector_view, serving, stats_view, target_rate, text_view, tree_view, validation
 from .context import AppContext
@@ -82,8 +83,9 @@ def generated_text(ctx: AppContext, records: list[StepRecord]) -> str:
 
 
 def run_decode(ctx: AppContext, req: EngineInputs) -> Iterator[StepRecord]:
-    """The engine's step stream for a parsed request's engine inputs."""
-    return ctx.engine().generate(req.prompt_ids, req.proposer, req.config, inspect=req.inspect)
+    """The engine's step stream for a parsed request's engine inputs, with the token texts the views show."""
+    return generate_with_texts(ctx.engine(), ctx.pair().tokenizer, req.prompt_ids, req.proposer, req.config,
+                               inspect=req.inspect)
 
 
 # ------------------------------------------------------------------ handlers

@@ -21,7 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain script from anywhere
 
-from sequoia.runners.embedded import EMBEDDED, EmbeddedModelError, default_cache_dir, is_converted, prepare  # noqa: E402
+from sequoia.runners.embedded import EMBEDDED, EmbeddedModelError, default_cache_dir, is_converted  # noqa: E402
+from sequoia.runners.hf.convert import prepare  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -103,7 +103,7 @@ def run(engine_mod, methods_mod, pair, ids, args, timers: Timers) -> float:
                            seed=0)
     t0 = time.perf_counter()
     n = 0
-    for rec in engine_mod.SpeculativeEngine(pair).generate(ids, proposer, cfg, with_texts=False):
+    for rec in engine_mod.SpeculativeEngine(pair).generate(ids, proposer, cfg):
         timers.close_step(rec)
         n += rec.n_new
     return n / (time.perf_counter() - t0)

@@ -89,6 +89,14 @@ def int_list(data: dict, key: str, what: str) -> tuple[int, ...]:
     return tuple(values)
 
 
+def optional_number(data: dict, key: str, what: str) -> float:
+    """An optional number field (0 when absent); booleans are refused."""
+    value = data.get(key, 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what}: field {key!r} must be a number, got {type(value).__name__}")
+    return float(value)
+
+
 def _as_tuple(kind) -> tuple:
     return kind if isinstance(kind, tuple) else (kind,)
 

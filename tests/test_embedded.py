@@ -9,6 +9,7 @@ from sequoia.core.config import GenerationConfig, SamplingConfig
 from sequoia.core.stats import summarize
 from sequoia.runtime.engine import SpeculativeEngine
 from sequoia.runtime.methods import make_method
+from sequoia.runtime.texts import generate_with_texts
 
 pytestmark = [pytest.mark.embedded, pytest.mark.slow]
 
@@ -43,7 +44,8 @@ def test_sampled_run_streams_consistent_records(embedded_pair_fp32):
     pair = embedded_pair_fp32
     ids = pair.encode_prompt(PROMPTS[0])
     cfg = GenerationConfig(max_new_tokens=16, sampling=SamplingConfig(temperature=0.6, top_p=0.95), seed=1)
-    records = list(SpeculativeEngine(pair).generate(ids, make_method("specinfer", width=2, depth=3), cfg))
+    records = list(generate_with_texts(SpeculativeEngine(pair), pair.tokenizer, ids,
+                                       make_method("specinfer", width=2, depth=3), cfg))
     assert sum(r.n_new for r in records) == 16 or records[-1].finish_reason == "eos"
     text = pair.tokenizer.decode([t for r in records for t in r.new_tokens], skip_special_tokens=True)
     assert text.strip()

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from sequoia.runners import embedded
+from sequoia.runners.hf import convert as hf_convert
 from sequoia.runners.embedded import EmbeddedSpec, Part
 
 CHUNKS = [b"GGUF" + b"a" * 996, b"b" * 700, b"c" * 5]
@@ -74,19 +75,19 @@ def test_ensure_converted_reuses_a_kept_gguf_and_leaves_it(fake, monkeypatch):
         out.mkdir(parents=True)
         (out / embedded.MARKER).write_text(spec_.sha256)
 
-    monkeypatch.setattr(embedded, "_convert", convert)
-    monkeypatch.setattr(embedded, "_check_free_space", lambda spec_, where: None)
+    monkeypatch.setattr(hf_convert, "_convert", convert)
+    monkeypatch.setattr(hf_convert, "_check_free_space", lambda spec_, where: None)
     path = embedded.ensure_gguf(spec, cache)
     calls.update(locate=0, hash=0)
-    embedded.ensure_converted(spec, cache)
+    hf_convert.ensure_converted(spec, cache)
     assert seen == [True] and calls == {"locate": 0, "hash": 0}
     assert path.is_file() and embedded.is_gguf_kept(spec, cache)  # still there for llama.cpp
 
 
 def test_ensure_converted_still_deletes_a_gguf_nobody_kept(fake, monkeypatch):
     spec, cache, calls = fake
-    monkeypatch.setattr(embedded, "_convert", lambda s, g, out, p: (out.mkdir(parents=True),
+    monkeypatch.setattr(hf_convert, "_convert", lambda s, g, out, p: (out.mkdir(parents=True),
                                                                      (out / embedded.MARKER).write_text(s.sha256)))
-    monkeypatch.setattr(embedded, "_check_free_space", lambda spec_, where: None)
-    embedded.ensure_converted(spec, cache)
+    monkeypatch.setattr(hf_convert, "_check_free_space", lambda spec_, where: None)
+    hf_convert.ensure_converted(spec, cache)
     assert not embedded.gguf_path(spec, cache).exists() and calls["locate"] == 1

@@ -16,6 +16,7 @@ from sequoia.core.tree import Tree
 from sequoia.runtime.engine import SpeculativeEngine
 from sequoia.runtime.joint_check import joint_pvalue
 from sequoia.runtime.methods import make_method
+from sequoia.runtime.texts import generate_with_texts, with_texts
 
 PROMPT = [1, 5, 9, 3, 7]
 SMALL_PROMPT = [1, 5, 3]  # for the 8-token vocabulary
@@ -70,8 +71,26 @@ def test_step_records_are_consistent(tiny_pairs):
             if r.status[v] == ACCEPTED:
                 assert r.tree.parents[v] in r.accepted
             assert 0.0 <= r.q[v] <= 1.0 and 0.0 <= r.p[v] <= 1.0
-        assert r.draft_s >= 0 and r.verify_s > 0 and len(r.texts) == r.tree.n_nodes
+        assert r.draft_s >= 0 and r.verify_s > 0 and r.texts == () and r.bonus_text == ""
     assert any(UNREACHED in r.status for r in records)
+
+
+def test_the_caller_fills_the_texts(tiny_pairs):
+    """The engine leaves texts empty; with_texts decodes every node's token, the bonus and the checks' tokens."""
+    pair = tiny_pairs["noisy"]
+    cfg = GenerationConfig(max_new_tokens=12, sampling=SamplingConfig(temperature=0.9), seed=3)
+    records = list(generate_with_texts(SpeculativeEngine(pair), pair.tokenizer, PROMPT,
+                                       make_method("sequoia", budget=8, depth=3), cfg, inspect=True))
+    for r in records:
+        assert r.texts == tuple(f"<{t}>" for t in r.tokens) and r.bonus_text == f"<{r.bonus}>"
+        assert r.checks and all(c.top_texts == tuple(f"<{i}>" for i in c.top_ids) for c in r.checks)
+    assert with_texts(records[0], pair.tokenizer.batch_decode) == records[0]
+
+
+def test_stop_strings_need_the_callers_test(tiny_pairs):
+    with pytest.raises(ValueError, match="stop test"):
+        next(SpeculativeEngine(tiny_pairs["noisy"]).generate(PROMPT, make_method("chain", budget=5),
+                                                             GenerationConfig(stop_strings=("x",))))
 
 
 def test_eos_and_stop_strings_end_generation(tiny_target, tiny_pairs):
@@ -81,9 +100,13 @@ def test_eos_and_stop_strings_end_generation(tiny_target, tiny_pairs):
     tokens, records = _run(pair, make_method("chain", budget=5), GenerationConfig(max_new_tokens=30))
     assert tokens == reference[: reference.index(eos) + 1] and records[-1].finish_reason == "eos"
     stop = f"<{reference[3]}>"
-    tokens, records = _run(tiny_pairs["noisy"], make_method("chain", budget=5),
-                           GenerationConfig(max_new_tokens=30, stop_strings=(stop,)))
+    pair = tiny_pairs["noisy"]
+    records = list(generate_with_texts(SpeculativeEngine(pair), pair.tokenizer, PROMPT,
+                                       make_method("chain", budget=5),
+                                       GenerationConfig(max_new_tokens=30, stop_strings=(stop,))))
+    tokens = [t for r in records for t in r.new_tokens]
     assert records[-1].finish_reason == "stop" and reference[3] in tokens
+    assert reference[3] not in [t for r in records[:-1] for t in r.new_tokens]
 
 
 def test_tree_forward_matches_each_path_alone(tiny_target):
@@ -144,7 +167,7 @@ def _empirical_joint(pair, method, sampling, n, prompt=None, each=None) -> tuple
     engine = SpeculativeEngine(pair)
     for seed in range(n):
         cfg = GenerationConfig(max_new_tokens=3, sampling=sampling, seed=seed, stop_at_eos=False)
-        records = list(engine.generate(prompt, method, cfg, with_texts=False))
+        records = list(engine.generate(prompt, method, cfg))
         if each is not None:
             each(records)
         toks = [t for r in records for t in r.new_tokens]

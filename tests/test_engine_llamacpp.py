@@ -46,7 +46,7 @@ def pair(tmp_path_factory):
 
 
 def _tokens(pair, method, cfg):
-    return [t for r in SpeculativeEngine(pair).generate(PROMPT, method, cfg, with_texts=False) for t in r.new_tokens]
+    return [t for r in SpeculativeEngine(pair).generate(PROMPT, method, cfg) for t in r.new_tokens]
 
 
 METHODS = [("chain", {"budget": 4}), ("specinfer", {"width": 2, "depth": 3}), ("kary", {"width": 2, "depth": 3}),
@@ -90,7 +90,7 @@ def test_sampled_output_matches_the_targets_distribution(small_vocab_pair, name,
     counts, firsts = torch.zeros(8, 8), torch.zeros(8)
     for seed in range(1000):
         cfg = GenerationConfig(max_new_tokens=3, sampling=sampling, seed=seed, stop_at_eos=False)
-        toks = [t for r in engine.generate(prompt, make_method(name, **kwargs), cfg, with_texts=False)
+        toks = [t for r in engine.generate(prompt, make_method(name, **kwargs), cfg)
                 for t in r.new_tokens]
         firsts[toks[0]] += 1
         counts[toks[1], toks[2]] += 1

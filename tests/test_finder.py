@@ -8,8 +8,9 @@ import pytest
 
 from sequoia.core.acceptance import AcceptanceVector
 from sequoia.core.calibration import Calibration
-from sequoia.core.ngram import NgramAcceptance, pool_ngram_acceptance
-from sequoia.core.profile import Fingerprint, HardwareProfile
+from sequoia.core.ngram_acceptance import NgramAcceptance, pool_ngram_acceptance
+from sequoia.core.fingerprint import Fingerprint
+from sequoia.core.profile import HardwareProfile
 from sequoia.runtime.finder import (
     DEFAULT_ENTRY,
     ProfileChoice,

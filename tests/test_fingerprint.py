@@ -8,7 +8,8 @@ import pytest
 import torch
 from conftest import make_pair, tiny_model
 
-from sequoia.core.profile import Fingerprint, HardwareProfile
+from sequoia.core.fingerprint import Fingerprint
+from sequoia.core.profile import HardwareProfile
 from sequoia.runtime.fingerprint import cpu_facts, machine_fingerprint
 
 AVX2 = Fingerprint(device_kind="cpu", cpu_model="AMD EPYC 7B12", cpu_features=("avx2",), onednn_bf16=False, threads=2,

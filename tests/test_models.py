@@ -15,6 +15,7 @@ from transformers import DynamicCache, PreTrainedTokenizerFast, Qwen2Config, Qwe
 
 from sequoia.runners.hf.attention import FEW_QUERY
 from sequoia.runners import embedded
+from sequoia.runners.hf.convert import ensure_converted
 from sequoia.runners.hf import kernels
 from sequoia.runtime import models as M
 from sequoia.runners.hf import loading as L
@@ -267,11 +268,11 @@ def test_cache_dir_and_marker(tmp_path):
 def test_ensure_converted_trusts_only_the_marker(tmp_path):
     spec = embedded.EmbeddedSpec("draft", "Fake-Model", ("sequoia-no-such-part-package",), "1.0", 1, "ab" * 32)
     with pytest.raises(EmbeddedModelError, match="sequoia-no-such-part-package"):
-        embedded.ensure_converted(spec, tmp_path)  # no marker: it must assemble, and the parts are missing
+        ensure_converted(spec, tmp_path)  # no marker: it must assemble, and the parts are missing
     done = embedded.converted_dir(spec, tmp_path)
     done.mkdir()
     (done / embedded.MARKER).write_text(spec.sha256)
-    assert embedded.ensure_converted(spec, tmp_path) == done  # marker present: nothing else is touched
+    assert ensure_converted(spec, tmp_path) == done  # marker present: nothing else is touched
 
 
 def test_locate_parts_of_the_installed_packages():

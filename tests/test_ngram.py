@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from sequoia.core.ngram import NgramIndex, NgramTrie, ngram_prior
+from sequoia.core.ngram import NgramIndex, NgramTrie
+from sequoia.core.ngram_acceptance import ngram_prior
 
 
 def _index(seq, max_n=3, min_n=1):

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from sequoia.core.config import GenerationConfig, SamplingConfig
-from sequoia.core.ngram import NgramAcceptance, RequestAcceptance, fit_ngram_acceptance, ngram_prior
+from sequoia.core.ngram_acceptance import NgramAcceptance, RequestAcceptance, fit_ngram_acceptance, ngram_prior
 from sequoia.core.profile import HardwareProfile
 from sequoia.core.trace import ACCEPTED, DRAFT, NGRAM, REJECTED, ROOT, UNREACHED, StepRecord
 from sequoia.core.tree import Tree

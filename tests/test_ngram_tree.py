@@ -10,12 +10,14 @@ from conftest import make_pair, tiny_model
 from test_engine import _empirical_joint, _hf_greedy, _joint_pvalue
 
 from sequoia.core.config import GenerationConfig, SamplingConfig
-from sequoia.core.ngram import NgramIndex, ngram_prior
+from sequoia.core.ngram import NgramIndex
+from sequoia.core.ngram_acceptance import ngram_prior
 from sequoia.core.profile import HardwareProfile
 from sequoia.core.trace import DRAFT, NGRAM, ROOT, UNREACHED
 from sequoia.runtime.drafter import Draft
 from sequoia.runtime.engine import SpeculativeEngine
-from sequoia.runtime.ngram_proposer import NgramDynamicProposer, NgramSettings
+from sequoia.runtime.ngram_dynamic import NgramDynamicProposer
+from sequoia.runtime.ngram_proposer import NgramSettings
 
 #: Verification nearly free next to a step: copies (and drafts) pay.
 CHEAP = HardwareProfile.hand_made(lambda n: 30 + 0.5 * n, lambda w: 3 + 0.1 * w)

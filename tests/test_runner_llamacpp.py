@@ -228,7 +228,7 @@ def test_the_mixed_backend_pairs_the_hugging_face_target_with_a_q4_0_draft_on_ll
         assert not predicted.mismatches(fp)   # the profile a mixed server measures is found again before loading
         ids = pair.encode_prompt("Write a Python function that reverses a list.")
         steps = list(SpeculativeEngine(pair).generate(ids, make_method("chain", budget=4),
-                                                      GenerationConfig(max_new_tokens=16), with_texts=False))
+                                                      GenerationConfig(max_new_tokens=16)))
         assert sum(s.n_new for s in steps) == 16 and sum(s.n_accepted for s in steps) > 0
     finally:
         pair.draft.close()

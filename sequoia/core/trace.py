@@ -1,6 +1,7 @@
 """One record per decoding step, and everything derived from a stream of them.
 
-The engine yields a :class:`StepRecord` per target call.  Final text,
+The engine yields a :class:`StepRecord` per target call, with token ids only: the text fields are
+filled by whoever shows them (:mod:`sequoia.runtime.texts`, one batch decode a step).  Final text,
 statistics, benchmarks and every UI view are computed from these records
 alone, so a method is comparable with any other as soon as it emits them.
 
@@ -63,7 +64,7 @@ class NodeCheck:
     q_token: float                    # draft prob of it at the test (renormalised after earlier siblings)
     accepted: bool
     top_ids: tuple[int, ...]          # [k] token ids on the shared axis
-    top_texts: tuple[str, ...]        # [k] their decoded text ("" when texts were not asked for)
+    top_texts: tuple[str, ...]        # [k] their decoded text; () until the caller decodes them
     top_p: tuple[float, ...]          # [k] target distribution at the test
     top_q: tuple[float, ...]          # [k] draft distribution at the test (() for the bonus)
     residual: tuple[float, ...] = ()  # [k] norm(max(p - q, 0)) after this rejection (() if accepted)
@@ -74,13 +75,13 @@ class StepRecord:
     step: int                         # 0-based index of the target call
     tree: Tree                        # shape of this step's speculation
     tokens: tuple[int, ...]           # [n_nodes] token id of every node; tokens[0] is the root
-    texts: tuple[str, ...]            # [n_nodes] decoded text of each token
+    texts: tuple[str, ...]            # [n_nodes] decoded text of each token; () until the caller decodes them
     q: tuple[float, ...]              # [n_nodes] draft prob of the node's token given its parent (root: 1.0)
     p: tuple[float, ...]              # [n_nodes] target prob of the node's token given its parent (root: 1.0)
     accepted: tuple[int, ...]         # accepted path, node indices from the root (root included)
     status: tuple[str, ...]           # [n_nodes] ACCEPTED / REJECTED / UNREACHED
     bonus: int                        # token sampled from the target (residual or plain) after the path
-    bonus_text: str
+    bonus_text: str                   # the bonus token's text; "" until the caller decodes it
     new_tokens: tuple[int, ...]       # tokens committed by this step: accepted drafts + bonus (after stop trimming)
     draft_s: float                    # wall time growing the draft tree
     verify_s: float                   # wall time of the one target forward

@@ -6,42 +6,33 @@ bytes: their data files are located through ``importlib.metadata`` (never
 imported), concatenated in order and refused unless the sha256 and size of the
 whole file match the values pinned below.
 
-Loading a GGUF dequantizes every tensor (a minute and several GB), so each model
-is converted once to a bf16 safetensors directory in the cache::
-
-    <cache_dir>/qwen2.5-coder-0.5b-instruct/   config.json, model.safetensors, tokenizer files,
-                                               SEQUOIA_OK  (sha256 of the source GGUF)
-
-A directory counts as converted only when ``SEQUOIA_OK`` holds the expected
-sha256; it is written inside a temporary directory that is renamed into place
-last, so an interrupted conversion is never mistaken for a finished one.
-
-The llama.cpp runtime loads the GGUF itself (no conversion), so
-:func:`ensure_gguf` keeps the assembled file in the cache instead::
+The Hugging Face runtime reads a bf16 safetensors copy of each model, converted
+once (:mod:`sequoia.runners.hf.convert`; :func:`converted_dir` names its
+directory in the cache and :func:`is_converted` checks its marker).  The
+llama.cpp runtime loads the GGUF itself (no conversion), so :func:`ensure_gguf`
+keeps the assembled file in the cache instead::
 
     <cache_dir>/qwen2.5-coder-0.5b-instruct.Q4_K_M.gguf
     <cache_dir>/qwen2.5-coder-0.5b-instruct.Q4_K_M.gguf.ok   {"sha256", "size", "mtime_ns"} of that file
 
 Hashing 1.6 GB takes seconds, so a later start trusts the marker while the
 file's size and mtime are still the ones recorded, and re-hashes otherwise.
-:func:`ensure_converted` reuses a GGUF kept this way and leaves it in place.
+The conversion reuses a GGUF kept this way and leaves it in place
+(:func:`gguf_to_convert`, :func:`drop_gguf_unless_kept`).
 """
 
 from __future__ import annotations
 
 import base64
-import gc
 import hashlib
 import importlib.metadata as md
 import json
 import os
 import shutil
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from filelock import FileLock
 from tqdm.auto import tqdm
 
@@ -103,10 +94,12 @@ def default_cache_dir(env: Mapping[str, str] = os.environ) -> Path:
 
 
 def converted_dir(spec: EmbeddedSpec, cache_dir: str | Path) -> Path:
+    """The bf16 safetensors directory of ``spec`` (:mod:`sequoia.runners.hf.convert` writes it)."""
     return Path(cache_dir) / spec.slug
 
 
 def is_converted(spec: EmbeddedSpec, cache_dir: str | Path) -> bool:
+    """True once the directory's ``MARKER`` holds the sha256 of the GGUF it was converted from."""
     marker = converted_dir(spec, cache_dir) / MARKER
     try:
         return marker.read_text().strip() == spec.sha256
@@ -245,7 +238,7 @@ def ensure_gguf(spec: EmbeddedSpec, cache_dir: str | Path, progress: ProgressFn 
     gguf = gguf_path(spec, cache_dir)
     if is_gguf_kept(spec, cache_dir):
         return gguf
-    _make_cache(gguf.parent)
+    make_cache(gguf.parent)
     with _gguf_lock(gguf):
         if not is_gguf_kept(spec, cache_dir):  # another process may have finished while we waited
             _keep_gguf(spec, gguf, progress)
@@ -254,7 +247,8 @@ def ensure_gguf(spec: EmbeddedSpec, cache_dir: str | Path, progress: ProgressFn 
     return gguf
 
 
-def _make_cache(folder: Path) -> None:
+def make_cache(folder: Path) -> None:
+    """Create the model cache folder, or say which setting moves it."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -263,7 +257,7 @@ def _make_cache(folder: Path) -> None:
 
 
 def _gguf_lock(gguf: Path) -> FileLock:
-    # Its own lock, not the conversion's: ensure_converted takes the conversion lock and then this one.
+    # Its own lock, not the conversion's: the conversion takes its lock and then this one.
     return FileLock(str(gguf.parent / f".{gguf.name}.lock"))
 
 
@@ -282,138 +276,20 @@ def _keep_gguf(spec: EmbeddedSpec, gguf: Path, progress: ProgressFn | None) -> N
     os.replace(tmp, _gguf_marker(gguf))
 
 
-# ------------------------------------------------------------------ conversion
-def ensure_converted(spec: EmbeddedSpec, cache_dir: str | Path, progress: ProgressFn | None = None,
-                     keep_gguf: bool = False) -> Path:
-    """The bf16 safetensors directory of ``spec`` in ``cache_dir``, converting it first if needed.
-
-    Fast (a file read) when already converted.  A lock file keeps two processes
-    (say CI and the app) from converting the same model at once.
-    """
-    out = converted_dir(spec, cache_dir)
-    if is_converted(spec, cache_dir):
-        return out
-    _make_cache(out.parent)
-    with FileLock(str(out.parent / f".{spec.slug}.lock")):
-        if is_converted(spec, cache_dir):  # another process finished while we waited
-            return out
-        for stale in out.parent.glob(f".{out.name}.tmp-*"):  # left by a killed conversion; we hold the lock
-            shutil.rmtree(stale, ignore_errors=True)
-        _check_free_space(spec, out.parent)
-        gguf = gguf_path(spec, cache_dir)
-        report = _span(progress, 0.0, 0.25)
-        with _gguf_lock(gguf):  # the GGUF may be kept (and in use) by the llama.cpp runtime
-            if keep_gguf and not is_gguf_kept(spec, cache_dir):
-                _keep_gguf(spec, gguf, report)
-            elif not is_gguf_kept(spec, cache_dir) and not (gguf.is_file() and _file_sha256(gguf) == spec.sha256):
-                assemble(locate_parts(spec), gguf, spec.sha256, spec.size, report, what=f"{spec.role} {spec.name}")
-        try:
-            _convert(spec, gguf, out, _span(progress, 0.25, 1.0))
-        finally:
-            with _gguf_lock(gguf):
-                if not (keep_gguf or is_gguf_kept(spec, cache_dir)):  # a kept GGUF stays for llama.cpp
-                    gguf.unlink(missing_ok=True)
-    return out
+def gguf_to_convert(spec: EmbeddedSpec, cache_dir: str | Path, keep: bool, progress: ProgressFn | None) -> Path:
+    """The verified GGUF a conversion reads: the kept one, else assembled (and kept too when ``keep``)."""
+    gguf = gguf_path(spec, cache_dir)
+    with _gguf_lock(gguf):  # the GGUF may be kept (and in use) by the llama.cpp runtime
+        if keep and not is_gguf_kept(spec, cache_dir):
+            _keep_gguf(spec, gguf, progress)
+        elif not is_gguf_kept(spec, cache_dir) and not (gguf.is_file() and _file_sha256(gguf) == spec.sha256):
+            assemble(locate_parts(spec), gguf, spec.sha256, spec.size, progress, what=f"{spec.role} {spec.name}")
+    return gguf
 
 
-def _check_free_space(spec: EmbeddedSpec, where: Path) -> None:
-    # The GGUF plus its bf16 copy: bf16 safetensors are 2.6x (0.5B) to 3.2x (1.5B) the Q4_K_M file.
-    need = int(spec.size * 4.5)
-    free = shutil.disk_usage(where).free
-    if free < need:
-        raise EmbeddedModelError(f"converting the {spec.role} needs about {need / 1e9:.1f} GB free in {where}, "
-                                 f"only {free / 1e9:.1f} GB are; free some space or set SEQUOIA_CACHE elsewhere")
-
-
-def _convert(spec: EmbeddedSpec, gguf: Path, out: Path, progress: ProgressFn) -> None:
-    """GGUF -> bf16 safetensors + tokenizer, written to a temp dir renamed into ``out``."""
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    what = f"{spec.role} {spec.name}"
-    # only the bf16 conversion needs transformers (seconds to import); the llama.cpp runtime never does
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    try:
-        progress(0.0, f"reading the {what} tokenizer from GGUF")
-        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=str(gguf))
-        progress(0.2, f"dequantizing {what} (minutes, done once)")
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=str(gguf), dtype=torch.bfloat16)
-        _add_chat_eos(model, tok)
-        # transformers 5.x refuses to save a model that still remembers its GGUF quantizer.
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        progress(0.8, f"saving {what} as bf16 safetensors")
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        (tmp / MARKER).write_text(spec.sha256 + "\n")
-        del model, tok
-        gc.collect()  # the dequantized weights are GBs; free them before the next model
-        if out.exists():
-            shutil.rmtree(out)  # a stale or foreign directory without a valid marker
-        os.replace(tmp, out)
-        progress(1.0, f"{what} ready")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _add_chat_eos(model, tok) -> None:
-    """Stop on both <|im_end|> (end of a chat turn) and <|endoftext|>, as Qwen's own generation_config does."""
-    vocab = tok.get_vocab()
-    ids = [vocab[t] for t in ("<|im_end|>", "<|endoftext|>") if t in vocab]
-    current = model.generation_config.eos_token_id
-    current = [current] if isinstance(current, int) else list(current or [])
-    merged = list(dict.fromkeys(current + ids))
-    if merged:
-        model.generation_config.eos_token_id = merged
-
-
-def _span(progress: ProgressFn | None, lo: float, hi: float) -> ProgressFn:
-    """Map a sub-task's [0, 1] onto [lo, hi] of the caller's bar."""
-    if progress is None:
-        return lambda frac, desc: None
-    return lambda frac, desc: progress(lo + (hi - lo) * min(max(frac, 0.0), 1.0), desc)
-
-
-def prepare(cache_dir: str | Path, progress: ProgressFn | None = None, keep_gguf: bool = False,
-            log: Callable[[str], None] | None = None) -> dict[str, Path]:
-    """Convert the draft, then the target (one at a time: peak memory is the larger one alone).
-
-    Returns ``{"draft": dir, "target": dir}``.  ``log`` receives one line per model with timings.
-    """
-    spans = {"draft": (0.0, 0.3), "target": (0.3, 1.0)}  # roughly by conversion time
-    dirs = {}
-    for role, spec in EMBEDDED.items():
-        done = is_converted(spec, cache_dir)
-        phases = _PhaseTimer(_span(progress, *spans[role]))
-        dirs[role] = ensure_converted(spec, cache_dir, phases, keep_gguf=keep_gguf)
-        gc.collect()
-        if log:
-            log(f"{role}: {spec.name} " + ("already converted" if done else phases.summary()) + f" -> {dirs[role]}")
-    if progress:
-        progress(1.0, "embedded models ready")
-    return dirs
-
-
-class _PhaseTimer:
-    """A progress callback that also times each phase (the first word of its description)."""
-
-    def __init__(self, inner: ProgressFn) -> None:
-        self.inner, self.t0 = inner, time.perf_counter()
-        self.phases: dict[str, float] = {}
-        self.current: str | None = None
-        self.since = self.t0
-
-    def __call__(self, frac: float, desc: str) -> None:
-        word = desc.split()[0] if desc else ""
-        if word != self.current:
-            now = time.perf_counter()
-            if self.current is not None:
-                self.phases[self.current] = self.phases.get(self.current, 0.0) + now - self.since
-            self.current, self.since = word, now
-        self.inner(frac, desc)
-
-    def summary(self) -> str:
-        total = time.perf_counter() - self.t0
-        parts = ", ".join(f"{k} {v:.0f} s" for k, v in self.phases.items())
-        return f"converted in {total:.0f} s ({parts})"
+def drop_gguf_unless_kept(spec: EmbeddedSpec, cache_dir: str | Path, keep: bool) -> None:
+    """After a conversion: delete the GGUF it read, unless asked to keep it or llama.cpp keeps it."""
+    gguf = gguf_path(spec, cache_dir)
+    with _gguf_lock(gguf):
+        if not (keep or is_gguf_kept(spec, cache_dir)):
+            gguf.unlink(missing_ok=True)

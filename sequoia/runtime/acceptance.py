@@ -220,7 +220,7 @@ def _decode(pair, prompts, sampling, width, max_new, gen, mc_samples, tail, tick
     for prompt in prompts:
         seed = int(torch.randint(2**31 - 1, (1,), generator=gen))
         cfg = GenerationConfig(max_new_tokens=max_new, sampling=sampling, seed=seed)
-        records.extend(engine.generate(prompt, proposer, cfg, with_texts=False))
+        records.extend(engine.generate(prompt, proposer, cfg))
         tick(f"{len(records)} steps")
     accepts, parents = rank_counts(records, width)
     values = tuple(a / n if n else 0.0 for a, n in zip(accepts, parents))

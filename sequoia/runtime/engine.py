@@ -13,6 +13,10 @@ chose: one target call fewer than prefilling all but the last prompt token and
 verifying a tree from there, and no tree spent on the first token of an answer,
 which a draft guesses worst (an opening fence or greeting it has no context for).
 
+The engine sees token ids only: records leave their text fields empty, and a
+generation ends at a stop string through the caller's ``stop`` test over the new
+ids (:mod:`sequoia.runtime.texts` decodes both at the edge).
+
 Cache invariant between steps: the target cache holds every committed token
 but the last (the next root); the draft cache holds a prefix of them.
 
@@ -31,7 +35,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -39,7 +43,7 @@ import torch
 
 from ..core.config import MAX_PROMPT_TOKENS, GenerationConfig, SamplingConfig
 from ..core.sampling import sample_token, verify_children, verify_greedy, warp
-from ..core.checks import bonus_check, greedy_checks, sampled_checks, with_texts as checks_with_texts
+from ..core.checks import bonus_check, greedy_checks, sampled_checks
 from ..core.trace import ACCEPTED, REJECTED, UNREACHED, NodeCheck, StepRecord
 from ..core.tree import Tree
 from ..runners.base import Session
@@ -76,16 +80,20 @@ class SpeculativeEngine:
         proposer: Proposer,
         config: GenerationConfig,
         should_stop: Callable[[], bool] | None = None,
-        with_texts: bool = True,
+        stop: Callable[[Sequence[int]], bool] | None = None,
         inspect: bool = False,
     ) -> Iterator[StepRecord]:
-        """Yield one record per step; ``inspect`` also records what verification saw (``record.checks``)."""
-        self._check_request(prompt_ids, proposer, config)
+        """Yield one record per step; ``inspect`` also records what verification saw (``record.checks``).
+
+        ``should_stop()`` is polled after each yield (a cancelled request); ``stop(new_ids)`` sees every
+        token generated so far after each step and ends the generation there (finish reason "stop").
+        """
+        self._check_request(prompt_ids, proposer, config, stop)
         gen = torch.Generator(device=self.device).manual_seed(config.seed)
         state = _State(list(prompt_ids), self.pair.target.session(),
-                       Drafter(self.pair.draft, config.sampling, self.vocab_size))
+                       Drafter(self.pair.draft, config.sampling, self.vocab_size), stop)
         proposer.start()
-        record = self._first_step(state, proposer, config, gen, with_texts, inspect)
+        record = self._first_step(state, proposer, config, gen, inspect)
         step = 0
         while True:
             proposer.observe(record)
@@ -93,7 +101,7 @@ class SpeculativeEngine:
             if record.finished or (should_stop is not None and should_stop()):
                 return
             step += 1
-            record = self._step(state, proposer, config, gen, step, with_texts, inspect)
+            record = self._step(state, proposer, config, gen, step, inspect)
 
     def _now(self):
         """A phase boundary: a recorded CUDA event on a GPU (resolved in _conclude), else the clock's reading."""
@@ -104,17 +112,17 @@ class SpeculativeEngine:
         return self.clock()
 
     # ------------------------------------------------------------------ a step
-    def _first_step(self, state, proposer, config, gen, with_texts, inspect) -> StepRecord:
+    def _first_step(self, state, proposer, config, gen, inspect) -> StepRecord:
         """Step 0: the prompt's forward, whose last row gives the first token (a plain target step)."""
         n_prompt = len(state.committed)
         t0 = self._now()
         logits = self._prefill(state)
         t1 = self._now()
         draft, walk, p = self._walk(_plain(state), logits, config, proposer, gen, inspect)
-        record = self._conclude(0, state, draft, p, walk, config, proposer, with_texts, t0, t0, t1)
+        record = self._conclude(0, state, draft, p, walk, config, proposer, t0, t0, t1)
         return dataclasses.replace(record, prompt_tokens=n_prompt)
 
-    def _step(self, state, proposer, config, gen, step, with_texts, inspect=False) -> StepRecord:
+    def _step(self, state, proposer, config, gen, step, inspect=False) -> StepRecord:
         t0 = self._now()
         draft = self._draft(state, proposer, gen)
         t1 = self._now()
@@ -127,7 +135,7 @@ class SpeculativeEngine:
         state.target.keep(prefix, [prefix + v for v in walk.path])
         if draft.tree.size:
             state.drafter.commit(walk.path)
-        return self._conclude(step, state, draft, p, walk, config, proposer, with_texts, t0, t1, t2)
+        return self._conclude(step, state, draft, p, walk, config, proposer, t0, t1, t2)
 
     def _walk(self, draft: Draft, logits: torch.Tensor, config, proposer, gen, inspect):
         """(draft, walk, p): the accepted path and each node's target probability, read back from the device
@@ -142,13 +150,10 @@ class SpeculativeEngine:
         draft, values, p = _read_back(draft, top, probs)
         return draft, walk_tree(draft, logits, sampling, proposer.mode, gen, inspect, top=values if sampling.greedy else None), p
 
-    def _conclude(self, step, state, draft, p, walk, config, proposer, with_texts, t0, t1, t2) -> StepRecord:
+    def _conclude(self, step, state, draft, p, walk, config, proposer, t0, t1, t2) -> StepRecord:
         """Commit the walk's tokens and make the step's record; t0..t2: start, drafted, verified."""
         new, reason = self._commit(state, draft, walk, config)
-        record = self._record(step, draft, p, walk, new, reason, config, proposer, with_texts)
-        if walk.checks is not None:
-            decode = self.pair.tokenizer.batch_decode if with_texts else (lambda ids: [""] * len(ids))
-            record = dataclasses.replace(record, checks=checks_with_texts(walk.checks, decode))
+        record = self._record(step, draft, p, walk, new, reason, config, proposer)
         t3 = self._now()
         if self.device.type == "cuda":   # events: one wait for the last, then the GPU timeline's gaps
             t3.synchronize()
@@ -196,33 +201,30 @@ class SpeculativeEngine:
             new, reason = new[:room], reason or "length"
         state.committed.extend(new)
         state.n_new += len(new)
-        if reason is None and config.stop_strings and self._hit_stop(state, config):
+        if reason is None and state.stop is not None and state.stop(state.committed[-state.n_new:]):
             reason = "stop"
         return tuple(new), reason
 
-    def _hit_stop(self, state, config) -> bool:
-        tail = self.pair.tokenizer.decode(state.committed[-(state.n_new):], skip_special_tokens=True)
-        return any(s and s in tail for s in config.stop_strings)
-
-    def _record(self, step, draft, p, walk, new, reason, config, proposer, with_texts) -> StepRecord:
+    def _record(self, step, draft, p, walk, new, reason, config, proposer) -> StepRecord:
         tree = draft.tree
         on_path = set(walk.path)
         status = tuple(ACCEPTED if v in on_path else REJECTED if v in walk.verified else UNREACHED
                        for v in range(tree.n_nodes))
-        tok = self.pair.tokenizer
-        texts = tuple(tok.batch_decode([[t] for t in draft.tokens])) if with_texts else ()
         return StepRecord(
-            step=step, tree=tree, tokens=tuple(draft.tokens), texts=texts,
+            step=step, tree=tree, tokens=tuple(draft.tokens), texts=(),
             q=tuple(draft.q_token), p=p,
             accepted=tuple(walk.path), status=status, bonus=walk.bonus,
-            bonus_text=tok.decode([walk.bonus]) if with_texts else "",
+            bonus_text="", checks=tuple(walk.checks) if walk.checks is not None else (),
             new_tokens=new, draft_s=0.0, verify_s=0.0, other_s=0.0,
             method=proposer.name, finished=reason is not None,
             finish_reason=reason, dynamic=draft.dynamic, sources=draft.sources or (),
             match_len=draft.match_len or (),
         )
 
-    def _check_request(self, prompt_ids, proposer, config) -> None:
+    def _check_request(self, prompt_ids, proposer, config, stop) -> None:
+        if config.stop_strings and stop is None:
+            # Stop strings are text: only the caller can test them (sequoia.runtime.texts.stop_test).
+            raise ValueError("config.stop_strings needs a stop test over the new ids (generate(..., stop=...))")
         if not prompt_ids:
             raise ValueError("the prompt is empty")
         if len(prompt_ids) > MAX_PROMPT_TOKENS:
@@ -244,6 +246,7 @@ class _State:
     committed: list[int]
     target: Session                   # the target's cache: every committed token but the last
     drafter: Drafter
+    stop: Callable[[Sequence[int]], bool] | None = None   # the caller's stop test over the new ids
     n_new: int = 0
 
 

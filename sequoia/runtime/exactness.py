@@ -32,7 +32,8 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM
 
-from ..runners.embedded import EMBEDDED, ProgressFn, default_cache_dir, ensure_converted
+from ..runners.embedded import EMBEDDED, ProgressFn, default_cache_dir
+from ..runners.hf.convert import ensure_converted
 from ..runners.hf.loading import load_model, resolve_device, wrap_model
 from .models import EMBEDDED_NAME, load_pair
 

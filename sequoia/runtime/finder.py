@@ -27,8 +27,9 @@ from pathlib import Path
 from .._meta import ASSETS, ProgressFn
 from ..core.acceptance import AcceptanceVector
 from ..core.calibration import Calibration
-from ..core.ngram import NgramAcceptance, pool_ngram_acceptance
-from ..core.profile import Fingerprint, HardwareProfile
+from ..core.ngram_acceptance import NgramAcceptance, pool_ngram_acceptance
+from ..core.fingerprint import Fingerprint
+from ..core.profile import HardwareProfile
 from ..runners.embedded import default_cache_dir
 from .fingerprint import machine_fingerprint
 from .methods import DEFAULT_ACCEPTANCE
@@ -242,7 +243,7 @@ def find_ngram_acceptance(kind: str, temperature: float, assets_dir: str | Path 
     """The measured acceptance of copied tokens (``ngram-*.json`` under ``assets_dir/acceptance``) for prompts
     of ``kind`` at ``temperature``: same kind first, then the nearest temperature (measured for ``pair`` when
     both name one); ``kind`` "" (not known): every kind's table at the nearest temperature, pooled.  None
-    without any (the proposers then use :func:`sequoia.core.ngram.ngram_prior`).  Unreadable files are skipped."""
+    without any (the proposers then use :func:`sequoia.core.ngram_acceptance.ngram_prior`).  Unreadable files are skipped."""
     found = _measured(assets_dir, "ngram-*.json", NgramAcceptance.load, pair)
     if not kind:
         nearest = min((abs(a.temperature - float(temperature)) for a in found.values()), default=None)

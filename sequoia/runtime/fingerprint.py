@@ -1,4 +1,4 @@
-"""This machine's :class:`~sequoia.core.profile.Fingerprint`: what its costs depend on.
+"""This machine's :class:`~sequoia.core.fingerprint.Fingerprint`: what its costs depend on.
 
 Read without measuring anything: CPU model and flags from ``/proc/cpuinfo``
 (only those torch's kernels may use: see :func:`cpu_facts`), whether oneDNN has
@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import torch
 
 from .._meta import pair_name
-from ..core.profile import Fingerprint
+from ..core.fingerprint import Fingerprint
 from ..runners.hf import cpu
 from ..runners.hf.cpu import cpu_facts, onednn_bf16  # noqa: F401  (re-exported: the fingerprint's facts)
 from ..runners.hf.loading import DTYPE_NAMES, dtype_name  # noqa: F401  (re-exported)

@@ -31,7 +31,7 @@ def empirical_joint(pair, proposer, sampling: SamplingConfig, prompt: list[int],
     engine = SpeculativeEngine(pair, device_walk=device_walk)
     for seed in range(n):
         cfg = GenerationConfig(max_new_tokens=3, sampling=sampling, seed=seed, stop_at_eos=False)
-        toks = [t for r in engine.generate(prompt, proposer, cfg, with_texts=False) for t in r.new_tokens]
+        toks = [t for r in engine.generate(prompt, proposer, cfg) for t in r.new_tokens]
         firsts[toks[0]] += 1
         counts[toks[1], toks[2]] += 1
     return counts, firsts / firsts.sum()

@@ -15,7 +15,7 @@ name               tree                                        children drawn
 ``ngram``          copied continuations of the context only      fixed (no draft model)
                    (sequoia.runtime.ngram_proposer)
 ``sequoia-ngram``  copied branches + the dynamic tree, one        fixed, then without
-                   cost model                                   replacement
+                   cost model (sequoia.runtime.ngram_dynamic)    replacement
 =================  ==========================================  ==================
 
 The automatic methods (``sequoia-auto``, ``sequoia-dynamic``, ``ngram``,
@@ -33,13 +33,14 @@ from ..core.calibration import Calibration
 from ..core.config import check_budget
 from ..core.cost import conservative_profile
 from ..core.dp import optimal_tree
-from ..core.ngram import NgramAcceptance, ngram_prior
+from ..core.ngram_acceptance import NgramAcceptance, ngram_prior
 from ..core.optimizer import choose_tree
 from ..core.request import ENGINE_METHODS, LABEL_OF, PRICED_METHODS, MethodSpec
 from ..core.tree import Tree
 from .drafter import StaticTreeProposer
 from .dynamic import MAX_DEPTH, DynamicTreeProposer
-from .ngram_proposer import NgramDynamicProposer, NgramProposer, NgramSettings
+from .ngram_dynamic import NgramDynamicProposer
+from .ngram_proposer import NgramProposer, NgramSettings
 from .price import PLAIN, SMALL, PriceGate, PriceSettings
 
 #: Deepest static tree the hardware-aware optimizer may choose (``sequoia-auto``) unless asked otherwise.
@@ -52,6 +53,13 @@ __all__ = ["ENGINE_METHODS", "LABEL_OF", "PRICED_METHODS", "STATIC_DEPTH", "DEFA
 #: Measured on the embedded pair (int8 draft, greedy, teacher-forced); used when
 #: no acceptance vector is given.  See assets/acceptance/ for measured files.
 DEFAULT_ACCEPTANCE = (0.797, 0.104, 0.048, 0.020, 0.010, 0.005)
+
+
+#: Draft tokens a step when none is given (the other methods have no budget, or choose their own).
+DEFAULT_BUDGET = {"chain": 4, "sequoia": 32, "sequoia-dynamic": 48, "sequoia-ngram": 48,
+                  "ngram": NgramSettings().budget}
+#: Levels of the fixed-shape trees when none is given.
+DEFAULT_DEPTH = {"specinfer": 4, "kary": 4}
 
 
 def make_method(
@@ -75,7 +83,7 @@ def make_method(
 
     ``copy_acceptance``: the measured acceptance of copied tokens for ``ngram`` / ``sequoia-ngram``
     (:func:`sequoia.runtime.finder.find_ngram_acceptance`); None: the hand-set prior
-    (:func:`sequoia.core.ngram.ngram_prior`).
+    (:func:`sequoia.core.ngram_acceptance.ngram_prior`).
 
     ``price``: how the automatic methods' price gate weighs measured step costs (None: no price gate, the
     cost model's predictions alone decide).
@@ -85,47 +93,66 @@ def make_method(
         name, budget, depth, width = name.name, args.get("budget"), args.get("depth"), args.get("width", width)
     if name not in ENGINE_METHODS:
         raise ValueError(f"unknown method {name!r}; choose one of {', '.join(ENGINE_METHODS)}")
+    budget = DEFAULT_BUDGET.get(name) if budget is None else budget
+    depth = DEFAULT_DEPTH.get(name) if depth is None else depth
+    _check_size(name, budget, depth, width)
     acceptance = tuple(acceptance) if acceptance is not None else DEFAULT_ACCEPTANCE
+    if name in ("ar", "chain", "specinfer", "kary", "file"):
+        return _fixed_shape(name, budget, depth, width, tree_path)
+    if name == "sequoia":
+        return StaticTreeProposer(_dp_tree(tuple(float(p) for p in acceptance), budget, depth), name="sequoia")
+    if name == "sequoia-dynamic":
+        return _dynamic(acceptance, profile, budget, depth, calibration, price)
+    if name in ("ngram", "sequoia-ngram"):
+        return _copies(name, acceptance, profile, budget, depth, calibration, copy_acceptance, price)
+    return _auto(acceptance, profile, budget, depth, price)
+
+
+def _check_size(name: str, budget: int | None, depth: int | None, width: int) -> None:
+    """The one check of a method's size, in the terms that bound its shape."""
+    if name in ("ar", "file", "sequoia-auto"):   # no size, the file's own, or the optimizer's within the limits
+        return
+    if name == "chain":                          # a chain's depth is its budget
+        check_budget(budget)
+    elif name == "specinfer":
+        check_budget(width * depth, depth)
+    elif name == "kary":
+        check_budget(1, depth)
+    else:
+        check_budget(budget, depth)
+
+
+def _fixed_shape(name: str, budget: int | None, depth: int | None, width: int,
+                 tree_path: str | None) -> StaticTreeProposer:
+    """The trees whose shape the arguments fix: the target alone, a chain, SpecInfer's chains, k-ary, a file."""
     if name == "ar":
         return StaticTreeProposer(Tree.root_only(), name="ar")
     if name == "chain":
-        budget = 4 if budget is None else budget
-        check_budget(budget)
         return StaticTreeProposer(Tree.chain(budget), name="chain")
-    if name in ("specinfer", "kary"):
-        depth = 4 if depth is None else depth
-        check_budget(width * depth if name == "specinfer" else 1, depth)
-        tree = Tree.specinfer(width, depth) if name == "specinfer" else Tree.k_ary(width, depth)
-        mode = "with_replacement" if name == "specinfer" else "without_replacement"
-        return StaticTreeProposer(tree, mode=mode, name=name)
     if name == "file":
         if not tree_path:
             raise ValueError("method 'file' needs a tree file (--tree-file)")
         return StaticTreeProposer(Tree.from_json(tree_path), name="file")
-    if name == "sequoia":
-        return _sequoia(acceptance, 32 if budget is None else budget, depth)
-    if name == "sequoia-dynamic":
-        return _dynamic(acceptance, profile, budget, depth, calibration, price)
+    tree = Tree.specinfer(width, depth) if name == "specinfer" else Tree.k_ary(width, depth)
+    mode = "with_replacement" if name == "specinfer" else "without_replacement"
+    return StaticTreeProposer(tree, mode=mode, name=name)
+
+
+def _copies(name, acceptance, profile, budget: int, depth: int | None, calibration,
+            copy_acceptance: NgramAcceptance | None, price: PriceSettings | None):
+    """``ngram``: copied continuations of the context alone; ``sequoia-ngram``: those and the dynamic tree."""
     if name == "ngram":
-        settings = NgramSettings() if budget is None else NgramSettings(budget=budget)
-        check_budget(settings.budget, depth)
+        settings = NgramSettings(budget=budget)
         return NgramProposer(profile=profile or conservative_profile(), settings=settings,
                              max_depth=depth or settings.length, accept=_accept(copy_acceptance), price=price)
-    if name == "sequoia-ngram":
-        dyn = _dynamic(acceptance, profile, budget, depth, calibration, price)
-        return NgramDynamicProposer(profile=dyn.profile, calibration=dyn.calibration, acceptance=dyn.acceptance,
-                                    budget=dyn.budget, max_depth=dyn.max_depth, accept=_accept(copy_acceptance),
-                                    price=price)
-    return _auto(acceptance, profile, budget, depth, price)
+    dyn = _dynamic(acceptance, profile, budget, depth, calibration, price)
+    return NgramDynamicProposer(profile=dyn.profile, calibration=dyn.calibration, acceptance=dyn.acceptance,
+                                budget=dyn.budget, max_depth=dyn.max_depth, accept=_accept(copy_acceptance),
+                                price=price)
 
 
 def _accept(copy_acceptance: NgramAcceptance | None):
     return ngram_prior if copy_acceptance is None else copy_acceptance.prob
-
-
-def _sequoia(acceptance, budget: int, depth: int | None) -> StaticTreeProposer:
-    check_budget(budget, depth)
-    return StaticTreeProposer(_dp_tree(tuple(float(p) for p in acceptance), budget, depth), name="sequoia")
 
 
 @lru_cache(maxsize=64)
@@ -176,10 +203,8 @@ class PricedTreeProposer(StaticTreeProposer):
         return super().propose(drafter, generator)
 
 
-def _dynamic(acceptance, profile, budget, depth, calibration, price: PriceSettings | None = None):
+def _dynamic(acceptance, profile, budget: int, depth: int | None, calibration, price: PriceSettings | None = None):
     """``calibration``: a Calibration, a path to one, or None for the identity a(q) = q."""
-    budget = 48 if budget is None else budget
-    check_budget(budget, depth)
     if isinstance(calibration, (str, bytes)) or hasattr(calibration, "__fspath__"):
         calibration = Calibration.load(calibration)
     return DynamicTreeProposer(calibration=calibration or Calibration.identity(), acceptance=acceptance,

@@ -17,8 +17,8 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from ..core.config import MAX_PROMPT_TOKENS
 from ..runners.base import Runner
-from ..runners.embedded import (EMBEDDED, ProgressFn, converted_dir, default_cache_dir, ensure_converted,
-                                ensure_gguf, is_converted)
+from ..runners.embedded import EMBEDDED, ProgressFn, converted_dir, default_cache_dir, ensure_gguf, is_converted
+from ..runners.hf.convert import ensure_converted
 from ..runners.hf.kernels import check_scheme
 from ..runners.hf.loading import (EMBEDDED_NAME, ModelLoadError, load_runner, load_tokenizer,  # noqa: F401
                                   resolve_device, resolve_draft_quant, resolve_dtype)

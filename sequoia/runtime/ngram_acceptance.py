@@ -1,7 +1,8 @@
 """Measuring how often copied tokens are accepted, by match length and depth, on real decodes.
 
-The record and the fit are :mod:`sequoia.core.ngram` (:class:`~sequoia.core.ngram.NgramAcceptance`,
-:func:`~sequoia.core.ngram.fit_ngram_acceptance`); this module runs the decodes.
+The record and the fit are :mod:`sequoia.core.ngram_acceptance`
+(:class:`~sequoia.core.ngram_acceptance.NgramAcceptance`,
+:func:`~sequoia.core.ngram_acceptance.fit_ngram_acceptance`); this module runs the decodes.
 
 Method: the ``ngram`` method (copied continuations only, no draft model) decodes
 each prompt with a copy budget and a hardware profile under which verification is
@@ -19,7 +20,7 @@ import torch
 
 from .._meta import Progress, ProgressFn, library_version, now_iso, pair_name
 from ..core.config import GenerationConfig, SamplingConfig
-from ..core.ngram import NgramAcceptance, fit_ngram_acceptance
+from ..core.ngram_acceptance import NgramAcceptance, fit_ngram_acceptance
 from ..core.profile import HardwareProfile
 from ..core.trace import StepRecord
 from .engine import SpeculativeEngine
@@ -47,7 +48,7 @@ def ngram_records(pair, prompt_ids: Sequence[list[int]], sampling: SamplingConfi
         for ids in prompt_ids:
             cfg = GenerationConfig(max_new_tokens=max_new_tokens, sampling=sampling,
                                    seed=int(torch.randint(2**31 - 1, (1,), generator=gen)))
-            out += engine.generate(ids, proposer, cfg, with_texts=False)
+            out += engine.generate(ids, proposer, cfg)
             tick(f"{len(out)} steps")
     finally:
         tick.close()

@@ -79,52 +79,83 @@ def measure_profile(
     one (QUICK_TARGET_GRID and QUICK_DRAFT_GRID, 2 repeats, 2 s a point,
     4 overhead steps: under a minute there).
     """
+    settings = _settings(context_len, target_grid, draft_grid, repeats, warmup, point_s, overhead_steps, contexts,
+                         quick)
+    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    n_overhead = settings.overhead_steps + 2 if settings.overhead_steps else 0  # two untimed steps first (prompt, tree)
+    points = (len(settings.target_grid) + len(settings.draft_grid)) * (1 + len(settings.contexts))
+    tick = Progress(points + n_overhead, progress, "profiling")
+    try:
+        curves = _curves(pair, settings, gen, tick, stop_ratio)
+        overheads = (_measure_overheads(pair, curves, settings.overhead_steps, gen, tick)
+                     if settings.overhead_steps else (0.0, 0.0))
+        more = tuple(_context_curves(pair, c, curves.target_n, settings.draft_grid, settings.points, gen, tick)
+                     for c in settings.contexts)
+    finally:
+        tick.close()
+    return _finished(pair, curves, settings, overheads, more)
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """What one measurement times, presets filled in and checked once."""
+
+    points: "_Plan"                   # how each point is timed, at the profile's own context
+    target_grid: tuple[int, ...]      # new-token counts of the target curve
+    draft_grid: tuple[int, ...]       # level widths of the draft curve
+    overhead_steps: int               # engine steps timed for the overheads (0: none)
+    contexts: tuple[int, ...]         # further cached-context lengths, sorted, the profile's own left out
+    quick: bool                       # the quick preset (said in the profile's note)
+
+
+def _settings(context_len, target_grid, draft_grid, repeats, warmup, point_s, overhead_steps, contexts,
+              quick) -> _Settings:
+    """measure_profile's arguments with the preset's value for each one left at None, checked."""
     preset = _QUICK if quick else _FULL
-    target_grid = tuple(preset["target_grid"] if target_grid is None else target_grid)
-    draft_grid = tuple(preset["draft_grid"] if draft_grid is None else draft_grid)
     repeats = preset["repeats"] if repeats is None else repeats
-    point_s = preset["point_s"] if point_s is None else point_s
     overhead_steps = preset["overhead_steps"] if overhead_steps is None else overhead_steps
     if repeats < 1 or warmup < 0 or context_len < 1 or overhead_steps < 0:
         raise ValueError("need repeats >= 1, warmup >= 0, context_len >= 1 and overhead_steps >= 0")
-    gen = generator if generator is not None else torch.Generator().manual_seed(0)
-    n_overhead = overhead_steps + 2 if overhead_steps else 0  # two untimed steps first (the prompt, the first tree)
     contexts = tuple(sorted({int(c) for c in contexts} - {context_len}))
     if any(c < 1 for c in contexts):
         raise ValueError(f"contexts must be positive token counts, got {list(contexts)}")
-    tick = Progress((len(target_grid) + len(draft_grid)) * (1 + len(contexts)) + n_overhead, progress, "profiling")
-    try:
-        plan = _Plan(ctx=context_len, repeats=repeats, warmup=warmup, point_s=point_s)
-        target_ms = _time_grid(pair.target, target_grid, _verify_parents, plan, gen,
-                               lambda n: tick(f"target n={n}"), stop_ratio)
-        for n in target_grid[len(target_ms):]:
-            tick(f"target n={n} skipped (over {stop_ratio:g}x one token)")
-        target_grid = target_grid[: len(target_ms)]
-        draft_ms = _time_grid(pair.draft, draft_grid, _level_parents, plan, gen,
-                              lambda w: tick(f"draft width={w}"))
-        curves = HardwareProfile(device="", dtype="", context_len=context_len, target_n=target_grid,
-                                 target_ms=tuple(target_ms), draft_width=draft_grid, draft_ms=tuple(draft_ms))
-        step_ms, level_ms = (_measure_overheads(pair, curves, overhead_steps, gen, tick) if overhead_steps
-                             else (0.0, 0.0))
-        more = tuple(_context_curves(pair, c, target_grid, draft_grid, plan, gen, tick) for c in contexts)
-    finally:
-        tick.close()
-    device = torch.device(getattr(pair, "device", None) or pair.target.device)
-    return HardwareProfile(
-        device=describe_device(device), dtype=str(pair.dtype), context_len=context_len,
-        target_n=target_grid, target_ms=tuple(target_ms),
-        draft_width=draft_grid, draft_ms=tuple(draft_ms),
-        pair=pair_name(pair), date=now_iso(), version=library_version(), repeats=repeats,
-        fingerprint=machine_fingerprint(pair), step_overhead_ms=step_ms, level_overhead_ms=level_ms,
-        contexts=more,
-        note=("quick profile (coarser grid)" if quick else "full profile")
-        + (f"; overheads from {overhead_steps} engine steps of a {OVERHEAD_CHAIN}-token chain" if overhead_steps
-           else "; overheads not measured (0)"),
-    )
+    return _Settings(
+        points=_Plan(ctx=context_len, repeats=repeats, warmup=warmup,
+                     point_s=preset["point_s"] if point_s is None else point_s),
+        target_grid=tuple(preset["target_grid"] if target_grid is None else target_grid),
+        draft_grid=tuple(preset["draft_grid"] if draft_grid is None else draft_grid),
+        overhead_steps=overhead_steps, contexts=contexts, quick=quick)
+
+
+def _curves(pair, settings: _Settings, gen: torch.Generator, tick: Progress,
+            stop_ratio: float | None) -> HardwareProfile:
+    """The two cost curves at the profile's own context (a profile with nothing else filled in)."""
+    target_ms = _time_grid(pair.target, settings.target_grid, _verify_parents, settings.points, gen,
+                           lambda n: tick(f"target n={n}"), stop_ratio)
+    for n in settings.target_grid[len(target_ms):]:
+        tick(f"target n={n} skipped (over {stop_ratio:g}x one token)")
+    draft_ms = _time_grid(pair.draft, settings.draft_grid, _level_parents, settings.points, gen,
+                          lambda w: tick(f"draft width={w}"))
+    return HardwareProfile(device="", dtype="", context_len=settings.points.ctx,
+                           target_n=settings.target_grid[: len(target_ms)], target_ms=tuple(target_ms),
+                           draft_width=settings.draft_grid, draft_ms=tuple(draft_ms))
 
 
 _FULL = dict(target_grid=TARGET_GRID, draft_grid=DRAFT_GRID, repeats=3, point_s=5.0, overhead_steps=6)
 _QUICK = dict(target_grid=QUICK_TARGET_GRID, draft_grid=QUICK_DRAFT_GRID, repeats=2, point_s=2.0, overhead_steps=4)
+
+
+def _finished(pair, curves: HardwareProfile, settings: _Settings, overheads: tuple[float, float],
+              more: tuple[ContextCurves, ...]) -> HardwareProfile:
+    """The measured curves with the rest of the profile: the machine, the pair, the overheads, other contexts."""
+    device = torch.device(getattr(pair, "device", None) or pair.target.device)
+    note = ("quick profile (coarser grid)" if settings.quick else "full profile") + (
+        f"; overheads from {settings.overhead_steps} engine steps of a {OVERHEAD_CHAIN}-token chain"
+        if settings.overhead_steps else "; overheads not measured (0)")
+    return dataclasses.replace(
+        curves, device=describe_device(device), dtype=str(pair.dtype), pair=pair_name(pair), date=now_iso(),
+        version=library_version(), repeats=settings.points.repeats, fingerprint=machine_fingerprint(pair),
+        step_overhead_ms=overheads[0], level_overhead_ms=overheads[1], contexts=more, note=note)
 
 
 def _context_curves(pair, ctx: int, target_grid, draft_grid, plan: "_Plan", gen: torch.Generator,
@@ -157,8 +188,7 @@ def _measure_overheads(pair, curves: HardwareProfile, steps: int, gen: torch.Gen
     tree = Tree.chain(OVERHEAD_CHAIN)
     config = GenerationConfig(max_new_tokens=(steps + 2) * (OVERHEAD_CHAIN + 1), stop_at_eos=False)
     records = []
-    for record in SpeculativeEngine(pair).generate(prompt, StaticTreeProposer(tree, name="overheads"), config,
-                                                  with_texts=False):
+    for record in SpeculativeEngine(pair).generate(prompt, StaticTreeProposer(tree, name="overheads"), config):
         records.append(record)
         tick(f"overheads, step {len(records)}")
         if len(records) == steps + 2:

@@ -33,6 +33,7 @@ from ..core.trace import StepRecord
 from .baselines import hf_generate
 from .drafter import Proposer
 from .engine import SpeculativeEngine, sync
+from .texts import stop_test
 
 #: Hugging Face ``generate`` baselines timed here like an engine method.
 HF_METHODS = ("hf-generate", "hf-assisted", "hf-prompt-lookup")
@@ -142,7 +143,8 @@ def iter_run(engine: SpeculativeEngine, pair, method: str, ids: list[int], gen: 
         tokens, first_s, first_n = hf.tokens, hf.first_token_s, hf.first_tokens
         calls = hf.target_calls
     else:
-        steps = engine.generate(ids, proposer, gen, with_texts=False)
+        # Stop strings, as the Hugging Face baselines honour them (no texts: nothing here shows them).
+        steps = engine.generate(ids, proposer, gen, stop=stop_test(pair.tokenizer, gen.stop_strings))
         try:
             while True:
                 w0, t0 = time.perf_counter(), clock()

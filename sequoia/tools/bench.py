@@ -29,7 +29,7 @@ import torch
 
 from .._meta import Progress, ProgressFn, now_iso, pair_name
 from ..core.config import GenerationConfig, SamplingConfig
-from ..core.ngram import NgramAcceptance
+from ..core.ngram_acceptance import NgramAcceptance
 from ..core.tree import Tree
 from ..runtime.acceptance import load_prompts
 from ..runtime.drafter import StaticTreeProposer

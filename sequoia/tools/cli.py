@@ -26,6 +26,7 @@ from ..runtime.engine import SpeculativeEngine
 from ..runtime.finder import cache_profile, find_calibration, find_ngram_acceptance, find_profile
 from ..runtime.methods import ENGINE_METHODS, PRICED_METHODS, make_method
 from ..runtime.profiling import measure_profile
+from ..runtime.texts import generate_with_texts
 from . import calibrate_cli
 from .bench_cli import EXACT_HELP, add_bench_parser, load_pair_for, main_bench
 from .common import add_model_args, expected_fingerprint, load_from_args, profile_for
@@ -152,7 +153,7 @@ def _generate(args) -> int:
           f"tokens a step]", file=sys.stderr)
     records, shown = [], ""
     trace = open(args.trace, "w") if args.trace else None
-    for rec in SpeculativeEngine(pair).generate(ids, proposer, config):
+    for rec in generate_with_texts(SpeculativeEngine(pair), pair.tokenizer, ids, proposer, config):
         records.append(rec)
         text = pair.tokenizer.decode([t for r in records for t in r.new_tokens], skip_special_tokens=True)
         sys.stdout.write(text[len(shown):])

@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from ..core.profile import Fingerprint
+from ..core.fingerprint import Fingerprint
 from ..runtime.finder import ProfileChoice, find_profile, measure_and_cache
 from ..runtime.fingerprint import expected_fingerprint as fingerprint_as_loaded
 from ..runtime.fingerprint import machine_fingerprint

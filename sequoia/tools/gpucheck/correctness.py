@@ -77,7 +77,7 @@ def _greedy(target, drafts: dict, prompts, refs: list[list[int]], kind: str, new
         for prompt, ref in zip(prompts, refs):
             for name, kwargs in METHODS:
                 cfg = GenerationConfig(max_new_tokens=new_tokens, stop_at_eos=False)
-                records = engine.generate(prompt, make_method(name, **kwargs), cfg, with_texts=False)
+                records = engine.generate(prompt, make_method(name, **kwargs), cfg)
                 tokens = [t for r in records for t in r.new_tokens]
                 runs += 1
                 if tokens == ref:

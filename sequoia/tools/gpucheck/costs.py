@@ -61,8 +61,7 @@ def engine_steps(pair, tree: Tree, ctx: int, new_tokens: int, name: str) -> dict
     config = GenerationConfig(max_new_tokens=new_tokens, stop_at_eos=False)
     walls, records = [], []
     t = time.perf_counter()
-    for record in SpeculativeEngine(pair).generate(prompt, StaticTreeProposer(tree, name=name), config,
-                                                  with_texts=False):
+    for record in SpeculativeEngine(pair).generate(prompt, StaticTreeProposer(tree, name=name), config):
         now = time.perf_counter()
         walls.append((now - t) * 1e3)
         records.append(record)

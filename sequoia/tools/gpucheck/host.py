@@ -123,7 +123,7 @@ def measure_step_host(pair, tree: Tree, sampling: SamplingConfig, new_tokens: in
     forwards = _Forwards({"draft": pair.draft, "target": pair.target}, torch.device(pair.device))
     rows = []
     with forwards.installed():
-        for record in _engine(pair).generate(prompt, StaticTreeProposer(tree), config, with_texts=False):
+        for record in _engine(pair).generate(prompt, StaticTreeProposer(tree), config):
             ms = forwards.reset()
             rows.append({"step_ms": 1e3 * (record.draft_s + record.verify_s + record.other_s),
                          "forward_ms": ms["draft"] + ms["target"], "draft_forward_ms": ms["draft"],
@@ -147,8 +147,7 @@ def _ops_per_step(pair, tree: Tree, prompt, config, forwards: _Forwards, steps: 
     counts = []
     counter = _OpCount(forwards)
     with counter:
-        for i, _record in enumerate(_engine(pair).generate(prompt, StaticTreeProposer(tree), config,
-                                                           with_texts=False)):
+        for i, _record in enumerate(_engine(pair).generate(prompt, StaticTreeProposer(tree), config)):
             if i >= 2:
                 counts.append((counter.n, counter.reads))
             counter.n = counter.reads = 0
