@@ -269,3 +269,21 @@ def test_llamacpp_costs_make_the_optimizer_and_the_gate_keep_the_target_alone():
     dyn = DynamicTreeProposer(profile=prof)
     dyn.start()
     assert not dyn.can_pay and not dyn.wants_draft()
+
+
+def test_the_profile_reads_the_clock_it_is_given():
+    """measure_profile(clock=): every forward and the overheads' engine steps read that clock (the CLI's --clock
+    cpu passes the process's CPU time); a clock advancing 2 ms a reading prices every forward at 2 ms."""
+    ticks = iter(range(0, 10**6, 2))
+    pair = make_pair(tiny_model(1, vocab=64, hidden=16), tiny_model(0, vocab=64), 64)
+    prof = measure_profile(pair, context_len=4, target_grid=(1, 2), draft_grid=(1,), repeats=2, warmup=0,
+                           progress=lambda *a: None, overhead_steps=1, clock=lambda: next(ticks) / 1000.0)
+    assert prof.target_ms + prof.draft_ms == pytest.approx((2.0, 2.0, 2.0))
+    assert "CPU time" in prof.note
+
+
+def test_profile_cli_refuses_a_cpu_clock_over_several_threads():
+    from sequoia.tools.cli import main
+
+    with pytest.raises(SystemExit, match="--clock cpu needs --threads 1"):
+        main(["profile", "--clock", "cpu", "--threads", "2", "--show"])

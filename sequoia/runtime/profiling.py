@@ -55,6 +55,7 @@ def measure_profile(
     overhead_steps: int | None = None,
     quick: bool = False,
     contexts: Sequence[int] = (),
+    clock: Callable[[], float] = time.perf_counter,
 ) -> HardwareProfile:
     """Time ``pair.target`` by new-token count and ``pair.draft`` by level width, then the step overheads.
 
@@ -71,7 +72,9 @@ def measure_profile(
     (0: skip, the overheads stay 0).  ``contexts`` are further cached-context
     lengths at which both curves are measured again on the same grids (the
     profile's :meth:`~sequoia.core.profile.HardwareProfile.at_context` prices
-    a step at the context it runs at).
+    a step at the context it runs at).  ``clock`` (seconds) times every forward
+    and the overheads' engine steps: the process's CPU time on a busy machine
+    (:func:`sequoia.runtime.timing.process_clock`, one thread), as the bench.
 
     Parameters left at None take the full preset (grids TARGET_GRID and
     DRAFT_GRID, 3 repeats, 5 s a point, 6 overhead steps: about a minute or
@@ -80,14 +83,14 @@ def measure_profile(
     4 overhead steps: under a minute there).
     """
     settings = _settings(context_len, target_grid, draft_grid, repeats, warmup, point_s, overhead_steps, contexts,
-                         quick)
+                         quick, clock)
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
     n_overhead = settings.overhead_steps + 2 if settings.overhead_steps else 0  # two untimed steps first (prompt, tree)
     points = (len(settings.target_grid) + len(settings.draft_grid)) * (1 + len(settings.contexts))
     tick = Progress(points + n_overhead, progress, "profiling")
     try:
         curves = _curves(pair, settings, gen, tick, stop_ratio)
-        overheads = (_measure_overheads(pair, curves, settings.overhead_steps, gen, tick)
+        overheads = (_measure_overheads(pair, curves, settings.overhead_steps, gen, tick, clock)
                      if settings.overhead_steps else (0.0, 0.0))
         more = tuple(_context_curves(pair, c, curves.target_n, settings.draft_grid, settings.points, gen, tick)
                      for c in settings.contexts)
@@ -109,7 +112,7 @@ class _Settings:
 
 
 def _settings(context_len, target_grid, draft_grid, repeats, warmup, point_s, overhead_steps, contexts,
-              quick) -> _Settings:
+              quick, clock=time.perf_counter) -> _Settings:
     """measure_profile's arguments with the preset's value for each one left at None, checked."""
     preset = _QUICK if quick else _FULL
     repeats = preset["repeats"] if repeats is None else repeats
@@ -121,7 +124,7 @@ def _settings(context_len, target_grid, draft_grid, repeats, warmup, point_s, ov
         raise ValueError(f"contexts must be positive token counts, got {list(contexts)}")
     return _Settings(
         points=_Plan(ctx=context_len, repeats=repeats, warmup=warmup,
-                     point_s=preset["point_s"] if point_s is None else point_s),
+                     point_s=preset["point_s"] if point_s is None else point_s, clock=clock),
         target_grid=tuple(preset["target_grid"] if target_grid is None else target_grid),
         draft_grid=tuple(preset["draft_grid"] if draft_grid is None else draft_grid),
         overhead_steps=overhead_steps, contexts=contexts, quick=quick)
@@ -150,6 +153,7 @@ def _finished(pair, curves: HardwareProfile, settings: _Settings, overheads: tup
     """The measured curves with the rest of the profile: the machine, the pair, the overheads, other contexts."""
     device = torch.device(getattr(pair, "device", None) or pair.target.device)
     note = ("quick profile (coarser grid)" if settings.quick else "full profile") + (
+        "" if settings.points.clock is time.perf_counter else "; timed with this process's CPU time") + (
         f"; overheads from {settings.overhead_steps} engine steps of a {OVERHEAD_CHAIN}-token chain"
         if settings.overhead_steps else "; overheads not measured (0)")
     return dataclasses.replace(
@@ -168,7 +172,7 @@ def _context_curves(pair, ctx: int, target_grid, draft_grid, plan: "_Plan", gen:
 
 
 def _measure_overheads(pair, curves: HardwareProfile, steps: int, gen: torch.Generator,
-                       tick: Progress) -> tuple[float, float]:
+                       tick: Progress, clock: Callable[[], float] = time.perf_counter) -> tuple[float, float]:
     """(step, level) overheads in ms: what real engine steps cost beyond the forwards ``curves`` predicts.
 
     Runs the engine greedily for ``steps`` timed steps (after two untimed) with
@@ -188,7 +192,8 @@ def _measure_overheads(pair, curves: HardwareProfile, steps: int, gen: torch.Gen
     tree = Tree.chain(OVERHEAD_CHAIN)
     config = GenerationConfig(max_new_tokens=(steps + 2) * (OVERHEAD_CHAIN + 1), stop_at_eos=False)
     records = []
-    for record in SpeculativeEngine(pair).generate(prompt, StaticTreeProposer(tree, name="overheads"), config):
+    for record in SpeculativeEngine(pair, clock=clock).generate(prompt, StaticTreeProposer(tree, name="overheads"),
+                                                                config):
         records.append(record)
         tick(f"overheads, step {len(records)}")
         if len(records) == steps + 2:
@@ -223,7 +228,8 @@ class _Plan:
     ctx: int          # cached context tokens
     repeats: int      # timed forwards per point, at most
     warmup: int       # untimed forwards per point
-    point_s: float    # stop repeating a point once this much wall time went into it (>= 1 timed run)
+    point_s: float    # stop repeating a point once this much time went into it (>= 1 timed run)
+    clock: Callable[[], float] = time.perf_counter   # seconds; the process's CPU time on a busy machine
 
 
 def _time_grid(runner: Runner, grid, parents_of: Callable[[int, int], list[int]], plan: _Plan,
@@ -241,10 +247,10 @@ def _time_grid(runner: Runner, grid, parents_of: Callable[[int, int], list[int]]
     for n in grid:
         ids = torch.randint(vocab, (n,), generator=gen).tolist()
         parents = parents_of(n, plan.ctx)
-        spent = sum(_forward_ms(session, ids, parents, plan.ctx, runner.device) for _ in range(plan.warmup))
-        times = [_forward_ms(session, ids, parents, plan.ctx, runner.device)]
+        spent = sum(_forward_ms(session, ids, parents, plan, runner.device) for _ in range(plan.warmup))
+        times = [_forward_ms(session, ids, parents, plan, runner.device)]
         while len(times) < plan.repeats and spent + sum(times) < plan.point_s * 1000.0:
-            times.append(_forward_ms(session, ids, parents, plan.ctx, runner.device))
+            times.append(_forward_ms(session, ids, parents, plan, runner.device))
         out.append(statistics.median(times))
         on_point(n)
         if stop_ratio is not None and len(out) >= 2 and out[-1] > stop_ratio * out[0]:
@@ -252,13 +258,13 @@ def _time_grid(runner: Runner, grid, parents_of: Callable[[int, int], list[int]]
     return out
 
 
-def _forward_ms(session, ids: list[int], parents: list[int], ctx: int, device) -> float:
-    """One timed forward of ``ids`` on the cached context; the cache is cropped back to ``ctx`` after."""
+def _forward_ms(session, ids: list[int], parents: list[int], plan: _Plan, device) -> float:
+    """One timed forward of ``ids`` on the cached context; the cache is cropped back to ``plan.ctx`` after."""
     sync(device)
-    t0 = time.perf_counter()
+    t0 = plan.clock()
     logits = session.forward(ids, parents)
     torch.softmax(logits.float(), dim=-1)
     sync(device)
-    ms = (time.perf_counter() - t0) * 1000.0
-    session.crop(ctx)
+    ms = (plan.clock() - t0) * 1000.0
+    session.crop(plan.ctx)
     return ms

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -26,6 +27,7 @@ from ..runtime.engine import SpeculativeEngine
 from ..runtime.finder import cache_profile, find_calibration, find_ngram_acceptance, find_profile
 from ..runtime.methods import ENGINE_METHODS, PRICED_METHODS, make_method
 from ..runtime.profiling import measure_profile
+from ..runtime.timing import process_clock
 from ..runtime.texts import generate_with_texts
 from . import calibrate_cli
 from .bench_cli import EXACT_HELP, add_bench_parser, load_pair_for, main_bench
@@ -86,6 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="further cached-context lengths to measure both curves at, so each step is priced at the "
                       "context it runs at (default: 512 1024; none: --contexts with no value)")
     prof.add_argument("--repeats", type=int, default=3)
+    prof.add_argument("--threads", type=int, default=None,
+                      help="CPU threads of torch and llama.cpp (default: every core); the fingerprint records it, "
+                      "so a profile serves runs with the same count (the bench's --threads 1)")
+    prof.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                      help="cpu: time with this process's CPU time (needs --threads 1), for a busy shared machine")
     prof.add_argument("--out", default=None, help="where to save the measured profile (default: this machine's "
                       "cache, where the app, bench and CLI find it)")
     add_model_args(prof)
@@ -185,16 +192,30 @@ def _accept(args) -> int:
 
 
 def _profile(args) -> int:
+    clock = _profile_clock(args)
     if args.show:
         return _show_profile(args)
     pair = load_from_args(args)
-    prof = measure_profile(pair, context_len=args.context, repeats=args.repeats, contexts=args.contexts)
+    prof = measure_profile(pair, context_len=args.context, repeats=args.repeats, contexts=args.contexts, clock=clock)
     out = args.out or cache_profile(prof, args.cache_dir)
     if args.out:
         prof.save(args.out)
     print(f"target ms by n: {dict(zip(prof.target_n, (round(x, 1) for x in prof.target_ms)))}")
     print(f"draft ms by width: {dict(zip(prof.draft_width, (round(x, 1) for x in prof.draft_ms)))} -> {out}")
     return 0
+
+
+def _profile_clock(args):
+    """The clock ``--threads`` and ``--clock`` ask for (torch's threads set first, as the bench does)."""
+    if args.threads is not None:
+        if args.threads < 1:
+            raise SystemExit(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    if args.clock == "cpu":
+        if args.threads != 1:
+            raise SystemExit("--clock cpu needs --threads 1 (CPU time sums every thread)")
+        return process_clock()
+    return time.perf_counter
 
 
 def _show_profile(args) -> int:
