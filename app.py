@@ -52,7 +52,7 @@ def build_demo(pair_or_loader: Any | Callable[[], Any], assets_dir: Path = ASSET
                memory: MemoryOptions | None = None) -> gr.Blocks:
     """The whole app for a model pair, or a zero-argument callable that loads one.
 
-    A loader runs on first use, or in the background once ``demo.sequoia_context.start_loading()``
+    A loader runs on first use, or in the background once ``demo.sequoia_context.models.start_loading()``
     is called; ``status`` is the progress object the loader reports to (shown in the page banner).
     ``auto_profile``: when no cached or shipped profile matches this machine, measure one in the background
     once the pair is loaded (cached under ``cache_dir``).  ``owner``: allow server-wide changes (Profile now).
@@ -93,17 +93,18 @@ def build_demo(pair_or_loader: Any | Callable[[], Any], assets_dir: Path = ASSET
 
 
 def _banner(ctx: AppContext) -> str:
-    return status_view.banner_html(ctx.status, ctx.pair_label()) + ctx.profile_banner()
+    return status_view.banner_html(ctx.status, ctx.models.label()) + ctx.hardware.banner()
 
 
 def _wire_status(ctx: AppContext, demo: gr.Blocks, banner: gr.HTML, ready: gr.State) -> None:
     """Re-render the banner every STATUS_POLL_S until loading (and the background profile measurement) ends,
     then stop polling and set ``ready``."""
-    timer = gr.Timer(STATUS_POLL_S, active=not ctx.status.ready or ctx.measuring)
+    timer = gr.Timer(STATUS_POLL_S, active=not ctx.status.ready or ctx.hardware.measuring)
 
     def poll():
-        done = (ctx.status.ready or ctx.status.error is not None) and not ctx.measuring
-        return _banner(ctx), gr.Timer(active=not done), ctx.status.ready and not ctx.measuring
+        measuring = ctx.hardware.measuring
+        done = (ctx.status.ready or ctx.status.error is not None) and not measuring
+        return _banner(ctx), gr.Timer(active=not done), ctx.status.ready and not measuring
 
     # No concurrency limit: a status read must never wait behind a decode.  (queue=False would skip the
     # queue entirely, but then neither the timer update nor the state change reach the page.)
@@ -196,7 +197,7 @@ def reference_loader_from_env(env: Mapping[str, str] = os.environ):
 
 @dataclass(frozen=True)
 class MemoryOptions:
-    """What the context plans its on-demand loads with (components.context.AppContext: memory, exact_bytes, ...)."""
+    """What the app plans its on-demand loads with (components.extra_runners.ExtraRunners: memory, exact_bytes, ...)."""
 
     budget: MemoryBudget
     exact_bytes: Callable[[Any], int] | None = None       # pair -> bytes exact mode's target adds
@@ -266,7 +267,7 @@ def main() -> None:
                       auto_profile=True, owner=os.environ.get("SEQUOIA_OWNER") == "1",
                       exact_loader=exact_loader_from_env(), reference_loader=reference_loader_from_env(),
                       memory=memory)
-    demo.sequoia_context.start_loading()
+    demo.sequoia_context.models.start_loading()
     # GRADIO_SERVER_NAME / GRADIO_SERVER_PORT are read by gradio itself.
     demo.launch(css_paths=[CSS_PATH] if CSS_PATH.exists() else None, show_error=True)
 

@@ -21,11 +21,8 @@ label.  ``gr.api`` takes no ``validator=`` argument, so
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import gradio as gr
 
@@ -35,11 +32,9 @@ from sequoia.core.tree import MAX_TREE_SIZE
 from sequoia.runtime.methods import make_method
 
 from . import serving
-from .context import AppContext
 from .acceptance_choice import acceptance_catalogue
-
-#: Requests remembered per server between the validator's parse and the handler's (each holds its prompt ids).
-MEMO_SIZE = 64
+from .context import AppContext
+from .memo import RequestMemo, raw_key
 
 #: Fields of each endpoint's inputs, in order (None: an input the request parser does not read).
 INPUT_FIELDS = {
@@ -56,50 +51,9 @@ INPUT_FIELDS = {
 COMPARE_METHOD = "Sequoia (budget & depth)"
 
 
-class _Memo:
-    """A small thread-safe LRU of parsed requests by their raw values; ``parses`` counts the real parses."""
-
-    def __init__(self, size: int) -> None:
-        self.size, self.parses = size, 0
-        self._items: OrderedDict = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get_or_parse(self, key: Hashable | None, parse: Callable[[], Any]) -> Any:
-        if key is not None:
-            with self._lock:
-                if key in self._items:
-                    self._items.move_to_end(key)
-                    return self._items[key]
-        value = parse()   # errors propagate and are not remembered
-        with self._lock:
-            self.parses += 1
-            if key is not None:
-                self._items[key] = value
-                while len(self._items) > self.size:
-                    self._items.popitem(last=False)
-        return value
-
-
-def _key(*values: Any) -> tuple | None:
-    """The raw values with their types (so 1, 1.0 and True stay apart); None when one is unhashable."""
-    key = tuple((type(v).__name__, v) for v in values)
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
-
-
-_memo_lock = threading.Lock()
-_DP_MEMO = _Memo(256)
-
-
-def memo(ctx: AppContext) -> _Memo:
-    """This server's parsed decode requests (made on first use)."""
-    with _memo_lock:
-        if ctx.requests is None:
-            ctx.requests = _Memo(MEMO_SIZE)
-        return ctx.requests
+def memo(ctx: AppContext) -> RequestMemo:
+    """This server's parsed decode requests (one memo per pair: see AppContext.requests)."""
+    return ctx.requests
 
 
 def limits(ctx: AppContext) -> Limits:
@@ -123,17 +77,18 @@ def decode_request(ctx: AppContext, prompt, method, budget, depth, temperature, 
         req = parse_decode(*raw, limits=lim)
         return req.tokenized(ctx.pair().encode_prompt(req.prompt, chat=req.chat), lim)
 
-    return memo(ctx).get_or_parse(_key(*raw, lim), parse)
+    return memo(ctx).get_or_parse(raw_key(*raw, lim), parse)
 
 
-def dp_request(acceptance, budget, depth) -> DPRequest:
-    """The parsed DP request of these raw values (parsed once for the same values)."""
-    return _DP_MEMO.get_or_parse(_key(acceptance, budget, depth), lambda: parse_dp(acceptance, budget, depth))
+def dp_request(memo: RequestMemo, acceptance, budget, depth) -> DPRequest:
+    """The parsed DP request of these raw values (parsed once for the same values: ``memo`` is the app's,
+    :attr:`components.lanes.WorkLanes.dp_requests`)."""
+    return memo.get_or_parse(raw_key(acceptance, budget, depth), lambda: parse_dp(acceptance, budget, depth))
 
 
-def check_dp_request(acceptance, budget, depth) -> None:
+def check_dp_request(memo: RequestMemo, acceptance, budget, depth) -> None:
     """Everything ``/dp`` checks before solving: the vector, its length, the budget, depth and DP work."""
-    dp_request(acceptance, budget, depth)
+    dp_request(memo, acceptance, budget, depth)
 
 
 # ------------------------------------------------------------------ engine inputs
@@ -220,7 +175,7 @@ def validators(ctx: AppContext) -> dict[str, Callable[..., list[dict]]]:
             ctx, prompt, COMPARE_METHOD, budget, depth, temperature, top_p, max_new_tokens, seed, chat, vec))
 
     def dp(acceptance, budget=32, depth=8):
-        return answer(INPUT_FIELDS["dp"], lambda: dp_request(acceptance, budget, depth))
+        return answer(INPUT_FIELDS["dp"], lambda: dp_request(ctx.lanes.dp_requests, acceptance, budget, depth))
 
     return {"decode": decode, "decode_stream": decode_stream, "compare": compare, "compare_stream": compare_stream,
             "dp": dp}

@@ -111,7 +111,7 @@ def main() -> None:
     rows = [press("start (pair loaded)", ctx.pair, url)]
     rows += [press(name, fn, url) for name, fn in steps(ctx, args.tokens)
              if not args.only or any(name.startswith(o) for o in args.only)]
-    print(ctx.memory_note(), flush=True)
+    print(ctx.extras.memory_note(), flush=True)
     machine = {"cap_gb": memory.budget.cap / GB if memory.budget.cap else None,
                "backend": os.environ.get("SEQUOIA_BACKEND") or "hf", "cpu_count": os.cpu_count()}
     if args.json:

@@ -79,7 +79,7 @@ def test_background_loading_shows_progress_and_refuses_politely(tmp_path, pair):
     demo = app.build_demo(loader, assets_dir=tmp_path, status=status)
     ctx = demo.sequoia_context
     assert "Loading the model pair: 0%" in app._banner(ctx) and not ctx.loaded
-    thread = ctx.start_loading()
+    thread = ctx.models.start_loading()
     try:
         for _ in range(200):
             if status.fraction == 0.5:
@@ -102,11 +102,11 @@ def test_failed_load_is_shown_and_the_dp_explorer_still_works(tmp_path):
 
     demo = app.build_demo(loader, assets_dir=tmp_path)
     ctx = demo.sequoia_context
-    ctx.start_loading().join(30)
+    ctx.models.start_loading().join(30)
     assert "could not be loaded" in app._banner(ctx) and "nobody/nothing" in app._banner(ctx)
     with pytest.raises(gr.Error, match="could not be loaded: RuntimeError: no such model"):
         _stream(ctx)
-    assert dp_tab.dp_api("0.8, 0.1", 8, 3)["budget"] == 8
+    assert dp_tab.dp_api_fn(ctx.lanes)("0.8, 0.1", 8, 3)["budget"] == 8
 
 
 def test_stopping_a_decode_closes_the_engine_generator(ctx, monkeypatch):
@@ -238,18 +238,18 @@ def test_compare_runs_all_three_kinds_of_drafting(ctx):
         "target only", "sequoia-ngram", "ngram"]
 
 
-def test_dp_tab_solve_and_cell():
-    heat, tree, md, curves, n, d, session = dp_tab.on_solve("0.8, 0.1", 16, 4, 40, 2, dp_tab.DPSession())
+def test_dp_tab_solve_and_cell(lanes):
+    heat, tree, md, curves, n, d, session = dp_tab.on_solve(lanes, "0.8, 0.1", 16, 4, 40, 2, dp_tab.DPSession())
     assert n.value == 16 and d.value == 2 and "n = 16, d = 2" in md
     assert len(curves.data) == 4
-    heat, tree, md = dp_tab.on_cell(5, 1, session)
+    heat, tree, md = dp_tab.on_cell(lanes, 5, 1, session)
     assert "n = 5, d = 1" in md
     # A refused vector or budget keeps the last good figures and sliders, with the message beside them.
-    bad = dp_tab.on_solve("0.9, 0.5", 16, 4, 4, 2, session)
+    bad = dp_tab.on_solve(lanes, "0.9, 0.5", 16, 4, 4, 2, session)
     assert "sum to at most 1" in bad[2] and "last good vector" in bad[2]
     assert all(x == gr.skip() for i, x in enumerate(bad) if i != 2)
-    assert "budget" in dp_tab.on_solve("0.5", 5000, 4, 4, 2, dp_tab.DPSession())[2]
-    out = dp_tab.dp_api("[0.8, 0.1]", 8, 3)
+    assert "budget" in dp_tab.on_solve(lanes, "0.5", 5000, 4, 4, 2, dp_tab.DPSession())[2]
+    out = dp_tab.dp_api_fn(lanes)("[0.8, 0.1]", 8, 3)
     assert out["budget"] == 8 and set(out["curves"]) >= {"sequoia", "chain"}
 
 

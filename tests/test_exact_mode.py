@@ -82,7 +82,7 @@ def test_app_context_loads_the_exact_pair_once(low_precision_pair, tmp_path):
     view = ctx.exact_context()
     assert ctx.exact_context() is view and view.exact_context() is view and calls == [1]
     assert is_exact(view.pair()) and view.pair().draft is ctx.pair().draft and view.engine() is not ctx.engine()
-    assert ctx.exact_status.ready and not is_exact(ctx.pair())
+    assert ctx.extras.exact_status.ready and not is_exact(ctx.pair())
 
 
 def test_compare_in_exact_mode_says_identical_and_certifies(low_precision_pair, tmp_path):

@@ -19,6 +19,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 import app
 from components import dp_tab, serving, validation
 from components.context import LIGHT_WORK, MODEL_WORK
+from components.lanes import DP_LANE, LIGHT_NICE, LightLane
+from components.memo import RequestMemo
 from components.acceptance_choice import DEFAULT_ACCEPTANCE_LABEL
 from sequoia.core.config import CPU_CAPS, MAX_ACCEPTANCE_LEN, GenerationConfig, caps_for
 from sequoia.core.dp import optimal_tree
@@ -79,19 +81,19 @@ def test_new_tokens_are_capped_by_device_with_a_message(ctx):
         validation.decode_request(ctx, "x" * 5000, "chain", 4, 4, 0.0, 1.0, 8, 0, chat=False)
 
 
-def test_acceptance_vectors_and_dp_work_are_capped():
+def test_acceptance_vectors_and_dp_work_are_capped(lanes):
     long = ", ".join(["0.001"] * (MAX_ACCEPTANCE_LEN + 1))
     with pytest.raises(gr.Error, match=f"has {MAX_ACCEPTANCE_LEN + 1} entries; the maximum is {MAX_ACCEPTANCE_LEN}"):
-        dp_tab.dp_api(long, 32, 8)
+        dp_tab.dp_api_fn(lanes)(long, 32, 8)
     wide = ", ".join(["0.01"] * MAX_ACCEPTANCE_LEN)
     with pytest.raises(gr.Error, match="more DP work than this server allows"):
-        dp_tab.dp_api(wide, 1024, 64)
+        dp_tab.dp_api_fn(lanes)(wide, 1024, 64)
     with pytest.raises(ValueError, match="maximum is 64"):
-        validation.check_dp_request(long, 8, 4)
+        validation.check_dp_request(lanes.dp_requests, long, 8, 4)
 
 
-def test_dp_reply_is_a_summary_not_the_table():
-    out = dp_tab.dp_api("0.8, 0.1, 0.05", 1024, 16)
+def test_dp_reply_is_a_summary_not_the_table(lanes):
+    out = dp_tab.dp_api_fn(lanes)("0.8, 0.1, 0.05", 1024, 16)
     assert len(json.dumps(out)) < 100_000  # the whole table was 1.1 MB at budget 1024, depth 64
     assert "table" not in out and len(out["value_by_size"]) == 1025
     assert out["value"] == pytest.approx(out["value_by_size"][-1], rel=1e-5)
@@ -289,7 +291,7 @@ def test_load_test_refuses_other_hosts_and_draws_valid_dp_requests(monkeypatch):
     rng = np.random.default_rng(0)
     for _ in range(20):
         vec, budget, depth = load_test.random_dp_args(rng)
-        validation.check_dp_request(vec, budget, depth)  # every drawn request is one the server accepts
+        validation.check_dp_request(RequestMemo(1), vec, budget, depth)  # every drawn request is one the server accepts
     # --mixed: the decode clients alone, then beside the DP clients; the slowdown is the ratio of the p50s
     phases = []
 
@@ -321,35 +323,34 @@ def test_light_work_runs_on_one_low_priority_thread():
     import os
     import threading
 
-    from components import serving
-
-    seen = [serving.run_light(lambda: (threading.get_native_id(), threading.current_thread().name)) for _ in range(3)]
+    light = LightLane()
+    seen = [light.run(lambda: (threading.get_native_id(), threading.current_thread().name)) for _ in range(3)]
     assert len(set(seen)) == 1 and seen[0][1].startswith("sequoia-light")   # one worker, reused
     assert seen[0][0] != threading.get_native_id()
     if hasattr(os, "getpriority"):
-        nice = serving.run_light(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
-        assert nice == serving.LIGHT_NICE or nice == os.getpriority(os.PRIO_PROCESS, 0)  # raised where permitted
+        nice = light.run(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        assert nice == LIGHT_NICE or nice == os.getpriority(os.PRIO_PROCESS, 0)  # raised where permitted
     try:
-        serving.run_light(lambda: 1 / 0)
+        light.run(lambda: 1 / 0)
     except ZeroDivisionError:
         pass
     else:
         raise AssertionError("an error in light work must reach the handler")
 
 
-def test_dp_work_runs_in_its_own_low_priority_process():
+def test_dp_work_runs_in_its_own_low_priority_process(lanes):
     """Issue 24: /dp solves on a thread of the server held the GIL its decodes need; they run in a child process
     (own GIL, nice 19) where fork exists, and a failure there still reaches the handler."""
     import os
 
-    if dp_tab.DP_LANE != "process":
+    if DP_LANE != "process":
         pytest.skip("no fork on this platform: DP work runs on the light-work thread")
-    assert dp_tab.run_dp_work(os.getpid) != os.getpid()
-    assert dp_tab.run_dp_work(os.nice, 0) >= min(serving.LIGHT_NICE, os.nice(0) + serving.LIGHT_NICE)
+    assert lanes.dp.run(os.getpid) != os.getpid()
+    assert lanes.dp.run(os.nice, 0) >= min(LIGHT_NICE, os.nice(0) + LIGHT_NICE)
     with pytest.raises(ZeroDivisionError):
-        dp_tab.run_dp_work(divmod, 1, 0)
-    out = dp_tab.dp_api("0.8, 0.1", 16, 4)
-    assert out == dp_tab.dp_api("0.8, 0.1", 16, 4) and out["budget"] == 16   # the second from the cache
+        lanes.dp.run(divmod, 1, 0)
+    out = dp_tab.dp_api_fn(lanes)("0.8, 0.1", 16, 4)
+    assert out == dp_tab.dp_api_fn(lanes)("0.8, 0.1", 16, 4) and out["budget"] == 16   # the second from the cache
 
 
 @pytest.mark.slow
@@ -359,11 +360,11 @@ def test_the_dp_process_ends_with_the_server(tmp_path):
     import os
     import subprocess
 
-    if dp_tab.DP_LANE != "process":
+    if DP_LANE != "process":
         pytest.skip("no fork on this platform")
     root = Path(__file__).resolve().parents[1]
-    code = ("import os, sys\nsys.path.insert(0, %r)\nfrom components import dp_tab\n"
-            "print(dp_tab.run_dp_work(os.getpid), flush=True)\nos._exit(0)\n" % str(root))
+    code = ("import os, sys\nsys.path.insert(0, %r)\nfrom components.lanes import WorkLanes\n"
+            "print(WorkLanes().dp.run(os.getpid), flush=True)\nos._exit(0)\n" % str(root))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     child = int(out.stdout.split()[-1])
     for _ in range(50):
