@@ -389,3 +389,23 @@ def test_live_summary_names_the_fastest_configuration_when_it_is_another(ctx):
         assert fastest_elsewhere(ctx, DEFAULT_ACCEPTANCE, "sequoia") == ""
     finally:
         ctx.profile = None
+
+
+def test_the_fastest_configuration_is_solved_once_per_profile(ctx, monkeypatch):
+    from sequoia.core.profile import HardwareProfile
+
+    from components import runtimes_here
+
+    solves, real = [], runtimes_here.choose_tree
+    monkeypatch.setattr(runtimes_here, "choose_tree", lambda *a, **k: solves.append(1) or real(*a, **k))
+    ctx.profile = HardwareProfile.hand_made(lambda n: 30.0 * n, lambda w: 10.0)
+    try:
+        first = runtimes_here.fastest_elsewhere(ctx, DEFAULT_ACCEPTANCE, "sequoia")
+        n = len(solves)
+        assert n >= 1 and runtimes_here.fastest_elsewhere(ctx, DEFAULT_ACCEPTANCE, "chain") == first
+        assert len(solves) == n                                  # the second decode reads the kept answer
+        ctx.profile = HardwareProfile.hand_made(lambda n: 30.0 + 0.1 * n, lambda w: 1.0)
+        runtimes_here.fastest_elsewhere(ctx, DEFAULT_ACCEPTANCE, "sequoia")
+        assert len(solves) > n                                   # a new profile: solved again
+    finally:
+        ctx.profile = None
