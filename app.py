@@ -25,7 +25,7 @@ from typing import Any
 import gradio as gr
 
 from components import compare_tab, distribution_tab, dp_tab, hardware_tab, live_layout, status_view, validation
-from components.context import ASSETS, AppContext, LoadStatus, budget_cap_for
+from components.context import ASSETS, AppContext, LoadStatus
 from sequoia.runtime.memory import MemoryBudget, gguf_size_bytes, parse_memory_gb
 
 CSS_PATH = ASSETS / "studio.css"
@@ -45,7 +45,7 @@ the target verifies it in one forward, and the output is distributed exactly as 
 
 
 def build_demo(pair_or_loader: Any | Callable[[], Any], assets_dir: Path = ASSETS,
-               max_budget: int | None = None, status: LoadStatus | None = None,
+               max_budget: int | None = None, device: str | None = None, status: LoadStatus | None = None,
                cache_dir: Path | None = None, auto_profile: bool = False, owner: bool = False,
                exact_loader: Callable[[Any, Callable[[float, str], None]], Any] | None = None,
                reference_loader: Callable[[Any, Callable[[float, str], None]], Any] | None = None,
@@ -54,6 +54,8 @@ def build_demo(pair_or_loader: Any | Callable[[], Any], assets_dir: Path = ASSET
 
     A loader runs on first use, or in the background once ``demo.sequoia_context.models.start_loading()``
     is called; ``status`` is the progress object the loader reports to (shown in the page banner).
+    ``max_budget`` and ``device`` (where a loader will put the pair; None: the CPU) set what one request may ask
+    (components.context.server_limits: the tree budget, by device when ``max_budget`` is None, and token caps).
     ``auto_profile``: when no cached or shipped profile matches this machine, measure one in the background
     once the pair is loaded (cached under ``cache_dir``).  ``owner``: allow server-wide changes (Profile now).
     ``exact_loader``: (pair, progress) -> the float32 target of exact mode, loaded on its first use (None: a
@@ -62,6 +64,7 @@ def build_demo(pair_or_loader: Any | Callable[[], Any], assets_dir: Path = ASSET
     the budget those two loads are planned against, and their sizes (None: the machine's memory, no cap).
     """
     ctx = AppContext.from_pair_or_loader(pair_or_loader, assets_dir=Path(assets_dir), max_budget=max_budget,
+                                         device=device,
                                          cache_dir=cache_dir, auto_profile=auto_profile, owner=owner,
                                          exact_loader=exact_loader, reference_loader=reference_loader,
                                          **({"status": status} if status is not None else {}),
@@ -243,12 +246,12 @@ def memory_from_env(env: Mapping[str, str] = os.environ) -> MemoryOptions:
     return MemoryOptions(budget, exact_bytes, reference_bytes, hints)
 
 
-def _env_budget_cap(env: Mapping[str, str] = os.environ) -> int | None:
-    """The tree-size cap for the device the pair will load on (sliders are laid out before it loads)."""
+def env_device(env: Mapping[str, str] = os.environ) -> str | None:
+    """The device the pair will load on (the request limits are derived from it before it loads)."""
     from sequoia.runtime.models import resolve_device
 
     try:
-        return budget_cap_for(resolve_device(env.get("SEQUOIA_DEVICE") or None))
+        return str(resolve_device(env.get("SEQUOIA_DEVICE") or None))
     except ValueError:
         return None  # the loader fails with the same message, and the banner shows it
 
@@ -263,7 +266,7 @@ def main() -> None:
     memory = memory_from_env()   # a bad SEQUOIA_MEMORY_GB stops here, before anything loads
     status = LoadStatus(listener=_ConsoleProgress())
     # SEQUOIA_OWNER=1: this server's owner may change server-wide state (Profile now); visitors may not.
-    demo = build_demo(lambda: load_from_env(progress=status), max_budget=_env_budget_cap(), status=status,
+    demo = build_demo(lambda: load_from_env(progress=status), device=env_device(), status=status,
                       auto_profile=True, owner=os.environ.get("SEQUOIA_OWNER") == "1",
                       exact_loader=exact_loader_from_env(), reference_loader=reference_loader_from_env(),
                       memory=memory)

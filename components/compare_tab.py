@@ -313,7 +313,7 @@ def build(ctx: AppContext) -> None:
             with gr.Row():
                 # A number box, not a slider: a slider clamps 100000 to its maximum silently, while the
                 # request check answers with the server's cap (before the request queues).
-                new_cap = serving.server_caps(ctx).max_new_tokens
+                new_cap = ctx.limits.max_new_tokens
                 max_new = gr.Number(min(64, new_cap), precision=0, minimum=1,
                                     label=f"max new tokens (at most {new_cap} here)", elem_classes="sq-max-new")
                 seed = gr.Number(0, precision=0, minimum=0, label="seed")

@@ -23,7 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from sequoia._meta import ASSETS, pair_name  # ASSETS re-exported for the tabs
+from sequoia.core.config import caps_for
 from sequoia.core.profile import HardwareProfile
+from sequoia.core.request import Limits
+from sequoia.core.tree import MAX_TREE_SIZE
 from sequoia.runtime import finder
 from sequoia.runtime.engine import SpeculativeEngine
 from sequoia.runtime.finder import ProfileChoice
@@ -59,19 +62,29 @@ def budget_cap_for(device: Any) -> int:
     return GPU_MAX_BUDGET if str(device).startswith("cuda") else CPU_MAX_BUDGET
 
 
+def server_limits(device: Any, max_budget: int | None = None) -> Limits:
+    """What one request may ask of this server, derived once for the device the pair runs on: the tree budget
+    (``max_budget``, else by device, within MAX_TREE_SIZE) and the token caps (sequoia.core.config.caps_for)."""
+    caps = caps_for(device)
+    cap = max_budget if max_budget is not None else budget_cap_for(device)
+    return Limits(budget_cap=min(cap, MAX_TREE_SIZE), max_new_tokens=caps.max_new_tokens,
+                  max_prompt_tokens=caps.max_prompt_tokens, device=caps.device)
+
+
 def _request_memo() -> RequestMemo:
     return RequestMemo(MEMO_SIZE)
 
 
 @dataclass
 class AppContext:
-    """Server-wide state: the rooms, the tree-size cap and the owner switch."""
+    """Server-wide state: the rooms, what one request may ask, and the owner switch."""
 
     models: LoadedPair
     hardware: ProfileRoom
     extras: ExtraRunners[AppContext]
+    # Derived once, when the app is built, so the sliders and the request checks agree (server_limits).
+    limits: Limits = field(default_factory=lambda: server_limits("cpu"))
     lanes: WorkLanes = field(default_factory=WorkLanes)
-    max_budget: int | None = None             # None: by device (CPU_MAX_BUDGET / GPU_MAX_BUDGET)
     owner: bool = False                       # server-wide changes (Profile now) allowed: SEQUOIA_OWNER=1
     # Parsed decode requests by raw values (components.validation); per pair, since their proposers belong to
     # one engine's runs.
@@ -82,29 +95,32 @@ class AppContext:
 
     @classmethod
     def from_pair_or_loader(cls, pair_or_loader: ModelPair | Callable[[], ModelPair], *, assets_dir: Path = ASSETS,
-                            max_budget: int | None = None, status: LoadStatus | None = None,
+                            max_budget: int | None = None, device: str | None = None,
+                            status: LoadStatus | None = None,
                             cache_dir: Path | None = None, auto_profile: bool = False, owner: bool = False,
                             exact_loader: ExtraLoader | None = None, reference_loader: ExtraLoader | None = None,
                             memory: MemoryBudget | None = None, exact_bytes: Callable[[ModelPair], int] | None = None,
                             reference_bytes: Callable[[ModelPair], int] | None = None,
                             memory_hints: tuple[str, ...] = ()) -> AppContext:
         """The app state around a loaded pair, or a zero-argument callable that loads one (on first use or in
-        :meth:`LoadedPair.start_loading`); the rest is each room's settings (None: the room's default)."""
+        :meth:`LoadedPair.start_loading`) on ``device`` (None: the CPU); the rest is each room's settings (None:
+        the room's default)."""
         hardware = ProfileRoom(Path(assets_dir), cache_dir, auto_profile)
         if callable(pair_or_loader) and not hasattr(pair_or_loader, "target"):
             models = LoadedPair(pair_or_loader, status or LoadStatus(), on_loaded=hardware.on_pair_loaded)
         else:
             models = LoadedPair.ready(pair_or_loader, status)
+            device = pair_or_loader.device
         sizes = {k: v for k, v in (("exact_bytes", exact_bytes), ("reference_bytes", reference_bytes)) if v}
         extras = ExtraRunners(models, exact_loader, reference_loader, memory or MemoryBudget(),
                               memory_hints=tuple(memory_hints), **sizes)
-        return cls(models, hardware, extras, max_budget=max_budget, owner=owner)
+        return cls(models, hardware, extras, server_limits(device or "cpu", max_budget), owner=owner)
 
     def _view(self, pair: ModelPair) -> AppContext:
         """This state around another pair, with its own engine and its own memo of parsed requests (their
         proposers belong to one engine's runs); the profile, lanes and measured rates are shared."""
         models = LoadedPair.ready(pair)
-        return AppContext(models, self.hardware, self.extras.for_view(models), self.lanes, self.max_budget,
+        return AppContext(models, self.hardware, self.extras.for_view(models), self.limits, self.lanes,
                           self.owner, target_rates=self.target_rates)
 
     # ------------------------------------------------------------------ the pair (models)
@@ -124,10 +140,8 @@ class AppContext:
         return self.models.engine()
 
     def budget_cap(self) -> int:
-        if self.max_budget is not None:
-            return self.max_budget
-        pair = self.models.current
-        return budget_cap_for(getattr(pair, "device", "cpu") if pair is not None else "cpu")
+        """Largest tree budget one request may ask (the sliders' maximum)."""
+        return self.limits.budget_cap
 
     def calibration(self, temperature: float = 0.0):
         """The shipped calibration for this pair nearest in temperature, or None (identity a(q) = q)."""

@@ -57,7 +57,7 @@ def _controls(ctx: AppContext) -> SimpleNamespace:
     with gr.Row():
         # A number box, not a slider: a slider clamps 100000 to its maximum silently, while the
         # request check answers with the server's cap (before the request queues).
-        c.new_cap = serving.server_caps(ctx).max_new_tokens
+        c.new_cap = ctx.limits.max_new_tokens
         c.max_new = gr.Number(min(DEFAULT_NEW_TOKENS, c.new_cap), precision=0, minimum=1,
                               label=f"max new tokens (at most {c.new_cap} here)", elem_classes="sq-max-new")
         c.seed = gr.Number(0, precision=0, minimum=0, label="seed")

@@ -1,8 +1,8 @@
 """Guards for a shared server: per-request caps, cancellable API calls, ZeroGPU.
 
-**Caps.**  :func:`server_caps` is what one decode request may ask on this
-server's device (``sequoia.core.config.ServerCaps``); the checks before the
-queue live in :mod:`components.validation`.
+What one request may ask is derived once, with the app state
+(:func:`components.context.server_limits`); the checks before the queue live
+in :mod:`components.validation`.
 
 **Cancellation.**  Gradio runs a plain (non-generator) handler in a worker
 thread.  Cancelling the request (``gradio_client``'s ``job.cancel()``) cancels
@@ -27,10 +27,6 @@ from collections.abc import Callable, Iterator
 from contextlib import closing
 from typing import TypeVar
 
-from sequoia.core.config import CPU_CAPS, ServerCaps, caps_for
-
-from .context import CPU_MAX_BUDGET, AppContext
-
 try:  # only on Hugging Face Spaces; nothing else here needs it
     import spaces  # type: ignore[import-not-found]
 except ImportError:
@@ -41,14 +37,6 @@ T = TypeVar("T")
 #: Seconds of GPU a ZeroGPU call asks for: a fixed part (moving the weights, the prefill) plus a part per
 #: new token and method, capped at what ZeroGPU grants one call.
 ZEROGPU_BASE_S, ZEROGPU_PER_TOKEN_S, ZEROGPU_MAX_S = 20.0, 0.15, 300
-
-
-# ------------------------------------------------------------------ caps
-def server_caps(ctx: AppContext) -> ServerCaps:
-    """The per-request caps of this server's device (known from the budget cap before the pair loads)."""
-    if ctx.loaded:
-        return caps_for(ctx.pair().device)
-    return caps_for("cuda") if ctx.budget_cap() > CPU_MAX_BUDGET else CPU_CAPS
 
 
 # ------------------------------------------------------------------ cancellation

@@ -27,11 +27,9 @@ from dataclasses import dataclass
 import gradio as gr
 
 from sequoia.core.config import GenerationConfig
-from sequoia.core.request import DecodeRequest, DPRequest, Limits, RequestError, parse_decode, parse_dp
-from sequoia.core.tree import MAX_TREE_SIZE
+from sequoia.core.request import DecodeRequest, DPRequest, RequestError, parse_decode, parse_dp
 from sequoia.runtime.methods import make_method
 
-from . import serving
 from .acceptance_choice import acceptance_catalogue
 from .context import AppContext
 from .memo import RequestMemo, raw_key
@@ -56,13 +54,6 @@ def memo(ctx: AppContext) -> RequestMemo:
     return ctx.requests
 
 
-def limits(ctx: AppContext) -> Limits:
-    """What one request may ask of this server (budget cap, token caps by device)."""
-    caps = serving.server_caps(ctx)
-    return Limits(budget_cap=min(ctx.budget_cap(), MAX_TREE_SIZE), max_new_tokens=caps.max_new_tokens,
-                  max_prompt_tokens=caps.max_prompt_tokens, device=caps.device)
-
-
 def decode_request(ctx: AppContext, prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed,
                    chat=True, acceptance=None) -> DecodeRequest:
     """The parsed, tokenized request of these raw values (parsed once for the same values on this server).
@@ -70,7 +61,7 @@ def decode_request(ctx: AppContext, prompt, method, budget, depth, temperature, 
     ``acceptance``: None, a vector, or text such as ``"0.8, 0.1"``.  Raises RequestError naming the bad
     fields, or ModelsNotReady (a ValueError) while the pair loads.
     """
-    lim = limits(ctx)
+    lim = ctx.limits
     raw = (prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed, chat, acceptance)
 
     def parse() -> DecodeRequest:

@@ -102,7 +102,7 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", help="run only the steps whose names start with these (e.g. compare)")
     args = ap.parse_args()
     memory = app.memory_from_env()
-    demo = app.build_demo(app.load_from_env, max_budget=app._env_budget_cap(), exact_loader=app.exact_loader_from_env(),
+    demo = app.build_demo(app.load_from_env, device=app.env_device(), exact_loader=app.exact_loader_from_env(),
                           reference_loader=app.reference_loader_from_env(), memory=memory)
     ctx = demo.sequoia_context
     port = free_port()

@@ -70,6 +70,16 @@ def ctx(demo):
     return demo.sequoia_context
 
 
+def test_the_request_limits_are_derived_once_from_the_device():
+    from components.context import GPU_MAX_BUDGET, server_limits
+
+    gpu = server_limits("cuda:0")
+    assert gpu.budget_cap == GPU_MAX_BUDGET and gpu.max_new_tokens == caps_for("cuda").max_new_tokens
+    assert server_limits("cpu", 24).budget_cap == 24 and server_limits("cpu", 10 ** 6).budget_cap == MAX_TREE_SIZE
+    demo = app.build_demo(lambda: None, device="cuda")          # the sliders are laid out before the pair loads
+    assert demo.sequoia_context.limits == gpu and demo.sequoia_context.budget_cap() == GPU_MAX_BUDGET
+
+
 def test_new_tokens_are_capped_by_device_with_a_message(ctx):
     assert caps_for("cpu") == CPU_CAPS and caps_for("cuda:0").max_new_tokens > CPU_CAPS.max_new_tokens
     with pytest.raises(ValueError, match=r"max new tokens 100000 .* cap of 256 per request on cpu"):
