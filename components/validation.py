@@ -1,7 +1,8 @@
 """The page's request path: one parse per request, before it queues; the handlers get the parsed request.
 
-**Parse once.**  :func:`decode_request` turns the raw values of the Live and
-Compare tabs and of the ``/decode`` and ``/compare`` endpoints into a frozen
+**Parse once.**  :func:`parse_inputs` turns the raw values of the Live and
+Compare tabs and of the ``/decode`` and ``/compare`` endpoints (their fields
+defined once: :class:`components.decode_inputs.DecodeInputs`) into a frozen
 :class:`sequoia.core.request.DecodeRequest` (the one parser,
 :func:`sequoia.core.request.parse_decode`, then the prompt's token ids), and
 :func:`dp_request` does the same for ``/dp``.  Each remembers the last
@@ -22,7 +23,7 @@ label.  ``gr.api`` takes no ``validator=`` argument, so
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import gradio as gr
 
@@ -32,17 +33,16 @@ from sequoia.runtime.methods import make_method
 
 from .acceptance_choice import acceptance_catalogue
 from .context import AppContext
+from .decode_inputs import (API_FIELDS, COMPARE_FIELDS, PAGE_FIELDS, DecodeInputs, api_signature, compare_handler,
+                            page_handler)
 from .memo import RequestMemo, raw_key
 
 #: Fields of each endpoint's inputs, in order (None: an input the request parser does not read).
 INPUT_FIELDS = {
-    "decode": ("prompt", "method", "budget", "depth", "temperature", "top_p", "max_new_tokens", "seed", "chat",
-               "acceptance"),
-    "decode_stream": ("prompt", "method", "budget", "depth", "temperature", "top_p", "max_new_tokens", "seed",
-                      "acceptance", "chat"),
+    "decode": API_FIELDS,
+    "decode_stream": PAGE_FIELDS,
     "compare": ("prompt", "budget", "depth", "temperature", "top_p", "max_new_tokens", "seed", None),
-    "compare_stream": ("prompt", "budget", "depth", "temperature", "top_p", "max_new_tokens", "seed", "acceptance",
-                       "chat", None),
+    "compare_stream": (*COMPARE_FIELDS[:-1], None),
     "dp": ("acceptance", "budget", "depth"),
 }
 #: The method a comparison's request is parsed (and its budget checked) with; each row then takes its own.
@@ -54,15 +54,26 @@ def memo(ctx: AppContext) -> RequestMemo:
     return ctx.requests
 
 
-def decode_request(ctx: AppContext, prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed,
-                   chat=True, acceptance=None) -> DecodeRequest:
+def decode_request(ctx: AppContext, *values, **named) -> DecodeRequest:
+    """The parsed request of raw values given as :class:`DecodeInputs`' fields (:func:`parse_inputs`)."""
+    return parse_inputs(ctx, DecodeInputs(*values, **named))
+
+
+def page_request(ctx: AppContext, inputs: DecodeInputs) -> DecodeRequest:
+    """The parsed request of the Live tab's inputs, whose acceptance is a catalogue label (an unknown one: the
+    method's default vector)."""
+    vector = acceptance_catalogue(ctx.assets_dir).get(inputs.acceptance)
+    return parse_inputs(ctx, replace(inputs, acceptance=vector))
+
+
+def parse_inputs(ctx: AppContext, inputs: DecodeInputs) -> DecodeRequest:
     """The parsed, tokenized request of these raw values (parsed once for the same values on this server).
 
-    ``acceptance``: None, a vector, or text such as ``"0.8, 0.1"``.  Raises RequestError naming the bad
+    ``inputs.acceptance``: None, a vector, or text such as ``"0.8, 0.1"``.  Raises RequestError naming the bad
     fields, or ModelsNotReady (a ValueError) while the pair loads.
     """
     lim = ctx.limits
-    raw = (prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed, chat, acceptance)
+    raw = inputs.values()
 
     def parse() -> DecodeRequest:
         req = parse_decode(*raw, limits=lim)
@@ -143,33 +154,25 @@ def answer(fields: tuple[str | None, ...], check: Callable[[], object]) -> list[
 
 def validators(ctx: AppContext) -> dict[str, Callable[..., list[dict]]]:
     """api_name -> validator with the endpoint's signature; each parses (and so remembers) the request."""
-    def decode(prompt, method="sequoia", budget=32, depth=8, temperature=0.0, top_p=1.0, max_new_tokens=64,
-               seed=0, chat=True, acceptance=""):
-        return answer(INPUT_FIELDS["decode"], lambda: decode_request(
-            ctx, prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed, chat, acceptance))
+    def decode(*values, **named):
+        return answer(API_FIELDS, lambda: decode_request(ctx, *values, **named))
 
-    def decode_stream(prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed, acceptance_name,
-                      chat):
-        vec = acceptance_catalogue(ctx.assets_dir).get(acceptance_name)
-        return answer(INPUT_FIELDS["decode_stream"], lambda: decode_request(
-            ctx, prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed, chat, vec))
+    def decode_stream(inputs: DecodeInputs):
+        return answer(PAGE_FIELDS, lambda: page_request(ctx, inputs))
 
     def compare(prompt, budget=32, depth=8, temperature=0.0, top_p=1.0, max_new_tokens=64, seed=0,
                 include_hf=True):
         return answer(INPUT_FIELDS["compare"], lambda: decode_request(
             ctx, prompt, COMPARE_METHOD, budget, depth, temperature, top_p, max_new_tokens, seed))
 
-    def compare_stream(prompt, budget, depth, temperature, top_p, max_new_tokens, seed, acceptance_name, chat,
-                       methods):
-        vec = acceptance_catalogue(ctx.assets_dir).get(acceptance_name)
-        return answer(INPUT_FIELDS["compare_stream"], lambda: decode_request(
-            ctx, prompt, COMPARE_METHOD, budget, depth, temperature, top_p, max_new_tokens, seed, chat, vec))
+    def compare_stream(inputs: DecodeInputs, methods: list[str]):
+        return answer(INPUT_FIELDS["compare_stream"], lambda: page_request(ctx, inputs))
 
     def dp(acceptance, budget=32, depth=8):
         return answer(INPUT_FIELDS["dp"], lambda: dp_request(ctx.lanes.dp_requests, acceptance, budget, depth))
 
-    return {"decode": decode, "decode_stream": decode_stream, "compare": compare, "compare_stream": compare_stream,
-            "dp": dp}
+    return {"decode": api_signature(decode, list), "decode_stream": page_handler(decode_stream), "compare": compare,
+            "compare_stream": compare_handler(compare_stream, COMPARE_METHOD), "dp": dp}
 
 
 def attach_validators(demo: gr.Blocks, ctx: AppContext) -> list[str]:

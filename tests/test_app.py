@@ -10,6 +10,7 @@ import pytest
 import app
 from components import compare_tab, dp_tab, hardware_tab, live_tab, validation
 from components.context import AppContext, LoadStatus
+from components.decode_inputs import DecodeInputs
 from components.acceptance_choice import DEFAULT_ACCEPTANCE_LABEL, acceptance_catalogue, default_acceptance_label, parse_acceptance
 from sequoia.runtime.dynamic import MAX_DEPTH
 from sequoia.runtime.methods import DEFAULT_ACCEPTANCE
@@ -35,8 +36,8 @@ def ctx(demo) -> AppContext:
 def _stream(ctx, prompt="def f(x):", method="Sequoia (budget & depth)", budget=8, depth=3, temperature=0.0,
             top_p=1.0, max_new=12, seed=0):
     """The stream's view frames (the frames after the run only update the summary: the ratio's measurement)."""
-    return [out for out in live_tab.decode_stream(ctx, prompt, method, budget, depth, temperature, top_p, max_new,
-                                                  seed, CODE, True) if out[0] != gr.skip()]
+    inputs = DecodeInputs.from_page(prompt, method, budget, depth, temperature, top_p, max_new, seed, CODE, True)
+    return [out for out in live_tab.decode_stream(ctx, inputs) if out[0] != gr.skip()]
 
 
 def _proposer(ctx, method, budget, depth):
@@ -120,7 +121,8 @@ def test_stopping_a_decode_closes_the_engine_generator(ctx, monkeypatch):
             closed.append(gen.gi_frame is None)  # a closed generator has no frame (its KV caches are gone)
 
     monkeypatch.setattr(live_tab, "run_decode", spy)
-    stream = live_tab.decode_stream(ctx, "def f(x):", "Chain", 4, 4, 0.0, 1.0, 200, 0, CODE, True)
+    inputs = DecodeInputs.from_page("def f(x):", "Chain", 4, 4, 0.0, 1.0, 200, 0, CODE, True)
+    stream = live_tab.decode_stream(ctx, inputs)
     next(stream)
     assert closed == []
     stream.close()  # what Gradio does on Stop
@@ -195,7 +197,8 @@ def test_compare_identical_at_greedy(ctx):
 
 def test_compare_streams_rows_and_stops(ctx, monkeypatch):
     picked = ["Chain", "SpecInfer", "Sequoia (budget & depth)"]  # Target only runs anyway
-    outs = list(compare_tab.on_compare(ctx, "x = 1", 8, 3, 0.0, 1.0, 6, 0, CODE, True, picked))
+    outs = list(compare_tab.on_compare(ctx, DecodeInputs("x = 1", "", 8, 3, max_new_tokens=6, acceptance=CODE),
+                                      picked))
     tables = [o[1] for o in outs if not isinstance(o[1], type(gr.skip()))]
     assert [len(t) for t in tables] == [0, 1, 2, 3, 4]  # the table grows one method at a time
     assert "Running" in outs[1][2] and "Identical at T=0" in outs[-1][2]
@@ -209,7 +212,7 @@ def test_compare_streams_rows_and_stops(ctx, monkeypatch):
             closed.append(gen.gi_frame is None)
 
     monkeypatch.setattr(compare_tab, "iter_run", spy)
-    it = compare_tab.iter_comparison(ctx, "x = 1", 8, 3, 0.0, 1.0, 50, 0, include_hf=False)
+    it = compare_tab.iter_comparison(ctx, DecodeInputs("x = 1", "", 8, 3, max_new_tokens=50), include_hf=False)
     while next(it).tokens == 0:
         pass
     it.close()

@@ -10,6 +10,7 @@ import torch
 import app
 from components import compare_tab, distribution_tab, distribution_view, divergence_view
 from components.context import AppContext
+from components.decode_inputs import DecodeInputs
 from sequoia.core.config import GenerationConfig, SamplingConfig
 from sequoia.core.distribution import RULES, check_rule
 from sequoia.runners.hf.loading import wrap_model
@@ -87,7 +88,7 @@ def test_app_context_loads_the_exact_pair_once(low_precision_pair, tmp_path):
 
 def test_compare_in_exact_mode_says_identical_and_certifies(low_precision_pair, tmp_path):
     ctx = AppContext.from_pair_or_loader(low_precision_pair, assets_dir=tmp_path)
-    frames = list(compare_tab.on_compare(ctx, "def f(x):", 8, 3, 0.0, 1.0, 16, 0, None, True,
+    frames = list(compare_tab.on_compare(ctx, DecodeInputs("def f(x):", "", 8, 3, max_new_tokens=16),
                                          ["Chain", "SpecInfer", "Sequoia (budget & depth)"], exact=True))
     rows = [f[1] for f in frames if isinstance(f[1], list)][-1]
     assert rows and all(r[-1] == "✓ identical" for r in rows)
@@ -152,7 +153,7 @@ def test_divergence_report_on_a_forced_near_tie(tiny_target):
 def test_compare_explains_a_divergence(tiny_target, tmp_path):
     tied = near_tie(tiny_target)
     ctx = AppContext.from_pair_or_loader(app_pair(tied, tied), assets_dir=tmp_path)
-    frames = list(compare_tab.on_compare(ctx, "def f(x):", 8, 3, 0.0, 1.0, 8, 0, None, True, ["Chain"]))
+    frames = list(compare_tab.on_compare(ctx, DecodeInputs("def f(x):", "", 8, 3, max_new_tokens=8), ["Chain"]))
     # The forced tie is within the kernels' measured gap: the row reads identical up to it, one explanation.
     last = [f[1] for f in frames if isinstance(f[1], list)][-1]
     assert any(r[-1].startswith("≈ identical up to a kernel near-tie at token 2") for r in last)
