@@ -79,11 +79,11 @@ def build_demo(pair_or_loader: Any | Callable[[], Any], assets_dir: Path = ASSET
             with gr.Tab("Live decoding"):
                 live_layout.build(ctx)
             with gr.Tab("DP explorer"):
-                dp_tab.build(ctx, demo)
+                dp_tab.build(ctx.lanes, ctx.assets_dir, demo)
             with gr.Tab("Compare"):
                 compare_tab.build(ctx)
             with gr.Tab("Distribution check"):
-                distribution_tab.build(ctx)
+                distribution_tab.build(ctx.models)
             with gr.Tab("Hardware") as hardware:
                 hardware_tab.build(ctx, demo, refresh_on=(hardware.select, ready.change))
         _wire_status(ctx, demo, banner, ready)

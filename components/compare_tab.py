@@ -130,8 +130,8 @@ class CompareState:
     """Where a comparison stands; :func:`iter_comparison` yields it after every step."""
 
     total: int                                                  # methods to run
-    rows: list = field(default_factory=list)                    # finished CompareRows, identical flags set
-    notes: list = field(default_factory=list)                   # e.g. why a Hugging Face baseline was skipped
+    rows: list[compare_view.CompareRow] = field(default_factory=list)   # finished, identical flags set
+    notes: list[str] = field(default_factory=list)              # e.g. why a Hugging Face baseline was skipped
     running: str | None = None                                  # method now running (None: done)
     tokens: int = 0                                             # its tokens so far
 

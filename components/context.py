@@ -20,7 +20,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+import torch
 
 from sequoia._meta import ASSETS, pair_name  # ASSETS re-exported for the tabs
 from sequoia.core.config import caps_for
@@ -57,12 +58,12 @@ MODEL_WORK = {"concurrency_id": "model", "concurrency_limit": 1}
 LIGHT_WORK = {"concurrency_id": "light", "concurrency_limit": 1 if (os.cpu_count() or 1) <= 4 else 4}
 
 
-def budget_cap_for(device: Any) -> int:
+def budget_cap_for(device: torch.device | str) -> int:
     """Largest tree budget the UI accepts on a device (a torch.device or its name)."""
     return GPU_MAX_BUDGET if str(device).startswith("cuda") else CPU_MAX_BUDGET
 
 
-def server_limits(device: Any, max_budget: int | None = None) -> Limits:
+def server_limits(device: torch.device | str, max_budget: int | None = None) -> Limits:
     """What one request may ask of this server, derived once for the device the pair runs on: the tree budget
     (``max_budget``, else by device, within MAX_TREE_SIZE) and the token caps (sequoia.core.config.caps_for)."""
     caps = caps_for(device)

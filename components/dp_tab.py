@@ -14,16 +14,17 @@ context) shows the best tree of the cell holding one at the root
 import functools
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import gradio as gr
 
 from sequoia.core.config import MAX_DEPTH
-from sequoia.core.dp import baseline_curves, check_copies, optimal_tree, optimal_tree_with_copies
+from sequoia.core.dp import DPResult, baseline_curves, check_copies, optimal_tree, optimal_tree_with_copies
 from sequoia.core.request import parse_dp
 from sequoia.core.tree import MAX_TREE_SIZE
 
 from . import dp_view, validation
-from .context import LIGHT_WORK, AppContext
+from .context import LIGHT_WORK
 from .lanes import WorkLanes
 from .acceptance_choice import acceptance_catalogue, format_acceptance, parse_acceptance
 
@@ -32,7 +33,7 @@ from .acceptance_choice import acceptance_catalogue, format_acceptance, parse_ac
 class DPSession:
     """Per-session state: the last solved table (``sequoia.core.dp.DPResult``)."""
 
-    result: object = None
+    result: DPResult | None = None
 
 
 def solve(acceptance_text: str, budget, depth):
@@ -197,10 +198,11 @@ def _curves(acceptance: tuple[float, ...], budget: int) -> tuple[list[int], dict
     return sizes, baseline_curves(acceptance, sizes)
 
 
-def build(ctx: AppContext, demo: gr.Blocks) -> None:
-    """Lay out the tab inside the current ``gr.Blocks`` and wire its events (the work runs in ``ctx.lanes``)."""
-    ctx.lanes.dp.prepare()   # now: before the server listens and before the pair loads (components.lanes)
-    catalogue = acceptance_catalogue(ctx.assets_dir)
+def build(lanes: WorkLanes, assets_dir: Path, demo: gr.Blocks) -> None:
+    """Lay out the tab inside the current ``gr.Blocks`` and wire its events (no model: the work runs in
+    ``lanes``; the vectors offered are read from ``assets_dir``)."""
+    lanes.dp.prepare()   # now: before the server listens and before the pair loads (components.lanes)
+    catalogue = acceptance_catalogue(assets_dir)
     names = list(catalogue)
     with gr.Accordion("How to read this", open=False):
         gr.Markdown(HOW_TO_READ)
@@ -231,7 +233,7 @@ def build(ctx: AppContext, demo: gr.Blocks) -> None:
     pick.change(lambda name: on_pick(name, catalogue), pick, vector, api_visibility="private", **LIGHT_WORK)
     vector.input(lambda text, name: on_edit(text, name, catalogue), [vector, pick], pick,
                  api_visibility="private", trigger_mode="always_last", **LIGHT_WORK)
-    _wire_solves(ctx.lanes, demo, (solve_btn, copies), [vector, budget, depth, n, d, session],
+    _wire_solves(lanes, demo, (solve_btn, copies), [vector, budget, depth, n, d, session],
                  [heat, tree, cell_md, curves, n, d, session], ([vector, copies, n, d], [copies_tree, copies_md]))
 
 

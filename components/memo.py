@@ -5,7 +5,9 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class RequestMemo:
@@ -20,7 +22,7 @@ class RequestMemo:
         self._items: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
 
-    def get_or_parse(self, key: Hashable | None, parse: Callable[[], Any]) -> Any:
+    def get_or_parse(self, key: Hashable | None, parse: Callable[[], T]) -> T:
         if key is not None:
             with self._lock:
                 if key in self._items:

@@ -48,7 +48,7 @@ class ProfileRoom:
     auto_profile: bool = False                # measure a profile in the background when none matches
     choice: ProfileChoice = field(default_factory=_not_loaded)
     profiling: LoadStatus | None = None       # progress of the background measurement; None: none started
-    _derived: dict = field(default_factory=dict, repr=False)
+    _derived: dict[Hashable, object] = field(default_factory=dict, repr=False)
     _derived_for: ProfileChoice | None = field(default=None, repr=False)   # the choice _derived belongs to
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

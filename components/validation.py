@@ -29,6 +29,7 @@ import gradio as gr
 
 from sequoia.core.config import GenerationConfig
 from sequoia.core.request import DecodeRequest, DPRequest, RequestError, parse_decode, parse_dp
+from sequoia.runtime.drafter import Proposer
 from sequoia.runtime.methods import make_method
 
 from .acceptance_choice import acceptance_catalogue
@@ -99,7 +100,7 @@ class EngineInputs:
     """What the engine takes for one parsed request: prompt ids, proposer, settings (and a note for the page)."""
 
     prompt_ids: list[int]
-    proposer: object
+    proposer: Proposer
     config: GenerationConfig
     note: str = ""            # e.g. a fallback that was taken, shown as a warning
     inspect: bool = False     # record what verification saw (the live tab's inspector)

@@ -70,8 +70,8 @@ def steps(ctx: AppContext, tokens: int) -> list[tuple[str, Callable[[], object]]
         ("live exact", lambda: drain(live_tab.decode_stream(ctx.exact_context(), live))),
         ("compare exact", lambda: drain(compare_tab.on_compare(ctx, compare, methods, exact=True))),
         ("compare + reference", lambda: drain(compare_tab.on_compare(ctx, compare, methods))),
-        ("distribution check", lambda: drain(distribution_tab.on_check(ctx, "Write a haiku about autumn leaves.",
-                                                                       1.0, 0.95, 200, 4, 0, True))),
+        ("distribution check", lambda: drain(distribution_tab.on_check(
+            ctx.models, "Write a haiku about autumn leaves.", 1.0, 0.95, 200, 4, 0, True))),
         ("measure", lambda: hardware_tab.measure(ctx, 32, 8, acceptance_catalogue(ctx.assets_dir)[label])),
         ("live again", lambda: drain(live_tab.decode_stream(ctx, live))),
     ]
