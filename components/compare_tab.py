@@ -191,19 +191,23 @@ def iter_comparison(ctx: AppContext, inputs: DecodeInputs, include_hf=True, meth
             else:
                 state.rows = compare_view.mark_identical([*state.rows, row])
             continue
-        run_ctx, req = others[m.label] if m.runtime else (ctx, reqs[m.label])
-        with closing(iter_run(run_ctx.engine(), run_ctx.pair(), m.row, req.prompt_ids, req.config,
-                              req.proposer)) as steps:
-            while True:
-                try:
-                    state.tokens += next(steps).n_new
-                except StopIteration as done:
-                    run = done.value
-                    break
-                yield state
-        state.rows = compare_view.mark_identical([*state.rows, _row(m.row, run)])
+        yield from _engine_row(state, m, *(others[m.label] if m.runtime else (ctx, reqs[m.label])))
     state.running = None
     yield state
+
+
+def _engine_row(state: CompareState, m: CompareMethod, run_ctx: AppContext, req) -> Iterator[CompareState]:
+    """Run one method on the engine, yielding ``state`` after every step; its row joins ``state.rows``."""
+    with closing(iter_run(run_ctx.engine(), run_ctx.pair(), m.row, req.prompt_ids, req.config,
+                          req.proposer)) as steps:
+        while True:
+            try:
+                state.tokens += next(steps).n_new
+            except StopIteration as done:
+                run = done.value
+                break
+            yield state
+    state.rows = compare_view.mark_identical([*state.rows, _row(m.row, run)])
 
 
 def run_comparison(ctx: AppContext, prompt, budget, depth, temperature, top_p, max_new_tokens, seed,

@@ -96,7 +96,7 @@ class AppContext:
 
     @classmethod
     def from_pair_or_loader(cls, pair_or_loader: ModelPair | Callable[[], ModelPair], *, assets_dir: Path = ASSETS,
-                            max_budget: int | None = None, device: str | None = None,
+                            max_budget: int | None = None, device: torch.device | str | None = None,
                             status: LoadStatus | None = None,
                             cache_dir: Path | None = None, auto_profile: bool = False, owner: bool = False,
                             exact_loader: ExtraLoader | None = None, reference_loader: ExtraLoader | None = None,
