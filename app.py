@@ -20,13 +20,14 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import gradio as gr
 
 from components import compare_tab, distribution_tab, dp_tab, hardware_tab, live_layout, status_view, validation
 from components.context import ASSETS, AppContext, LoadStatus
+from components.extra_runners import ExtraLoader
 from sequoia.runtime.memory import MemoryBudget, gguf_size_bytes, parse_memory_gb
+from sequoia.runtime.models import ModelPair
 
 CSS_PATH = ASSETS / "studio.css"
 #: Parameters of the embedded target as converted (Qwen2.5-Coder-1.5B; the shipped GGUF has its own head), for
@@ -44,11 +45,10 @@ the target verifies it in one forward, and the output is distributed exactly as 
 </div>"""
 
 
-def build_demo(pair_or_loader: Any | Callable[[], Any], assets_dir: Path = ASSETS,
+def build_demo(pair_or_loader: ModelPair | Callable[[], ModelPair], assets_dir: Path = ASSETS,
                max_budget: int | None = None, device: str | None = None, status: LoadStatus | None = None,
                cache_dir: Path | None = None, auto_profile: bool = False, owner: bool = False,
-               exact_loader: Callable[[Any, Callable[[float, str], None]], Any] | None = None,
-               reference_loader: Callable[[Any, Callable[[float, str], None]], Any] | None = None,
+               exact_loader: ExtraLoader | None = None, reference_loader: ExtraLoader | None = None,
                memory: MemoryOptions | None = None) -> gr.Blocks:
     """The whole app for a model pair, or a zero-argument callable that loads one.
 
@@ -203,11 +203,11 @@ class MemoryOptions:
     """What the app plans its on-demand loads with (components.extra_runners.ExtraRunners: memory, exact_bytes, ...)."""
 
     budget: MemoryBudget
-    exact_bytes: Callable[[Any], int] | None = None       # pair -> bytes exact mode's target adds
-    reference_bytes: Callable[[Any], int] | None = None   # pair -> bytes Compare's llama.cpp reference adds
+    exact_bytes: Callable[[ModelPair], int] | None = None       # pair -> bytes exact mode's target adds
+    reference_bytes: Callable[[ModelPair], int] | None = None   # pair -> bytes Compare's llama.cpp reference adds
     hints: tuple[str, ...] = ()                           # what the owner could change to make room
 
-    def context_fields(self) -> dict[str, Any]:
+    def context_fields(self) -> dict[str, object]:
         fields = {"memory": self.budget, "memory_hints": self.hints, "exact_bytes": self.exact_bytes,
                   "reference_bytes": self.reference_bytes}
         return {k: v for k, v in fields.items() if v is not None}
