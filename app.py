@@ -26,6 +26,7 @@ import gradio as gr
 from components import compare_tab, distribution_tab, dp_tab, hardware_tab, live_layout, status_view, validation
 from components.context import ASSETS, AppContext, LoadStatus
 from components.extra_runners import ExtraLoader
+from components.lanes import WorkLanes
 from sequoia.runtime.memory import MemoryBudget, gguf_size_bytes, parse_memory_gb
 from sequoia.runtime.models import ModelPair
 
@@ -49,7 +50,7 @@ def build_demo(pair_or_loader: ModelPair | Callable[[], ModelPair], assets_dir: 
                max_budget: int | None = None, device: str | None = None, status: LoadStatus | None = None,
                cache_dir: Path | None = None, auto_profile: bool = False, owner: bool = False,
                exact_loader: ExtraLoader | None = None, reference_loader: ExtraLoader | None = None,
-               memory: MemoryOptions | None = None) -> gr.Blocks:
+               memory: MemoryOptions | None = None, lanes: WorkLanes | None = None) -> gr.Blocks:
     """The whole app for a model pair, or a zero-argument callable that loads one.
 
     A loader runs on first use, or in the background once ``demo.sequoia_context.models.start_loading()``
@@ -62,9 +63,11 @@ def build_demo(pair_or_loader: ModelPair | Callable[[], ModelPair], assets_dir: 
     float32 copy of the loaded target, which suits small unquantized models).  ``reference_loader``: (pair,
     progress) -> the same target on llama.cpp, for Compare's reference row (None: no such row).  ``memory``:
     the budget those two loads are planned against, and their sizes (None: the machine's memory, no cap).
+    ``lanes``: where model-free work runs (None: new ones, whose DP process is forked as the page is built);
+    apps built in one process (tests, scripts) may share one set, and so one DP process.
     """
     ctx = AppContext.from_pair_or_loader(pair_or_loader, assets_dir=Path(assets_dir), max_budget=max_budget,
-                                         device=device,
+                                         device=device, lanes=lanes,
                                          cache_dir=cache_dir, auto_profile=auto_profile, owner=owner,
                                          exact_loader=exact_loader, reference_loader=reference_loader,
                                          **({"status": status} if status is not None else {}),

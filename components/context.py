@@ -102,7 +102,7 @@ class AppContext:
                             exact_loader: ExtraLoader | None = None, reference_loader: ExtraLoader | None = None,
                             memory: MemoryBudget | None = None, exact_bytes: Callable[[ModelPair], int] | None = None,
                             reference_bytes: Callable[[ModelPair], int] | None = None,
-                            memory_hints: tuple[str, ...] = ()) -> AppContext:
+                            memory_hints: tuple[str, ...] = (), lanes: WorkLanes | None = None) -> AppContext:
         """The app state around a loaded pair, or a zero-argument callable that loads one (on first use or in
         :meth:`LoadedPair.start_loading`) on ``device`` (None: the CPU); the rest is each room's settings (None:
         the room's default)."""
@@ -115,7 +115,8 @@ class AppContext:
         sizes = {k: v for k, v in (("exact_bytes", exact_bytes), ("reference_bytes", reference_bytes)) if v}
         extras = ExtraRunners(models, exact_loader, reference_loader, memory or MemoryBudget(),
                               memory_hints=tuple(memory_hints), **sizes)
-        return cls(models, hardware, extras, server_limits(device or "cpu", max_budget), owner=owner)
+        return cls(models, hardware, extras, server_limits(device or "cpu", max_budget), lanes or WorkLanes(),
+                   owner=owner)
 
     def _view(self, pair: ModelPair) -> AppContext:
         """This state around another pair, with its own engine and its own memo of parsed requests (their

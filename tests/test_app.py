@@ -24,8 +24,8 @@ def pair(tiny_app_pair):
 
 
 @pytest.fixture(scope="module")
-def demo(pair, tmp_path_factory):
-    return app.build_demo(pair, assets_dir=tmp_path_factory.mktemp("assets"), max_budget=24)
+def demo(pair, tmp_path_factory, lanes):
+    return app.build_demo(pair, assets_dir=tmp_path_factory.mktemp("assets"), max_budget=24, lanes=lanes)
 
 
 @pytest.fixture()
@@ -52,9 +52,9 @@ def test_build_demo_names_api_endpoints(demo):
     assert {"decode", "decode_stream", "dp", "compare"} <= names
 
 
-def test_loader_is_lazy(tmp_path):
+def test_loader_is_lazy(tmp_path, lanes):
     calls = []
-    demo = app.build_demo(lambda: calls.append(1), assets_dir=tmp_path)
+    demo = app.build_demo(lambda: calls.append(1), assets_dir=tmp_path, lanes=lanes)
     assert isinstance(demo, gr.Blocks) and calls == []
 
 
@@ -69,7 +69,7 @@ def test_queue_serialises_model_work_and_leaves_the_dp_explorer_free(demo):
     assert len(model_fns) >= 5  # + the Compare button, Profile now, Measure
 
 
-def test_background_loading_shows_progress_and_refuses_politely(tmp_path, pair):
+def test_background_loading_shows_progress_and_refuses_politely(tmp_path, pair, lanes):
     gate, status = threading.Event(), LoadStatus()
 
     def loader():
@@ -77,7 +77,7 @@ def test_background_loading_shows_progress_and_refuses_politely(tmp_path, pair):
         assert gate.wait(30)
         return pair
 
-    demo = app.build_demo(loader, assets_dir=tmp_path, status=status)
+    demo = app.build_demo(loader, assets_dir=tmp_path, status=status, lanes=lanes)
     ctx = demo.sequoia_context
     assert "Loading the model pair: 0%" in app._banner(ctx) and not ctx.loaded
     thread = ctx.models.start_loading()
@@ -97,11 +97,11 @@ def test_background_loading_shows_progress_and_refuses_politely(tmp_path, pair):
     assert sum(r.n_new for r in _stream(ctx, max_new=4)[-1][-1].records) == 4
 
 
-def test_failed_load_is_shown_and_the_dp_explorer_still_works(tmp_path):
+def test_failed_load_is_shown_and_the_dp_explorer_still_works(tmp_path, lanes):
     def loader():
         raise RuntimeError("no such model: nobody/nothing")
 
-    demo = app.build_demo(loader, assets_dir=tmp_path)
+    demo = app.build_demo(loader, assets_dir=tmp_path, lanes=lanes)
     ctx = demo.sequoia_context
     ctx.models.start_loading().join(30)
     assert "could not be loaded" in app._banner(ctx) and "nobody/nothing" in app._banner(ctx)

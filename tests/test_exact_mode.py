@@ -188,14 +188,14 @@ def test_distribution_figure_and_summary():
     assert len(distribution_view.figure(p, []).data) == 0
 
 
-def test_distribution_tab_handler_and_app(tiny_pairs, tmp_path):
+def test_distribution_tab_handler_and_app(tiny_pairs, tmp_path, lanes):
     ctx = AppContext.from_pair_or_loader(app_pair(tiny_pairs["noisy"].draft, tiny_pairs["noisy"].target),
                                          assets_dir=tmp_path)
     frames = list(distribution_tab.on_check(ctx.models, "hello", 1.0, 1.0, 400, 3, 0, True))
     assert "Finished in" in frames[-1][1] and len(frames[-1][0].data) == 2 * len(RULES)
     with pytest.raises(Exception, match="temperature"):
         list(distribution_tab.on_check(ctx.models, "hello", 0.0, 1.0, 400, 3, 0, True))
-    demo = app.build_demo(ctx.pair(), assets_dir=tmp_path, max_budget=24)
+    demo = app.build_demo(ctx.pair(), assets_dir=tmp_path, max_budget=24, lanes=lanes)
     assert "Distribution check" in demo.config["components"].__repr__()
 
 

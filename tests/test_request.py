@@ -170,8 +170,8 @@ def test_the_colour_table_views_and_parser_load_no_transformers():
 
 # ------------------------------------------------------------------ parsed once, through the app
 @pytest.fixture(scope="module")
-def demo(tiny_app_pair, tmp_path_factory):
-    return app.build_demo(tiny_app_pair, assets_dir=tmp_path_factory.mktemp("assets"), max_budget=24)
+def demo(tiny_app_pair, tmp_path_factory, lanes):
+    return app.build_demo(tiny_app_pair, assets_dir=tmp_path_factory.mktemp("assets"), max_budget=24, lanes=lanes)
 
 
 def _decode_args(**kw):

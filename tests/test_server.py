@@ -61,8 +61,8 @@ def test_a_prompt_longer_than_any_tree_decodes_and_matches_the_target():
 
 # ------------------------------------------------------------------ caps and validation
 @pytest.fixture(scope="module")
-def demo(tiny_app_pair, tmp_path_factory):
-    return app.build_demo(tiny_app_pair, assets_dir=tmp_path_factory.mktemp("assets"), max_budget=24)
+def demo(tiny_app_pair, tmp_path_factory, lanes):
+    return app.build_demo(tiny_app_pair, assets_dir=tmp_path_factory.mktemp("assets"), max_budget=24, lanes=lanes)
 
 
 @pytest.fixture()
@@ -70,13 +70,13 @@ def ctx(demo):
     return demo.sequoia_context
 
 
-def test_the_request_limits_are_derived_once_from_the_device():
+def test_the_request_limits_are_derived_once_from_the_device(lanes):
     from components.context import GPU_MAX_BUDGET, server_limits
 
     gpu = server_limits("cuda:0")
     assert gpu.budget_cap == GPU_MAX_BUDGET and gpu.max_new_tokens == caps_for("cuda").max_new_tokens
     assert server_limits("cpu", 24).budget_cap == 24 and server_limits("cpu", 10 ** 6).budget_cap == MAX_TREE_SIZE
-    demo = app.build_demo(lambda: None, device="cuda")          # the sliders are laid out before the pair loads
+    demo = app.build_demo(lambda: None, device="cuda", lanes=lanes)   # the sliders are laid out before the pair loads
     assert demo.sequoia_context.limits == gpu and demo.sequoia_context.budget_cap() == GPU_MAX_BUDGET
 
 
@@ -193,7 +193,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_cancelled_api_decodes_stop_and_never_overlap(tmp_path):
+def test_cancelled_api_decodes_stop_and_never_overlap(tmp_path, lanes):
     from conftest import tiny_model
     from gradio_client import Client
     from gradio_client.exceptions import AppError
@@ -202,7 +202,7 @@ def test_cancelled_api_decodes_stop_and_never_overlap(tmp_path):
     meter = _Meter(delay_s=0.02)
     target.register_forward_pre_hook(meter.pre)
     target.register_forward_hook(meter.post)
-    demo = app.build_demo(app_pair(target, target), assets_dir=tmp_path, max_budget=24)
+    demo = app.build_demo(app_pair(target, target), assets_dir=tmp_path, max_budget=24, lanes=lanes)
     _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True,
                             quiet=True)
     try:
