@@ -20,13 +20,15 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import gradio as gr
 
 from components import compare_tab, distribution_tab, dp_tab, hardware_tab, live_layout, status_view, validation
-from components.context import ASSETS, AppContext, LoadStatus, budget_cap_for
+from components.context import ASSETS, AppContext, LoadStatus
+from components.extra_runners import ExtraLoader
+from components.lanes import WorkLanes
 from sequoia.runtime.memory import MemoryBudget, gguf_size_bytes, parse_memory_gb
+from sequoia.runtime.models import ModelPair
 
 CSS_PATH = ASSETS / "studio.css"
 #: Parameters of the embedded target as converted (Qwen2.5-Coder-1.5B; the shipped GGUF has its own head), for
@@ -44,24 +46,28 @@ the target verifies it in one forward, and the output is distributed exactly as 
 </div>"""
 
 
-def build_demo(pair_or_loader: Any | Callable[[], Any], assets_dir: Path = ASSETS,
-               max_budget: int | None = None, status: LoadStatus | None = None,
+def build_demo(pair_or_loader: ModelPair | Callable[[], ModelPair], assets_dir: Path = ASSETS,
+               max_budget: int | None = None, device: str | None = None, status: LoadStatus | None = None,
                cache_dir: Path | None = None, auto_profile: bool = False, owner: bool = False,
-               exact_loader: Callable[[Any, Callable[[float, str], None]], Any] | None = None,
-               reference_loader: Callable[[Any, Callable[[float, str], None]], Any] | None = None,
-               memory: MemoryOptions | None = None) -> gr.Blocks:
+               exact_loader: ExtraLoader | None = None, reference_loader: ExtraLoader | None = None,
+               memory: MemoryOptions | None = None, lanes: WorkLanes | None = None) -> gr.Blocks:
     """The whole app for a model pair, or a zero-argument callable that loads one.
 
-    A loader runs on first use, or in the background once ``demo.sequoia_context.start_loading()``
+    A loader runs on first use, or in the background once ``demo.sequoia_context.models.start_loading()``
     is called; ``status`` is the progress object the loader reports to (shown in the page banner).
+    ``max_budget`` and ``device`` (where a loader will put the pair; None: the CPU) set what one request may ask
+    (components.context.server_limits: the tree budget, by device when ``max_budget`` is None, and token caps).
     ``auto_profile``: when no cached or shipped profile matches this machine, measure one in the background
     once the pair is loaded (cached under ``cache_dir``).  ``owner``: allow server-wide changes (Profile now).
     ``exact_loader``: (pair, progress) -> the float32 target of exact mode, loaded on its first use (None: a
     float32 copy of the loaded target, which suits small unquantized models).  ``reference_loader``: (pair,
     progress) -> the same target on llama.cpp, for Compare's reference row (None: no such row).  ``memory``:
     the budget those two loads are planned against, and their sizes (None: the machine's memory, no cap).
+    ``lanes``: where model-free work runs (None: new ones, whose DP process is forked as the page is built);
+    apps built in one process (tests, scripts) may share one set, and so one DP process.
     """
     ctx = AppContext.from_pair_or_loader(pair_or_loader, assets_dir=Path(assets_dir), max_budget=max_budget,
+                                         device=device, lanes=lanes,
                                          cache_dir=cache_dir, auto_profile=auto_profile, owner=owner,
                                          exact_loader=exact_loader, reference_loader=reference_loader,
                                          **({"status": status} if status is not None else {}),
@@ -76,11 +82,11 @@ def build_demo(pair_or_loader: Any | Callable[[], Any], assets_dir: Path = ASSET
             with gr.Tab("Live decoding"):
                 live_layout.build(ctx)
             with gr.Tab("DP explorer"):
-                dp_tab.build(ctx, demo)
+                dp_tab.build(ctx.lanes, ctx.assets_dir, demo)
             with gr.Tab("Compare"):
                 compare_tab.build(ctx)
             with gr.Tab("Distribution check"):
-                distribution_tab.build(ctx)
+                distribution_tab.build(ctx.models)
             with gr.Tab("Hardware") as hardware:
                 hardware_tab.build(ctx, demo, refresh_on=(hardware.select, ready.change))
         _wire_status(ctx, demo, banner, ready)
@@ -93,17 +99,18 @@ def build_demo(pair_or_loader: Any | Callable[[], Any], assets_dir: Path = ASSET
 
 
 def _banner(ctx: AppContext) -> str:
-    return status_view.banner_html(ctx.status, ctx.pair_label()) + ctx.profile_banner()
+    return status_view.banner_html(ctx.status, ctx.models.label()) + ctx.hardware.banner()
 
 
 def _wire_status(ctx: AppContext, demo: gr.Blocks, banner: gr.HTML, ready: gr.State) -> None:
     """Re-render the banner every STATUS_POLL_S until loading (and the background profile measurement) ends,
     then stop polling and set ``ready``."""
-    timer = gr.Timer(STATUS_POLL_S, active=not ctx.status.ready or ctx.measuring)
+    timer = gr.Timer(STATUS_POLL_S, active=not ctx.status.ready or ctx.hardware.measuring)
 
     def poll():
-        done = (ctx.status.ready or ctx.status.error is not None) and not ctx.measuring
-        return _banner(ctx), gr.Timer(active=not done), ctx.status.ready and not ctx.measuring
+        measuring = ctx.hardware.measuring
+        done = (ctx.status.ready or ctx.status.error is not None) and not measuring
+        return _banner(ctx), gr.Timer(active=not done), ctx.status.ready and not measuring
 
     # No concurrency limit: a status read must never wait behind a decode.  (queue=False would skip the
     # queue entirely, but then neither the timer update nor the state change reach the page.)
@@ -196,14 +203,14 @@ def reference_loader_from_env(env: Mapping[str, str] = os.environ):
 
 @dataclass(frozen=True)
 class MemoryOptions:
-    """What the context plans its on-demand loads with (components.context.AppContext: memory, exact_bytes, ...)."""
+    """What the app plans its on-demand loads with (components.extra_runners.ExtraRunners: memory, exact_bytes, ...)."""
 
     budget: MemoryBudget
-    exact_bytes: Callable[[Any], int] | None = None       # pair -> bytes exact mode's target adds
-    reference_bytes: Callable[[Any], int] | None = None   # pair -> bytes Compare's llama.cpp reference adds
+    exact_bytes: Callable[[ModelPair], int] | None = None       # pair -> bytes exact mode's target adds
+    reference_bytes: Callable[[ModelPair], int] | None = None   # pair -> bytes Compare's llama.cpp reference adds
     hints: tuple[str, ...] = ()                           # what the owner could change to make room
 
-    def context_fields(self) -> dict[str, Any]:
+    def context_fields(self) -> dict[str, object]:
         fields = {"memory": self.budget, "memory_hints": self.hints, "exact_bytes": self.exact_bytes,
                   "reference_bytes": self.reference_bytes}
         return {k: v for k, v in fields.items() if v is not None}
@@ -242,12 +249,12 @@ def memory_from_env(env: Mapping[str, str] = os.environ) -> MemoryOptions:
     return MemoryOptions(budget, exact_bytes, reference_bytes, hints)
 
 
-def _env_budget_cap(env: Mapping[str, str] = os.environ) -> int | None:
-    """The tree-size cap for the device the pair will load on (sliders are laid out before it loads)."""
+def env_device(env: Mapping[str, str] = os.environ) -> str | None:
+    """The device the pair will load on (the request limits are derived from it before it loads)."""
     from sequoia.runtime.models import resolve_device
 
     try:
-        return budget_cap_for(resolve_device(env.get("SEQUOIA_DEVICE") or None))
+        return str(resolve_device(env.get("SEQUOIA_DEVICE") or None))
     except ValueError:
         return None  # the loader fails with the same message, and the banner shows it
 
@@ -262,11 +269,11 @@ def main() -> None:
     memory = memory_from_env()   # a bad SEQUOIA_MEMORY_GB stops here, before anything loads
     status = LoadStatus(listener=_ConsoleProgress())
     # SEQUOIA_OWNER=1: this server's owner may change server-wide state (Profile now); visitors may not.
-    demo = build_demo(lambda: load_from_env(progress=status), max_budget=_env_budget_cap(), status=status,
+    demo = build_demo(lambda: load_from_env(progress=status), device=env_device(), status=status,
                       auto_profile=True, owner=os.environ.get("SEQUOIA_OWNER") == "1",
                       exact_loader=exact_loader_from_env(), reference_loader=reference_loader_from_env(),
                       memory=memory)
-    demo.sequoia_context.start_loading()
+    demo.sequoia_context.models.start_loading()
     # GRADIO_SERVER_NAME / GRADIO_SERVER_PORT are read by gradio itself.
     demo.launch(css_paths=[CSS_PATH] if CSS_PATH.exists() else None, show_error=True)
 

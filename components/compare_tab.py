@@ -23,7 +23,8 @@ import functools
 import time
 from collections.abc import Iterator
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 
 import gradio as gr
 
@@ -33,6 +34,7 @@ from sequoia.runtime.timing import RunResult, iter_run, run_method, warmup
 
 from . import compare_view, divergence_view, serving, validation
 from .context import MODEL_WORK, AppContext
+from .decode_inputs import COMPARE_FIELDS, DecodeInputs, compare_handler
 from .acceptance_choice import acceptance_catalogue, default_acceptance_label, follow_temperature
 from .exact_compare import after_comparison
 from .frames import FRAME_S, Throttle
@@ -128,8 +130,8 @@ class CompareState:
     """Where a comparison stands; :func:`iter_comparison` yields it after every step."""
 
     total: int                                                  # methods to run
-    rows: list = field(default_factory=list)                    # finished CompareRows, identical flags set
-    notes: list = field(default_factory=list)                   # e.g. why a Hugging Face baseline was skipped
+    rows: list[compare_view.CompareRow] = field(default_factory=list)   # finished, identical flags set
+    notes: list[str] = field(default_factory=list)              # e.g. why a Hugging Face baseline was skipped
     running: str | None = None                                  # method now running (None: done)
     tokens: int = 0                                             # its tokens so far
 
@@ -150,17 +152,16 @@ def _warm_up(ctx: AppContext, engine_reqs, hf_methods) -> None:
             pass  # its row says why when it runs
 
 
-def iter_comparison(ctx: AppContext, prompt, budget, depth, temperature, top_p, max_new_tokens, seed,
-                    acceptance=None, chat=True, include_hf=True, methods=None) -> Iterator[CompareState]:
-    """Run the chosen methods (:func:`choose_methods`) in turn; ValueError on bad input before anything runs.
+def iter_comparison(ctx: AppContext, inputs: DecodeInputs, include_hf=True, methods=None) -> Iterator[CompareState]:
+    """Run the chosen methods (:func:`choose_methods`) on one request's raw inputs (its method is ignored: each
+    row runs its own) in turn; ValueError on bad input before anything runs.
 
     Closing this generator (Stop) closes the running engine generator and frees its caches.
     """
     chosen = choose_methods(ctx, methods, include_hf)
     engine = [m for m in chosen if not m.hf and not m.runtime]
     # Parsed once (by the validator when the request came through the queue), then one proposer per method.
-    base = validation.decode_request(ctx, prompt, validation.COMPARE_METHOD, budget, depth, temperature, top_p,
-                                     max_new_tokens, seed, chat, acceptance)
+    base = validation.parse_inputs(ctx, replace(inputs, method=validation.COMPARE_METHOD))
     reqs = {m.label: validation.engine_inputs(ctx, base.for_method(m.label)) for m in engine}
     ref = reqs[METHODS[0].label]  # Hugging Face baselines take the reference's prompt ids and settings
     skipped = [f"{m.label} was not run: {_why_no_reference(ctx)}"
@@ -190,28 +191,34 @@ def iter_comparison(ctx: AppContext, prompt, budget, depth, temperature, top_p, 
             else:
                 state.rows = compare_view.mark_identical([*state.rows, row])
             continue
-        run_ctx, req = others[m.label] if m.runtime else (ctx, reqs[m.label])
-        with closing(iter_run(run_ctx.engine(), run_ctx.pair(), m.row, req.prompt_ids, req.config,
-                              req.proposer)) as steps:
-            while True:
-                try:
-                    state.tokens += next(steps).n_new
-                except StopIteration as done:
-                    run = done.value
-                    break
-                yield state
-        state.rows = compare_view.mark_identical([*state.rows, _row(m.row, run)])
+        yield from _engine_row(state, m, *(others[m.label] if m.runtime else (ctx, reqs[m.label])))
     state.running = None
     yield state
+
+
+def _engine_row(state: CompareState, m: CompareMethod, run_ctx: AppContext, req) -> Iterator[CompareState]:
+    """Run one method on the engine, yielding ``state`` after every step; its row joins ``state.rows``."""
+    with closing(iter_run(run_ctx.engine(), run_ctx.pair(), m.row, req.prompt_ids, req.config,
+                          req.proposer)) as steps:
+        while True:
+            try:
+                state.tokens += next(steps).n_new
+            except StopIteration as done:
+                run = done.value
+                break
+            yield state
+    state.rows = compare_view.mark_identical([*state.rows, _row(m.row, run)])
 
 
 def run_comparison(ctx: AppContext, prompt, budget, depth, temperature, top_p, max_new_tokens, seed,
                    acceptance=None, chat=True, include_hf=True,
                    progress: ProgressFn | None = None, methods=None):
-    """All rows (reference first, identical flags set) and notes; ValueError on bad input."""
+    """All rows (reference first, identical flags set) and notes; ValueError on bad input.  The raw values by
+    name, for scripts and tests (``acceptance``: None, a vector or text)."""
+    inputs = DecodeInputs(prompt, validation.COMPARE_METHOD, budget, depth, temperature, top_p, max_new_tokens, seed,
+                          chat, acceptance)
     running = ""
-    for state in iter_comparison(ctx, prompt, budget, depth, temperature, top_p, max_new_tokens, seed,
-                                 acceptance, chat, include_hf, methods):
+    for state in iter_comparison(ctx, inputs, include_hf, methods):
         if progress and state.running != running:
             running = state.running
             progress(state.fraction, f"running {running}" if running else "done")
@@ -232,21 +239,21 @@ def _notes_markdown(rows, notes, temperature, checked: bool = True) -> str:
     return "\n\n".join(line for line in lines if line)
 
 
-def on_compare(ctx, prompt, budget, depth, temperature, top_p, max_new, seed, acceptance_name, chat, methods,
-               exact=False):
-    """Generator handler: the bars and table grow as each method finishes; a line says what runs now.
+def on_compare(ctx: AppContext, inputs: DecodeInputs, methods: list[str], exact: bool = False):
+    """Generator handler of the tab's inputs (the acceptance a catalogue label): the bars and table grow as each
+    method finishes; a line says what runs now.
 
     ``methods``: the ticked checkbox labels (:data:`METHODS`).  ``exact``: run on the exact-mode pair
     (:meth:`AppContext.exact_context`); at T=0 a differing output gets its first divergence explained.
     """
-    acceptance = acceptance_catalogue(ctx.assets_dir).get(acceptance_name)
+    temperature = inputs.temperature
+    inputs = replace(inputs, acceptance=acceptance_catalogue(ctx.assets_dir).get(inputs.acceptance))
     shown, frame = -1, Throttle(FRAME_S)
     try:
         if exact and not ctx.exact_loaded:
             yield gr.skip(), gr.skip(), divergence_view.LOADING
         run_ctx = ctx.exact_context() if exact else ctx
-        for state in iter_comparison(run_ctx, prompt, budget, depth, temperature, top_p, max_new, seed, acceptance,
-                                     chat, methods=list(methods or ())):
+        for state in iter_comparison(run_ctx, inputs, methods=list(methods or ())):
             if len(state.rows) == shown and state.running and not frame.due(time.monotonic()):
                 continue  # only the "n tokens so far" line would change: at most once a frame
             md = _notes_markdown(state.rows, state.notes, temperature, checked=False) if state.running is None else (
@@ -257,7 +264,7 @@ def on_compare(ctx, prompt, budget, depth, temperature, top_p, max_new, seed, ac
                 continue
             shown = len(state.rows)
             yield compare_view.figure(state.rows), compare_view.table(state.rows), md
-        yield from after_comparison(run_ctx, prompt, chat, state.rows, temperature, exact,
+        yield from after_comparison(run_ctx, inputs.prompt, inputs.chat, state.rows, temperature, exact,
                                     lambda rows: _notes_markdown(rows, state.notes, temperature))
     except ValueError as exc:
         raise gr.Error(str(exc), title="Cannot compare") from None
@@ -267,8 +274,9 @@ def on_compare(ctx, prompt, budget, depth, temperature, top_p, max_new, seed, ac
 
 def compare_api_fn(ctx: AppContext):
     def work(stop, prompt, budget, depth, temperature, top_p, max_new_tokens, seed, include_hf):
-        states = iter_comparison(ctx, prompt, budget, depth, temperature, top_p, max_new_tokens, seed,
-                                 include_hf=include_hf)
+        inputs = DecodeInputs(prompt, validation.COMPARE_METHOD, budget, depth, temperature, top_p, max_new_tokens,
+                              seed)
+        states = iter_comparison(ctx, inputs, include_hf=include_hf)
         rows = serving.drain(states, stop)[-1].rows  # a cancelled request stops within a step
         return [dict(zip(compare_view.HEADERS, row)) for row in compare_view.table(rows)]
 
@@ -295,65 +303,76 @@ Three kinds of drafting: a draft model (Sequoia's trees, HF assisted), copies of
 
 
 def build(ctx: AppContext) -> None:
-    cap = ctx.budget_cap()
-    choices = list(acceptance_catalogue(ctx.assets_dir))
+    """Lay out the tab inside the current ``gr.Blocks`` and wire its events."""
     with gr.Accordion("How to read this", open=False):
         gr.Markdown(HOW_TO_READ)
     with gr.Row():
         with gr.Column(scale=1, min_width=300):
-            prompt = gr.Textbox(label="Prompt", lines=4, value="Write a Python function that reverses a linked list.")
-            chat = gr.Checkbox(value=True, label="apply the chat template")
-            with gr.Row():
-                budget = gr.Slider(1, cap, value=min(32, cap), step=1, label="budget")
-                depth = gr.Slider(1, 32, value=8, step=1, label="depth")
-            with gr.Row():
-                # A number box, as on the Live tab: a slider would set -1 to 0 without a word.
-                temperature = gr.Number(0, step=0.05, label="temperature (0 = greedy)")
-                top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p")
-            with gr.Row():
-                # A number box, not a slider: a slider clamps 100000 to its maximum silently, while the
-                # request check answers with the server's cap (before the request queues).
-                new_cap = serving.server_caps(ctx).max_new_tokens
-                max_new = gr.Number(min(64, new_cap), precision=0, minimum=1,
-                                    label=f"max new tokens (at most {new_cap} here)", elem_classes="sq-max-new")
-                seed = gr.Number(0, precision=0, minimum=0, label="seed")
-            acceptance = gr.Dropdown(choices, value=default_acceptance_label("code", 0.0, ctx.assets_dir),
-                                     label="acceptance vector (Sequoia tree)")
-            methods = gr.CheckboxGroup(offered(ctx), value=[m for m in DEFAULT_METHODS if m in offered(ctx)],
-                                       label="methods", info="Target only always runs: the others are "
-                                       "compared with it. HF: Hugging Face generate with the draft model "
-                                       "(assisted) or with copies from the prompt (prompt lookup).")
-            with gr.Row():
-                run_btn = gr.Button("Run comparison", variant="primary")
-                stop_btn = gr.Button("Stop", variant="stop")
-            exact_btn = gr.Button("Run in exact mode (float32 target: T=0 outputs identical)", size="sm",
-                                  elem_id="sq-compare-exact")
+            c = _controls(ctx)
         with gr.Column(scale=2):
             bars = gr.Plot(label="comparison")
             table = gr.Dataframe(headers=compare_view.HEADERS, label="results", interactive=False,
                                  elem_id="sq-compare-table", wrap=True, column_widths=compare_view.COLUMN_WIDTHS)
             notes = gr.Markdown(elem_id="sq-compare-notes")
+    _wire(ctx, c, [bars, table, notes])
 
-    # Named parameters: a refusal before the queue names the input it is about (components.validation).
-    @functools.partial(serving.on_gpu, duration=lambda *a: serving.gpu_seconds(a[5], len(a[9] or ()) + 1))  # ZeroGPU
-    def handler(prompt, budget, depth, temperature, top_p, max_new_tokens, seed, acceptance, chat, methods):
-        yield from on_compare(ctx, prompt, budget, depth, temperature, top_p, max_new_tokens, seed, acceptance, chat,
-                              methods)
 
-    @functools.partial(serving.on_gpu, duration=lambda *a: serving.gpu_seconds(a[5], 2 * len(a[9] or ()) + 2))
-    def exact_handler(prompt, budget, depth, temperature, top_p, max_new_tokens, seed, acceptance, chat, methods):
-        yield from on_compare(ctx, prompt, budget, depth, temperature, top_p, max_new_tokens, seed, acceptance, chat,
-                              methods, exact=True)
+def _controls(ctx: AppContext) -> SimpleNamespace:
+    """The request's fields (named as components.decode_inputs.COMPARE_FIELDS) and the buttons (the left column)."""
+    cap, choices = ctx.budget_cap(), list(acceptance_catalogue(ctx.assets_dir))
+    c = SimpleNamespace()
+    c.prompt = gr.Textbox(label="Prompt", lines=4, value="Write a Python function that reverses a linked list.")
+    c.chat = gr.Checkbox(value=True, label="apply the chat template")
+    with gr.Row():
+        c.budget = gr.Slider(1, cap, value=min(32, cap), step=1, label="budget")
+        c.depth = gr.Slider(1, 32, value=8, step=1, label="depth")
+    with gr.Row():
+        # A number box, as on the Live tab: a slider would set -1 to 0 without a word.
+        c.temperature = gr.Number(0, step=0.05, label="temperature (0 = greedy)")
+        c.top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p")
+    with gr.Row():
+        # A number box, not a slider: a slider clamps 100000 to its maximum silently, while the
+        # request check answers with the server's cap (before the request queues).
+        new_cap = ctx.limits.max_new_tokens
+        c.max_new_tokens = gr.Number(min(64, new_cap), precision=0, minimum=1,
+                                     label=f"max new tokens (at most {new_cap} here)", elem_classes="sq-max-new")
+        c.seed = gr.Number(0, precision=0, minimum=0, label="seed")
+    c.acceptance = gr.Dropdown(choices, value=default_acceptance_label("code", 0.0, ctx.assets_dir),
+                               label="acceptance vector (Sequoia tree)")
+    c.methods = gr.CheckboxGroup(offered(ctx), value=[m for m in DEFAULT_METHODS if m in offered(ctx)],
+                                 label="methods", info="Target only always runs: the others are compared with "
+                                 "it. HF: Hugging Face generate with the draft model (assisted) or with copies "
+                                 "from the prompt (prompt lookup).")
+    with gr.Row():
+        c.run_btn = gr.Button("Run comparison", variant="primary")
+        c.stop_btn = gr.Button("Stop", variant="stop")
+    c.exact_btn = gr.Button("Run in exact mode (float32 target: T=0 outputs identical)", size="sm",
+                            elem_id="sq-compare-exact")
+    return c
 
-    # ``methods`` sits where the validator (components.validation) expects its last input, and is not checked there.
-    event = run_btn.click(handler, [prompt, budget, depth, temperature, top_p, max_new, seed, acceptance, chat,
-                                    methods], [bars, table, notes], api_name="compare_stream",
-                          api_visibility="private", **MODEL_WORK)  # the name: components.validation finds it
-    exact_event = exact_btn.click(exact_handler, [prompt, budget, depth, temperature, top_p, max_new, seed, acceptance,
-                                                  chat, methods], [bars, table, notes], api_visibility="private",
-                                  **MODEL_WORK)
-    stop_btn.click(None, None, None, cancels=[event, exact_event], api_visibility="private")
+
+def _gpu_seconds(runs_per_method: int):
+    """ZeroGPU's duration for a Compare handler: ``runs_per_method`` decodes of every ticked method and the
+    reference."""
+    def seconds(*values) -> int:
+        named = dict(zip(COMPARE_FIELDS, values))
+        return serving.gpu_seconds(named["max_new_tokens"], runs_per_method * (len(named["methods"] or ()) + 1))
+    return seconds
+
+
+def _wire(ctx: AppContext, c: SimpleNamespace, outputs: list) -> None:
+    """Run, exact mode and Stop; the ``/compare`` endpoint.  The handlers take the page's named parameters: a
+    refusal before the queue names the input it is about (components.validation)."""
+    inputs = [getattr(c, name) for name in COMPARE_FIELDS]
+    method = validation.COMPARE_METHOD
+    handler = compare_handler(functools.partial(on_compare, ctx), method)
+    exact_handler = compare_handler(functools.partial(on_compare, ctx, exact=True), method)
+    event = c.run_btn.click(serving.on_gpu(handler, _gpu_seconds(1)), inputs, outputs, api_name="compare_stream",
+                            api_visibility="private", **MODEL_WORK)  # the name: components.validation finds it
+    exact_event = c.exact_btn.click(serving.on_gpu(exact_handler, _gpu_seconds(2)), inputs, outputs,
+                                    api_visibility="private", **MODEL_WORK)
+    c.stop_btn.click(None, None, None, cancels=[event, exact_event], api_visibility="private")
     gr.api(compare_api_fn(ctx), api_name="compare", **MODEL_WORK)
-    follow_temperature(temperature, acceptance, ctx.assets_dir)
-    for slider, name in ((budget, "budget"), (depth, "depth")):
+    follow_temperature(c.temperature, c.acceptance, ctx.assets_dir)
+    for slider, name in ((c.budget, "budget"), (c.depth, "depth")):
         validation.say_when_clamped(slider, name)

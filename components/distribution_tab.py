@@ -17,7 +17,8 @@ from sequoia.core.distribution import DEFAULT_CHILDREN, DEFAULT_TRIALS, FOIL_FAC
 from sequoia.runtime.distribution_check import MAX_TRIALS, iter_check
 
 from . import distribution_view, serving
-from .context import MODEL_WORK, AppContext
+from .context import MODEL_WORK
+from .pair_room import LoadedPair
 
 #: Trials the tab opens with.  tests/test_distribution.py checks the verdicts at DEFAULT_TRIALS (5000: the
 #: foil caught in 99 of 100 LM-like cases); on the embedded pair at T=1, top-p 0.95, a haiku prompt, the foil
@@ -38,14 +39,14 @@ against the cut p.
 """
 
 
-def on_check(ctx: AppContext, prompt, temperature, top_p, trials, children, seed, chat):
+def on_check(models: LoadedPair, prompt, temperature, top_p, trials, children, seed, chat):
     """Generator handler: the verdicts and bars appear rule by rule."""
     try:
         temperature = float(temperature)
         if temperature <= 0:
             raise ValueError("the distribution check needs a temperature above 0 (at 0 the output is the argmax)")
         sampling = SamplingConfig(temperature=temperature, top_p=float(top_p))
-        pair = ctx.pair()
+        pair = models.get()
         ids = pair.encode_prompt(prompt, chat=bool(chat))
         decode = lambda t: pair.tokenizer.decode([t])  # noqa: E731
         yield gr.skip(), "*Forwarding the prompt through both models…*"
@@ -61,7 +62,8 @@ def on_check(ctx: AppContext, prompt, temperature, top_p, trials, children, seed
         raise gr.Error(str(exc), title="Cannot run the check") from None
 
 
-def build(ctx: AppContext) -> None:
+def build(models: LoadedPair) -> None:
+    """Lay out the tab inside the current ``gr.Blocks`` and wire its events (it needs the pair alone)."""
     with gr.Accordion("How to read this", open=False):
         gr.Markdown(HOW_TO_READ)
     with gr.Row():
@@ -86,7 +88,7 @@ def build(ctx: AppContext) -> None:
 
     @functools.partial(serving.on_gpu, duration=lambda *a: 60)  # ZeroGPU only
     def handler(*args):
-        yield from on_check(ctx, *args)
+        yield from on_check(models, *args)
 
     event = run_btn.click(handler, [prompt, temperature, top_p, trials, children, seed, chat], [plot, verdicts],
                           api_visibility="private", **MODEL_WORK)

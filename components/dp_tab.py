@@ -13,22 +13,19 @@ context) shows the best tree of the cell holding one at the root
 
 import functools
 import json
-import multiprocessing
-import os
-import threading
-import time
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from pathlib import Path
 
 import gradio as gr
 
 from sequoia.core.config import MAX_DEPTH
-from sequoia.core.dp import baseline_curves, check_copies, optimal_tree, optimal_tree_with_copies
+from sequoia.core.dp import DPResult, baseline_curves, check_copies, optimal_tree, optimal_tree_with_copies
+from sequoia.core.request import parse_dp
 from sequoia.core.tree import MAX_TREE_SIZE
 
-from . import dp_view, serving, validation
-from .context import LIGHT_WORK, AppContext
+from . import dp_view, validation
+from .context import LIGHT_WORK
+from .lanes import WorkLanes
 from .acceptance_choice import acceptance_catalogue, format_acceptance, parse_acceptance
 
 
@@ -36,13 +33,13 @@ from .acceptance_choice import acceptance_catalogue, format_acceptance, parse_ac
 class DPSession:
     """Per-session state: the last solved table (``sequoia.core.dp.DPResult``)."""
 
-    result: object = None
+    result: DPResult | None = None
 
 
 def solve(acceptance_text: str, budget, depth):
-    """Validated DP solve (the request parsed once: components.validation.dp_request); raises ValueError with
-    a readable message naming the field."""
-    req = validation.dp_request(acceptance_text, budget, depth)
+    """Validated DP solve in this thread (scripts, tests); raises ValueError with a readable message naming
+    the field."""
+    req = parse_dp(acceptance_text, budget, depth)
     return solved(req.acceptance, req.budget, req.depth)
 
 
@@ -66,19 +63,19 @@ def cell_views(result, n, d):
     return heat, fig, md
 
 
-def on_solve(acceptance_text, budget, depth, n, d, session: DPSession):
-    """Solve handler: parsed here, solved and drawn in the DP lane (:func:`run_dp_work`).
+def on_solve(lanes: WorkLanes, acceptance_text, budget, depth, n, d, session: DPSession):
+    """Solve handler: parsed here, solved and drawn in the DP lane (:class:`components.lanes.DPLane`).
 
     A bad vector, budget or depth leaves the last good figures and sliders as they are, with the message
     beside them (an error raised here would put an error badge on every output instead).
     """
     try:
-        req = validation.dp_request(acceptance_text, budget, depth)
+        req = validation.dp_request(lanes.dp_requests, acceptance_text, budget, depth)
     except ValueError as exc:
         kept = " The figures still show the last good vector." if session is not None and session.result else ""
         return (gr.skip(), gr.skip(), f"**Cannot solve the DP:** {exc}.{kept}", gr.skip(), gr.skip(), gr.skip(),
                 gr.skip())
-    heat, fig, md, curves, n, d, result = run_dp_work(solve_views, req, n, d)
+    heat, fig, md, curves, n, d, result = lanes.dp.run(solve_views, req, n, d)
     return (heat, fig, md, curves,
             gr.Slider(maximum=result.budget, value=n), gr.Slider(maximum=result.depth, value=d),
             DPSession(result))
@@ -112,17 +109,17 @@ def parse_copies(text: str) -> tuple[float, ...]:
     return tuple(float(x) for x in check_copies(value))
 
 
-def copies_views(acceptance_text, copies_text, n, d):
+def copies_views(lanes: WorkLanes, acceptance_text, copies_text, n, d):
     """The copied-chain variant of cell (n, d): its tree and E by m; (None, hint) without a chain."""
     try:
         copies = parse_copies(copies_text)
         if not copies:
             return None, "*Enter c_1, c_2, … (chance each copied token is accepted given the previous one was) " \
                          "to see the best tree holding a copied chain.*"
-        req = validation.dp_request(acceptance_text, max(int(n), 1), max(int(d), 1))
+        req = validation.dp_request(lanes.dp_requests, acceptance_text, max(int(n), 1), max(int(d), 1))
     except ValueError as exc:   # the message beside the last good tree, not an error badge on it
         return gr.skip(), f"**Cannot solve with the copied chain:** {exc}."
-    return run_dp_work(_copies_views, req, copies)
+    return lanes.dp.run(_copies_views, req, copies)
 
 
 def _copies_views(req, copies):
@@ -134,14 +131,10 @@ def _copies_views(req, copies):
     return dp_view.copies_tree_figure(result, acc, copies), md
 
 
-def on_copies(acceptance_text, copies_text, n, d):
-    return copies_views(acceptance_text, copies_text, n, d)
-
-
-def on_cell(n, d, session: DPSession):
+def on_cell(lanes: WorkLanes, n, d, session: DPSession):
     if session is None or session.result is None:
         return gr.skip(), gr.skip(), "*Press **Solve** first.*"
-    return serving.run_light(lambda: cell_views(session.result, n, d))
+    return lanes.light.run(lambda: cell_views(session.result, n, d))
 
 
 #: The dropdown's entry once the vector has been edited by hand.
@@ -167,18 +160,21 @@ def on_edit(text, name, catalogue):
     return gr.skip() if same else gr.update(value=CUSTOM)
 
 
-def dp_api(acceptance: str, budget: int = 32, depth: int = 8) -> dict:
-    """Solve the DP; returns a summary: the value and optimal tree at (budget, depth), the best value for
-    every size at that depth, the tree as a vLLM speculative_token_tree, and the baseline curves.
+def dp_api_fn(lanes: WorkLanes):
+    """The typed function behind the ``/dp`` API endpoint."""
+    def dp_api(acceptance: str, budget: int = 32, depth: int = 8) -> dict:
+        """Solve the DP; returns a summary: the value and optimal tree at (budget, depth), the best value for
+        every size at that depth, the tree as a vLLM speculative_token_tree, and the baseline curves.
 
-    Not the whole table: at budget 1024 and depth 64 it alone is over 1 MB of JSON.  The request is parsed
-    once (by the validator before the queue); the solve runs in the light-work process (:func:`run_dp_work`).
-    """
-    try:
-        req = validation.dp_request(acceptance, budget, depth)
-    except ValueError as exc:
-        raise gr.Error(str(exc)) from None
-    return run_dp_work(summary, req)
+        Not the whole table: at budget 1024 and depth 64 it alone is over 1 MB of JSON.  The request is parsed
+        once (by the validator before the queue); the solve runs in the DP lane (components.lanes.DPLane).
+        """
+        try:
+            req = validation.dp_request(lanes.dp_requests, acceptance, budget, depth)
+        except ValueError as exc:
+            raise gr.Error(str(exc)) from None
+        return lanes.dp.run(summary, req)
+    return dp_api
 
 
 def summary(req) -> dict:
@@ -202,69 +198,11 @@ def _curves(acceptance: tuple[float, ...], budget: int) -> tuple[list[int], dict
     return sizes, baseline_curves(acceptance, sizes)
 
 
-# ------------------------------------------------------------------ where DP work runs
-#: "process": ``/dp`` solves run in one child process of the lowest CPU priority (Linux nice 19), so they
-#: share neither the server's GIL nor its priority with a decode; "thread": on the light-work thread
-#: (components.serving.run_light), the fallback where fork is not available.
-DP_LANE = "process" if "fork" in multiprocessing.get_all_start_methods() else "thread"
-_pool: ProcessPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def run_dp_work(work, *args):
-    """``work(*args)`` in the DP lane (:data:`DP_LANE`), one job at a time; its errors propagate.
-
-    Measured on 2 cores (docs/serving.md): on the light-work *thread* the solves' Python loops held the GIL
-    the decode's thread needs between its torch calls, and a nice-19 holder of the GIL is itself starved of
-    CPU, so eight DP clients slowed three decode clients about 3x; a process has its own GIL.
-    """
-    global _pool
-    if DP_LANE != "process":
-        return serving.run_light(lambda: work(*args))
-    pool = start_dp_lane()
-    try:
-        return pool.submit(work, *args).result()
-    except BrokenProcessPool:  # the child died (killed for memory?): start a new one next time, answer now
-        with _pool_lock:
-            if _pool is pool:
-                _pool = None
-        return serving.run_light(lambda: work(*args))
-
-
-def start_dp_lane() -> ProcessPoolExecutor:
-    """The DP lane's process, forked now if it is not running (``build`` calls this before the server
-    listens and before the model pair loads, so the child holds neither the socket nor the weights)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            # fork: the child starts at once with this module loaded (no second import of torch); it only
-            # runs numpy, never torch, so the parent's thread pools do not matter to it.
-            _pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork"),
-                                        initializer=_dp_worker_init, initargs=(os.getpid(),))
-            _pool.submit(os.getpid).result()  # fork now, not at the first request
-        return _pool
-
-
-def _dp_worker_init(parent: int) -> None:
-    """In the child: lowest priority, and exit when the server does (a forked child keeps the server's pipes
-    open, so it would not see them close)."""
-    try:
-        os.nice(serving.LIGHT_NICE)
-    except (AttributeError, OSError):
-        pass
-    threading.Thread(target=_exit_with, args=(parent,), name="sequoia-dp-watchdog", daemon=True).start()
-
-
-def _exit_with(parent: int) -> None:
-    while os.getppid() == parent:
-        time.sleep(1.0)
-    os._exit(0)
-
-
-def build(ctx: AppContext, demo: gr.Blocks) -> None:
-    if DP_LANE == "process":
-        start_dp_lane()
-    catalogue = acceptance_catalogue(ctx.assets_dir)
+def build(lanes: WorkLanes, assets_dir: Path, demo: gr.Blocks) -> None:
+    """Lay out the tab inside the current ``gr.Blocks`` and wire its events (no model: the work runs in
+    ``lanes``; the vectors offered are read from ``assets_dir``)."""
+    lanes.dp.prepare()   # now: before the server listens and before the pair loads (components.lanes)
+    catalogue = acceptance_catalogue(assets_dir)
     names = list(catalogue)
     with gr.Accordion("How to read this", open=False):
         gr.Markdown(HOW_TO_READ)
@@ -292,26 +230,33 @@ def build(ctx: AppContext, demo: gr.Blocks) -> None:
                 copies_md = gr.Markdown(elem_id="sq-dp-copies")
             copies_tree = gr.Plot(label="best tree of the selected cell with the copied chain")
     session = gr.State(DPSession())
-
     pick.change(lambda name: on_pick(name, catalogue), pick, vector, api_visibility="private", **LIGHT_WORK)
     vector.input(lambda text, name: on_edit(text, name, catalogue), [vector, pick], pick,
                  api_visibility="private", trigger_mode="always_last", **LIGHT_WORK)
-    solve_inputs = [vector, budget, depth, n, d, session]
-    solve_outputs = [heat, tree, cell_md, curves, n, d, session]
-    copies_io = ([vector, copies, n, d], [copies_tree, copies_md])
-    solve_btn.click(on_solve, solve_inputs, solve_outputs, api_visibility="private", **LIGHT_WORK).then(
-        on_copies, *copies_io, api_visibility="private", **LIGHT_WORK)
+    _wire_solves(lanes, demo, (solve_btn, copies), [vector, budget, depth, n, d, session],
+                 [heat, tree, cell_md, curves, n, d, session], ([vector, copies, n, d], [copies_tree, copies_md]))
+
+
+def _wire_solves(lanes: WorkLanes, demo: gr.Blocks, triggers, solve_inputs, solve_outputs, copies_io) -> None:
+    """The solve, cell and copied-chain events, each in the DP lane; ``solve_inputs``: vector, budget, depth, n,
+    d, session; ``solve_outputs``: heatmap, tree, cell line, curves, n, d, session."""
+    solve_fn, cell_fn = functools.partial(on_solve, lanes), functools.partial(on_cell, lanes)
+    copies_fn = functools.partial(copies_views, lanes)
+    (solve_btn, copies), (vector, budget, depth, n, d, session) = triggers, solve_inputs
+    heat, tree, cell_md = solve_outputs[:3]
+    solve_btn.click(solve_fn, solve_inputs, solve_outputs, api_visibility="private", **LIGHT_WORK).then(
+        copies_fn, *copies_io, api_visibility="private", **LIGHT_WORK)
     # Every change re-solves (always_last: a burst of keystrokes or a drag solves once, for its last value), so
     # the figures never show another vector's numbers than the one in the box.
     for box in (vector, budget, depth):
-        box.change(on_solve, solve_inputs, solve_outputs, api_visibility="private", trigger_mode="always_last",
-                   show_progress="minimal", **LIGHT_WORK).then(on_copies, *copies_io, api_visibility="private",
+        box.change(solve_fn, solve_inputs, solve_outputs, api_visibility="private", trigger_mode="always_last",
+                   show_progress="minimal", **LIGHT_WORK).then(copies_fn, *copies_io, api_visibility="private",
                                                                **LIGHT_WORK)
-    copies.submit(on_copies, *copies_io, api_visibility="private", **LIGHT_WORK)
+    copies.submit(copies_fn, *copies_io, api_visibility="private", **LIGHT_WORK)
     for s in (n, d):
-        s.input(on_cell, [n, d, session], [heat, tree, cell_md], api_visibility="private",
+        s.input(cell_fn, [n, d, session], [heat, tree, cell_md], api_visibility="private",
                 trigger_mode="always_last", **LIGHT_WORK).then(
-            on_copies, *copies_io, api_visibility="private", **LIGHT_WORK)
-    gr.api(dp_api, api_name="dp", **LIGHT_WORK)
+            copies_fn, *copies_io, api_visibility="private", **LIGHT_WORK)
+    gr.api(dp_api_fn(lanes), api_name="dp", **LIGHT_WORK)
     # Show the default vector solved as soon as the page opens.
-    demo.load(on_solve, solve_inputs, solve_outputs, api_visibility="private", **LIGHT_WORK)
+    demo.load(solve_fn, solve_inputs, solve_outputs, api_visibility="private", **LIGHT_WORK)

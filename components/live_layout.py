@@ -15,6 +15,7 @@ from sequoia.core.request import METHOD_OF_LABEL
 from . import serving, stats_view, text_view, validation
 from .acceptance_choice import acceptance_catalogue, default_acceptance_label, follow_temperature
 from .context import LIGHT_WORK, MODEL_WORK, AppContext
+from .decode_inputs import PAGE_FIELDS, DecodeInputs, page_handler
 from .divergence_view import LOADING as EXACT_LOADING
 from .live_tab import (DEFAULT_METHOD, DEFAULT_NEW_TOKENS, GUIDED, HOW_TO_READ, NO_NODE, START_HERE,
                        LiveSession, budget_help, checked_first_frame, decode_api_fn, decode_stream, inspect_choices,
@@ -37,7 +38,7 @@ def build(ctx: AppContext) -> None:
 
 
 def _controls(ctx: AppContext) -> SimpleNamespace:
-    """The request's fields and the buttons (the left column)."""
+    """The request's fields (named as components.decode_inputs.PAGE_FIELDS) and the buttons (the left column)."""
     cap = ctx.budget_cap()
     c = SimpleNamespace(choices=list(acceptance_catalogue(ctx.assets_dir)))
     start_vector = default_acceptance_label("code", 0.0, ctx.assets_dir)
@@ -57,9 +58,9 @@ def _controls(ctx: AppContext) -> SimpleNamespace:
     with gr.Row():
         # A number box, not a slider: a slider clamps 100000 to its maximum silently, while the
         # request check answers with the server's cap (before the request queues).
-        c.new_cap = serving.server_caps(ctx).max_new_tokens
-        c.max_new = gr.Number(min(DEFAULT_NEW_TOKENS, c.new_cap), precision=0, minimum=1,
-                              label=f"max new tokens (at most {c.new_cap} here)", elem_classes="sq-max-new")
+        c.new_cap = ctx.limits.max_new_tokens
+        c.max_new_tokens = gr.Number(min(DEFAULT_NEW_TOKENS, c.new_cap), precision=0, minimum=1,
+                                     label=f"max new tokens (at most {c.new_cap} here)", elem_classes="sq-max-new")
         c.seed = gr.Number(0, precision=0, minimum=0, label="seed")
     c.acceptance = gr.Dropdown(c.choices, value=start_vector if start_vector in c.choices else c.choices[0],
                                label="acceptance vector (for the DP tree)")
@@ -87,36 +88,35 @@ def _outputs_column() -> SimpleNamespace:
     return v
 
 
-def _handlers(ctx: AppContext):
-    """The decode and exact-mode stream handlers (named parameters: a refusal before the queue names the input
-    it is about, components.validation)."""
-    @functools.partial(serving.on_gpu, duration=lambda *a: serving.gpu_seconds(a[6]))  # ZeroGPU only
-    def handler(prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed, acceptance, chat):
-        yield from decode_stream(ctx, prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed,
-                                 acceptance, chat)
+def _gpu_seconds(scale: int):
+    """ZeroGPU's duration for a Live handler: ``scale`` decodes of the request's new tokens."""
+    return lambda *values: serving.gpu_seconds(DecodeInputs.from_page(*values).max_new_tokens) * scale
 
-    @functools.partial(serving.on_gpu, duration=lambda *a: serving.gpu_seconds(a[6]) * 2)  # ZeroGPU only
-    def exact_handler(prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed, acceptance, chat):
-        if not ctx.exact_loaded:  # first use: the float32 target loads (components/context.py)
+
+def _handlers(ctx: AppContext):
+    """The decode and exact-mode stream handlers, with the page's named parameters (a refusal before the queue
+    names the input it is about, components.validation)."""
+    def exact_stream(inputs: DecodeInputs):
+        if not ctx.exact_loaded:  # first use: the float32 target loads (components/extra_runners.py)
             yield gr.skip(), gr.skip(), gr.skip(), EXACT_LOADING, gr.skip(), gr.skip()
         try:
             exact = ctx.exact_context()
         except ValueError as exc:  # e.g. refused by the memory budget: the message says what to free
             raise gr.Error(str(exc), title="Cannot load exact mode") from None
-        yield from decode_stream(exact, prompt, method, budget, depth, temperature, top_p,
-                                 max_new_tokens, seed, acceptance, chat)
+        yield from decode_stream(exact, inputs)
 
-    return handler, exact_handler
+    # serving.on_gpu: ZeroGPU only
+    return (serving.on_gpu(page_handler(functools.partial(decode_stream, ctx)), _gpu_seconds(1)),
+            serving.on_gpu(page_handler(exact_stream), _gpu_seconds(2)))
 
 
 def _wire(ctx: AppContext, c: SimpleNamespace, v: SimpleNamespace) -> None:
     handler, exact_handler = _handlers(ctx)
-    inputs = [c.prompt, c.method, c.budget, c.depth, c.temperature, c.top_p, c.max_new, c.seed, c.acceptance,
-              c.chat]
+    inputs = [getattr(c, name) for name in PAGE_FIELDS]
     outputs = [v.text, v.tree, v.stats, v.summary_md, v.step, v.session]
     # The first frame comes from a light event outside the model queue, so it shows at once (even while
     # another visitor's decode holds the model).
-    frame = functools.partial(checked_first_frame, ctx)
+    frame = page_handler(functools.partial(checked_first_frame, ctx))
     c.go_btn.click(frame, inputs, [v.text, v.summary_md], api_visibility="private", show_progress="hidden",
                    concurrency_limit=None)
     event = c.go_btn.click(handler, inputs, outputs, api_name="decode_stream", **MODEL_WORK)
@@ -133,11 +133,10 @@ def _wire(ctx: AppContext, c: SimpleNamespace, v: SimpleNamespace) -> None:
 
 def _wire_guided(ctx, c, v, frame, handler, inputs, outputs):
     """The guided example: fill the fields, show the first frame, decode."""
-    fields = [c.prompt, c.method, c.budget, c.depth, c.temperature, c.max_new, c.seed, c.acceptance]
+    fields = [getattr(c, name) for name in GUIDED] + [c.acceptance]   # GUIDED's keys are PAGE_FIELDS names
     # The vector measured nearest the example's temperature, as moving the slider by hand would pick.
     guided_vector = default_acceptance_label("code", GUIDED["temperature"], ctx.assets_dir)
-    guided_values = [min(GUIDED[k], c.new_cap) if k == "max_new" else GUIDED[k]
-                     for k in ("prompt", "method", "budget", "depth", "temperature", "max_new", "seed")]
+    guided_values = [min(value, c.new_cap) if name == "max_new_tokens" else value for name, value in GUIDED.items()]
     guided = c.guided_btn.click(lambda: [*guided_values, guided_vector if guided_vector in c.choices else gr.skip()],
                                 None, fields, api_visibility="private", concurrency_limit=None)
     guided = guided.then(frame, inputs, [v.text, v.summary_md], api_visibility="private",

@@ -3,13 +3,13 @@
 The handler is a generator: every :class:`~sequoia.core.trace.StepRecord` the
 engine yields updates the marked-up text, the tree of the newest step and
 (throttled) the statistics panel.  A step slider revisits any step's tree
-afterwards.  The request is parsed once, before it queues, by
-:func:`components.validation.decode_request` (shared with the API endpoint and
-the Compare tab); the handler receives that parse and builds the proposer.
+afterwards.  The request's raw inputs are one
+:class:`~components.decode_inputs.DecodeInputs`, parsed once, before it queues,
+by :func:`components.validation.page_request` (the API endpoint and the Compare
+tab parse the same way); the handler receives that parse and builds the proposer.
 """
 
-# No ``from __future__ import annotations`` here: gr.api reads the endpoint's
-# return annotation with inspect.signature, which would see a plain string.
+# No ``from __future__ import annotations`` here: gradio reads handler annotations.
 
 import time
 from collections.abc import Iterator
@@ -26,7 +26,7 @@ from sequoia.runtime.texts import generate_with_texts
 
 from . import inspector_view, serving, stats_view, target_rate, text_view, tree_view, validation
 from .context import AppContext
-from .acceptance_choice import acceptance_catalogue
+from .decode_inputs import DecodeInputs, api_signature
 from .runtimes_here import fastest_elsewhere
 from .frames import FRAME_S, Throttle
 from .validation import EngineInputs
@@ -37,8 +37,8 @@ DEFAULT_METHOD = "Sequoia (dynamic)"
 DEFAULT_NEW_TOKENS = 128
 #: The one-click example: a code prompt whose trees visibly branch when sampling at T=0.6.
 GUIDED = dict(prompt="Write a Python function fizzbuzz(n) that returns the FizzBuzz strings for 1..n.",
-              method="Sequoia (budget & depth)", budget=32, depth=6, temperature=0.6, max_new=DEFAULT_NEW_TOKENS,
-              seed=0)
+              method="Sequoia (budget & depth)", budget=32, depth=6, temperature=0.6,
+              max_new_tokens=DEFAULT_NEW_TOKENS, seed=0)
 #: Always on screen above the tab: where to begin.
 START_HERE = ("**Start here:** press **▶ Guided example** (under Decode) to watch a code prompt decode, then read "
               "top to bottom: the coloured text, the line under it (how much faster than the target alone, and why), "
@@ -113,17 +113,14 @@ def first_frame(prompt: str) -> tuple[str, str]:
             "*Drafting and verifying the first step…*")
 
 
-def checked_first_frame(ctx: AppContext, prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed,
-                        acceptance_name, chat):
+def checked_first_frame(ctx: AppContext, inputs: DecodeInputs):
     """The first frame of a request the server will take; a refused one (the validator says why beside its
     field) leaves the last good output in place, with no placeholder waiting for a run that never starts."""
     try:
-        vec = acceptance_catalogue(ctx.assets_dir).get(acceptance_name)
-        validation.decode_request(ctx, prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed,
-                                  chat, vec)   # remembered: the validator's and the handler's parse reuse it
+        validation.page_request(ctx, inputs)   # remembered: the validator's and the handler's parse reuse it
     except ValueError:
         return gr.skip(), gr.skip()
-    return first_frame(prompt)
+    return first_frame(inputs.prompt)
 
 
 def _elsewhere(ctx: AppContext, acceptance, method: str) -> str:
@@ -169,9 +166,9 @@ def _slider(n_records: int) -> gr.Slider:
                      interactive=n_records > 1)
 
 
-def decode_stream(ctx: AppContext, prompt, method, budget, depth, temperature, top_p, max_new_tokens,
-                  seed, acceptance_name, chat):
-    """Generator handler: yields (html, tree, stats, summary, slider, session) as steps arrive.
+def decode_stream(ctx: AppContext, inputs: DecodeInputs):
+    """Generator handler of the Live tab's inputs (the acceptance a catalogue label): yields (html, tree, stats,
+    summary, slider, session) as steps arrive.
 
     The request was parsed by the validator before it queued; this call gets that parse back
     (components.validation) and builds the proposer once.
@@ -180,16 +177,14 @@ def decode_stream(ctx: AppContext, prompt, method, budget, depth, temperature, t
     generator at once, which frees its KV caches instead of leaving them to the garbage collector.
     """
     try:
-        acceptance = acceptance_catalogue(ctx.assets_dir).get(acceptance_name)
-        req = validation.decode_request(ctx, prompt, method, budget, depth, temperature, top_p, max_new_tokens,
-                                        seed, chat, acceptance)
+        req = validation.page_request(ctx, inputs)
         job = validation.engine_inputs(ctx, req)
     except ValueError as exc:
         raise gr.Error(str(exc), title="Cannot decode") from None
     if job.note:
         gr.Warning(job.note)
-    session = LiveSession(prompt=prompt, rate=_known_rate(ctx, job), itself=req.method.name == "ar",
-                          elsewhere=_elsewhere(ctx, acceptance, req.method.name))
+    session = LiveSession(prompt=inputs.prompt, rate=_known_rate(ctx, job), itself=req.method.name == "ar",
+                          elsewhere=_elsewhere(ctx, req.acceptance, req.method.name))
     try:
         with closing(run_decode(ctx, replace(job, inspect=True))) as steps:
             yield from _stream_views(session, steps)
@@ -198,7 +193,7 @@ def decode_stream(ctx: AppContext, prompt, method, budget, depth, temperature, t
         # A message beside the page, not an error state on every output: the first frame's placeholder goes.
         what = "Cannot decode" if isinstance(exc, ValueError) else "Decoding failed"
         gr.Warning(f"{what}: {exc}")
-        yield (text_view.html_view([], prompt=prompt), gr.skip(), gr.skip(), f"**{what}:** {exc}", gr.skip(),
+        yield (text_view.html_view([], prompt=inputs.prompt), gr.skip(), gr.skip(), f"**{what}:** {exc}", gr.skip(),
                gr.skip())
 
 
@@ -231,28 +226,25 @@ def show_step(step, session: LiveSession):
 
 def decode_api_fn(ctx: AppContext):
     """The typed function behind the ``/decode`` API endpoint."""
-    def work(stop, prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed, chat, acceptance):
-        req = validation.decode_request(ctx, prompt, method, budget, depth, temperature, top_p, max_new_tokens,
-                                        seed, chat, acceptance)
+    def work(stop, inputs: DecodeInputs):
+        req = validation.parse_inputs(ctx, inputs)
         # a cancelled request stops within a step
         records = serving.drain(run_decode(ctx, validation.engine_inputs(ctx, req)), stop)
         return generated_text(ctx, records), [r.to_dict() for r in records]
 
-    gpu_work = serving.on_gpu(work, lambda stop, *a: serving.gpu_seconds(a[6]))
+    gpu_work = serving.on_gpu(work, lambda stop, inputs: serving.gpu_seconds(inputs.max_new_tokens))
 
-    async def decode(prompt: str, method: str = "sequoia", budget: int = 32, depth: int = 8,
-                     temperature: float = 0.0, top_p: float = 1.0, max_new_tokens: int = 64,
-                     seed: int = 0, chat: bool = True, acceptance: str = "") -> tuple[str, list]:
+    async def decode(*values, **named):
         """Generate with one method; returns the text and one JSON object per step.
 
         ``acceptance`` (e.g. "0.8, 0.1, 0.05") sets the vector the Sequoia tree is built for.
         """
-        args = (prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed, chat, acceptance)
+        inputs = DecodeInputs(*values, **named)
         try:
-            return await serving.run_cancellable(lambda stop: gpu_work(stop, *args))
+            return await serving.run_cancellable(lambda stop: gpu_work(stop, inputs))
         except ValueError as exc:
             raise gr.Error(str(exc)) from None
-    return decode
+    return api_signature(decode, tuple[str, list])  # the parameters DecodeInputs lists, typed, for gr.api
 
 
 # ------------------------------------------------------------------ layout

@@ -1,8 +1,8 @@
 """Guards for a shared server: per-request caps, cancellable API calls, ZeroGPU.
 
-**Caps.**  :func:`server_caps` is what one decode request may ask on this
-server's device (``sequoia.core.config.ServerCaps``); the checks before the
-queue live in :mod:`components.validation`.
+What one request may ask is derived once, with the app state
+(:func:`components.context.server_limits`); the checks before the queue live
+in :mod:`components.validation`.
 
 **Cancellation.**  Gradio runs a plain (non-generator) handler in a worker
 thread.  Cancelling the request (``gradio_client``'s ``job.cancel()``) cancels
@@ -12,10 +12,7 @@ work checks after every step (:func:`drain`); on cancellation it sets the flag
 and keeps the slot until the work has stopped, so submitting and cancelling
 cannot run many decodes at once.
 
-**Light work.**  :func:`run_light` runs model-free work (DP solves, their
-figures) on one worker thread of the lowest CPU priority (Linux nice 19): on a
-2-core machine a DP solve then takes a core only while the model's threads
-leave it idle, instead of halving a decode's speed.
+Model-free work runs in the app's lanes (:mod:`components.lanes`).
 
 **ZeroGPU.**  Where the ``spaces`` package reports ZeroGPU, :func:`on_gpu`
 wraps the model work in ``spaces.GPU(duration=...)`` sized from the request;
@@ -25,16 +22,10 @@ elsewhere it returns the work unchanged.
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from typing import TypeVar
-
-from sequoia.core.config import CPU_CAPS, ServerCaps, caps_for
-
-from .context import CPU_MAX_BUDGET, AppContext
 
 try:  # only on Hugging Face Spaces; nothing else here needs it
     import spaces  # type: ignore[import-not-found]
@@ -43,40 +34,9 @@ except ImportError:
 
 T = TypeVar("T")
 
-#: Linux nice value of the light-work thread (19: runs when the model's threads leave a core idle).
-LIGHT_NICE = 19
-_light_pool: ThreadPoolExecutor | None = None
-_light_lock = threading.Lock()
-
 #: Seconds of GPU a ZeroGPU call asks for: a fixed part (moving the weights, the prefill) plus a part per
 #: new token and method, capped at what ZeroGPU grants one call.
 ZEROGPU_BASE_S, ZEROGPU_PER_TOKEN_S, ZEROGPU_MAX_S = 20.0, 0.15, 300
-
-
-# ------------------------------------------------------------------ light work
-def run_light(work: Callable[[], T]) -> T:
-    """Run ``work`` on the one low-priority light-work thread and return its result (its errors propagate)."""
-    global _light_pool
-    with _light_lock:
-        if _light_pool is None:
-            _light_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sequoia-light",
-                                             initializer=_lower_priority)
-    return _light_pool.submit(work).result()
-
-
-def _lower_priority() -> None:
-    try:  # per thread on Linux: the model's threads keep their priority
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LIGHT_NICE)
-    except (AttributeError, OSError):  # another OS, or not permitted: plain priority, still bounded to one thread
-        pass
-
-
-# ------------------------------------------------------------------ caps
-def server_caps(ctx: AppContext) -> ServerCaps:
-    """The per-request caps of this server's device (known from the budget cap before the pair loads)."""
-    if ctx.loaded:
-        return caps_for(ctx.pair().device)
-    return caps_for("cuda") if ctx.budget_cap() > CPU_MAX_BUDGET else CPU_CAPS
 
 
 # ------------------------------------------------------------------ cancellation

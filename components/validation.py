@@ -1,7 +1,8 @@
 """The page's request path: one parse per request, before it queues; the handlers get the parsed request.
 
-**Parse once.**  :func:`decode_request` turns the raw values of the Live and
-Compare tabs and of the ``/decode`` and ``/compare`` endpoints into a frozen
+**Parse once.**  :func:`parse_inputs` turns the raw values of the Live and
+Compare tabs and of the ``/decode`` and ``/compare`` endpoints (their fields
+defined once: :class:`components.decode_inputs.DecodeInputs`) into a frozen
 :class:`sequoia.core.request.DecodeRequest` (the one parser,
 :func:`sequoia.core.request.parse_decode`, then the prompt's token ids), and
 :func:`dp_request` does the same for ``/dp``.  Each remembers the last
@@ -21,119 +22,76 @@ label.  ``gr.api`` takes no ``validator=`` argument, so
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-from collections.abc import Callable, Hashable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import gradio as gr
 
 from sequoia.core.config import GenerationConfig
-from sequoia.core.request import DecodeRequest, DPRequest, Limits, RequestError, parse_decode, parse_dp
-from sequoia.core.tree import MAX_TREE_SIZE
+from sequoia.core.request import DecodeRequest, DPRequest, RequestError, parse_decode, parse_dp
+from sequoia.runtime.drafter import Proposer
 from sequoia.runtime.methods import make_method
 
-from . import serving
-from .context import AppContext
 from .acceptance_choice import acceptance_catalogue
-
-#: Requests remembered per server between the validator's parse and the handler's (each holds its prompt ids).
-MEMO_SIZE = 64
+from .context import AppContext
+from .decode_inputs import (API_FIELDS, COMPARE_FIELDS, PAGE_FIELDS, DecodeInputs, api_signature, compare_handler,
+                            page_handler)
+from .memo import RequestMemo, raw_key
 
 #: Fields of each endpoint's inputs, in order (None: an input the request parser does not read).
 INPUT_FIELDS = {
-    "decode": ("prompt", "method", "budget", "depth", "temperature", "top_p", "max_new_tokens", "seed", "chat",
-               "acceptance"),
-    "decode_stream": ("prompt", "method", "budget", "depth", "temperature", "top_p", "max_new_tokens", "seed",
-                      "acceptance", "chat"),
+    "decode": API_FIELDS,
+    "decode_stream": PAGE_FIELDS,
     "compare": ("prompt", "budget", "depth", "temperature", "top_p", "max_new_tokens", "seed", None),
-    "compare_stream": ("prompt", "budget", "depth", "temperature", "top_p", "max_new_tokens", "seed", "acceptance",
-                       "chat", None),
+    "compare_stream": (*COMPARE_FIELDS[:-1], None),
     "dp": ("acceptance", "budget", "depth"),
 }
 #: The method a comparison's request is parsed (and its budget checked) with; each row then takes its own.
 COMPARE_METHOD = "Sequoia (budget & depth)"
 
 
-class _Memo:
-    """A small thread-safe LRU of parsed requests by their raw values; ``parses`` counts the real parses."""
-
-    def __init__(self, size: int) -> None:
-        self.size, self.parses = size, 0
-        self._items: OrderedDict = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get_or_parse(self, key: Hashable | None, parse: Callable[[], Any]) -> Any:
-        if key is not None:
-            with self._lock:
-                if key in self._items:
-                    self._items.move_to_end(key)
-                    return self._items[key]
-        value = parse()   # errors propagate and are not remembered
-        with self._lock:
-            self.parses += 1
-            if key is not None:
-                self._items[key] = value
-                while len(self._items) > self.size:
-                    self._items.popitem(last=False)
-        return value
+def memo(ctx: AppContext) -> RequestMemo:
+    """This server's parsed decode requests (one memo per pair: see AppContext.requests)."""
+    return ctx.requests
 
 
-def _key(*values: Any) -> tuple | None:
-    """The raw values with their types (so 1, 1.0 and True stay apart); None when one is unhashable."""
-    key = tuple((type(v).__name__, v) for v in values)
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
+def decode_request(ctx: AppContext, *values, **named) -> DecodeRequest:
+    """The parsed request of raw values given as :class:`DecodeInputs`' fields (:func:`parse_inputs`)."""
+    return parse_inputs(ctx, DecodeInputs(*values, **named))
 
 
-_memo_lock = threading.Lock()
-_DP_MEMO = _Memo(256)
+def page_request(ctx: AppContext, inputs: DecodeInputs) -> DecodeRequest:
+    """The parsed request of the Live tab's inputs, whose acceptance is a catalogue label (an unknown one: the
+    method's default vector)."""
+    vector = acceptance_catalogue(ctx.assets_dir).get(inputs.acceptance)
+    return parse_inputs(ctx, replace(inputs, acceptance=vector))
 
 
-def memo(ctx: AppContext) -> _Memo:
-    """This server's parsed decode requests (made on first use)."""
-    with _memo_lock:
-        if ctx.requests is None:
-            ctx.requests = _Memo(MEMO_SIZE)
-        return ctx.requests
-
-
-def limits(ctx: AppContext) -> Limits:
-    """What one request may ask of this server (budget cap, token caps by device)."""
-    caps = serving.server_caps(ctx)
-    return Limits(budget_cap=min(ctx.budget_cap(), MAX_TREE_SIZE), max_new_tokens=caps.max_new_tokens,
-                  max_prompt_tokens=caps.max_prompt_tokens, device=caps.device)
-
-
-def decode_request(ctx: AppContext, prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed,
-                   chat=True, acceptance=None) -> DecodeRequest:
+def parse_inputs(ctx: AppContext, inputs: DecodeInputs) -> DecodeRequest:
     """The parsed, tokenized request of these raw values (parsed once for the same values on this server).
 
-    ``acceptance``: None, a vector, or text such as ``"0.8, 0.1"``.  Raises RequestError naming the bad
+    ``inputs.acceptance``: None, a vector, or text such as ``"0.8, 0.1"``.  Raises RequestError naming the bad
     fields, or ModelsNotReady (a ValueError) while the pair loads.
     """
-    lim = limits(ctx)
-    raw = (prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed, chat, acceptance)
+    lim = ctx.limits
+    raw = inputs.values()
 
     def parse() -> DecodeRequest:
         req = parse_decode(*raw, limits=lim)
         return req.tokenized(ctx.pair().encode_prompt(req.prompt, chat=req.chat), lim)
 
-    return memo(ctx).get_or_parse(_key(*raw, lim), parse)
+    return memo(ctx).get_or_parse(raw_key(*raw, lim), parse)
 
 
-def dp_request(acceptance, budget, depth) -> DPRequest:
-    """The parsed DP request of these raw values (parsed once for the same values)."""
-    return _DP_MEMO.get_or_parse(_key(acceptance, budget, depth), lambda: parse_dp(acceptance, budget, depth))
+def dp_request(memo: RequestMemo, acceptance, budget, depth) -> DPRequest:
+    """The parsed DP request of these raw values (parsed once for the same values: ``memo`` is the app's,
+    :attr:`components.lanes.WorkLanes.dp_requests`)."""
+    return memo.get_or_parse(raw_key(acceptance, budget, depth), lambda: parse_dp(acceptance, budget, depth))
 
 
-def check_dp_request(acceptance, budget, depth) -> None:
+def check_dp_request(memo: RequestMemo, acceptance, budget, depth) -> None:
     """Everything ``/dp`` checks before solving: the vector, its length, the budget, depth and DP work."""
-    dp_request(acceptance, budget, depth)
+    dp_request(memo, acceptance, budget, depth)
 
 
 # ------------------------------------------------------------------ engine inputs
@@ -142,7 +100,7 @@ class EngineInputs:
     """What the engine takes for one parsed request: prompt ids, proposer, settings (and a note for the page)."""
 
     prompt_ids: list[int]
-    proposer: object
+    proposer: Proposer
     config: GenerationConfig
     note: str = ""            # e.g. a fallback that was taken, shown as a warning
     inspect: bool = False     # record what verification saw (the live tab's inspector)
@@ -197,33 +155,25 @@ def answer(fields: tuple[str | None, ...], check: Callable[[], object]) -> list[
 
 def validators(ctx: AppContext) -> dict[str, Callable[..., list[dict]]]:
     """api_name -> validator with the endpoint's signature; each parses (and so remembers) the request."""
-    def decode(prompt, method="sequoia", budget=32, depth=8, temperature=0.0, top_p=1.0, max_new_tokens=64,
-               seed=0, chat=True, acceptance=""):
-        return answer(INPUT_FIELDS["decode"], lambda: decode_request(
-            ctx, prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed, chat, acceptance))
+    def decode(*values, **named):
+        return answer(API_FIELDS, lambda: decode_request(ctx, *values, **named))
 
-    def decode_stream(prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed, acceptance_name,
-                      chat):
-        vec = acceptance_catalogue(ctx.assets_dir).get(acceptance_name)
-        return answer(INPUT_FIELDS["decode_stream"], lambda: decode_request(
-            ctx, prompt, method, budget, depth, temperature, top_p, max_new_tokens, seed, chat, vec))
+    def decode_stream(inputs: DecodeInputs):
+        return answer(PAGE_FIELDS, lambda: page_request(ctx, inputs))
 
     def compare(prompt, budget=32, depth=8, temperature=0.0, top_p=1.0, max_new_tokens=64, seed=0,
                 include_hf=True):
         return answer(INPUT_FIELDS["compare"], lambda: decode_request(
             ctx, prompt, COMPARE_METHOD, budget, depth, temperature, top_p, max_new_tokens, seed))
 
-    def compare_stream(prompt, budget, depth, temperature, top_p, max_new_tokens, seed, acceptance_name, chat,
-                       methods):
-        vec = acceptance_catalogue(ctx.assets_dir).get(acceptance_name)
-        return answer(INPUT_FIELDS["compare_stream"], lambda: decode_request(
-            ctx, prompt, COMPARE_METHOD, budget, depth, temperature, top_p, max_new_tokens, seed, chat, vec))
+    def compare_stream(inputs: DecodeInputs, methods: list[str]):
+        return answer(INPUT_FIELDS["compare_stream"], lambda: page_request(ctx, inputs))
 
     def dp(acceptance, budget=32, depth=8):
-        return answer(INPUT_FIELDS["dp"], lambda: dp_request(acceptance, budget, depth))
+        return answer(INPUT_FIELDS["dp"], lambda: dp_request(ctx.lanes.dp_requests, acceptance, budget, depth))
 
-    return {"decode": decode, "decode_stream": decode_stream, "compare": compare, "compare_stream": compare_stream,
-            "dp": dp}
+    return {"decode": api_signature(decode, list), "decode_stream": page_handler(decode_stream), "compare": compare,
+            "compare_stream": compare_handler(compare_stream, COMPARE_METHOD), "dp": dp}
 
 
 def attach_validators(demo: gr.Blocks, ctx: AppContext) -> list[str]:

@@ -168,7 +168,7 @@ def serve_tiny(port: int, light_limit: int | None = None, dp_lane: str | None = 
     """Serve the app on small random-weight models (the tests' character tokenizer); blocks.
 
     ``light_limit`` overrides the light group's concurrency (A/B against the old per-event limit of 4);
-    ``dp_lane`` where ``/dp`` solves run ("thread" or "process": components.dp_tab.DP_LANE, A/B for issue 24).
+    ``dp_lane`` where ``/dp`` solves run ("thread" or "process": components.lanes.DP_LANE, A/B for issue 24).
     """
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "tests"))
@@ -179,9 +179,9 @@ def serve_tiny(port: int, light_limit: int | None = None, dp_lane: str | None = 
     from conftest import app_pair, tiny_model  # the tests' tiny pair: nothing downloaded
 
     if dp_lane is not None:
-        from components import dp_tab  # only the A/B run needs it
+        from components import lanes  # only the A/B run needs it
 
-        dp_tab.DP_LANE = dp_lane
+        lanes.DP_LANE = dp_lane
     if light_limit is not None:  # the tabs unpack LIGHT_WORK when the page is built, so edit it in place
         context.LIGHT_WORK.clear()
         context.LIGHT_WORK["concurrency_limit"] = light_limit
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--light-limit", type=int, default=None,
                     help="with --tiny-server: light work's concurrency per event instead of the app's group")
     ap.add_argument("--dp-lane", choices=("thread", "process"), default=None,
-                    help="with --tiny-server: where /dp solves run (components.dp_tab.DP_LANE)")
+                    help="with --tiny-server: where /dp solves run (components.lanes.DP_LANE)")
     ap.add_argument("--mixed", action="store_true",
                     help="two phases of --duration: decode clients alone, then beside the DP clients")
     ap.add_argument("--json", default=None, help="also write the report here")

@@ -33,6 +33,7 @@ import gradio as gr  # noqa: E402
 import app  # noqa: E402
 from components import compare_tab, distribution_tab, hardware_tab, live_tab  # noqa: E402
 from components.context import AppContext  # noqa: E402
+from components.decode_inputs import DecodeInputs  # noqa: E402
 from components.acceptance_choice import DEFAULT_ACCEPTANCE_LABEL, acceptance_catalogue
 from sequoia.runtime.memory import GB, parse_kib_field  # noqa: E402
 
@@ -59,20 +60,20 @@ def drain(gen) -> None:
 def steps(ctx: AppContext, tokens: int) -> list[tuple[str, Callable[[], object]]]:
     """(name, press) for every model button, in the tour's order."""
     label = DEFAULT_ACCEPTANCE_LABEL
-    live = (PROMPT, live_tab.DEFAULT_METHOD, 32, 8, 0.0, 1.0, tokens, 0, label, True)
-    compare = (PROMPT, 32, 8, 0.0, 1.0, tokens, 0, label, True)
+    live = DecodeInputs(PROMPT, live_tab.DEFAULT_METHOD, 32, 8, 0.0, 1.0, tokens, 0, True, label)
+    compare = DecodeInputs(PROMPT, "", 32, 8, 0.0, 1.0, tokens, 0, True, label)
     methods = [m for m in compare_tab.DEFAULT_METHODS if m in compare_tab.offered(ctx)]
     if ctx.offers_reference and "llama.cpp target alone" not in methods:
         methods.append("llama.cpp target alone")
     return [
-        ("live", lambda: drain(live_tab.decode_stream(ctx, *live))),
-        ("live exact", lambda: drain(live_tab.decode_stream(ctx.exact_context(), *live))),
-        ("compare exact", lambda: drain(compare_tab.on_compare(ctx, *compare, methods, exact=True))),
-        ("compare + reference", lambda: drain(compare_tab.on_compare(ctx, *compare, methods))),
-        ("distribution check", lambda: drain(distribution_tab.on_check(ctx, "Write a haiku about autumn leaves.",
-                                                                       1.0, 0.95, 200, 4, 0, True))),
+        ("live", lambda: drain(live_tab.decode_stream(ctx, live))),
+        ("live exact", lambda: drain(live_tab.decode_stream(ctx.exact_context(), live))),
+        ("compare exact", lambda: drain(compare_tab.on_compare(ctx, compare, methods, exact=True))),
+        ("compare + reference", lambda: drain(compare_tab.on_compare(ctx, compare, methods))),
+        ("distribution check", lambda: drain(distribution_tab.on_check(
+            ctx.models, "Write a haiku about autumn leaves.", 1.0, 0.95, 200, 4, 0, True))),
         ("measure", lambda: hardware_tab.measure(ctx, 32, 8, acceptance_catalogue(ctx.assets_dir)[label])),
-        ("live again", lambda: drain(live_tab.decode_stream(ctx, *live))),
+        ("live again", lambda: drain(live_tab.decode_stream(ctx, live))),
     ]
 
 
@@ -102,7 +103,7 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", help="run only the steps whose names start with these (e.g. compare)")
     args = ap.parse_args()
     memory = app.memory_from_env()
-    demo = app.build_demo(app.load_from_env, max_budget=app._env_budget_cap(), exact_loader=app.exact_loader_from_env(),
+    demo = app.build_demo(app.load_from_env, device=app.env_device(), exact_loader=app.exact_loader_from_env(),
                           reference_loader=app.reference_loader_from_env(), memory=memory)
     ctx = demo.sequoia_context
     port = free_port()
@@ -111,7 +112,7 @@ def main() -> None:
     rows = [press("start (pair loaded)", ctx.pair, url)]
     rows += [press(name, fn, url) for name, fn in steps(ctx, args.tokens)
              if not args.only or any(name.startswith(o) for o in args.only)]
-    print(ctx.memory_note(), flush=True)
+    print(ctx.extras.memory_note(), flush=True)
     machine = {"cap_gb": memory.budget.cap / GB if memory.budget.cap else None,
                "backend": os.environ.get("SEQUOIA_BACKEND") or "hf", "cpu_count": os.cpu_count()}
     if args.json:

@@ -116,6 +116,14 @@ def app_pair(draft, target):
 
 
 @pytest.fixture(scope="session")
+def lanes():
+    """The app's model-free work lanes (components.lanes), one set for the session: one DP process, not one a test."""
+    from components.lanes import WorkLanes
+
+    return WorkLanes()
+
+
+@pytest.fixture(scope="session")
 def tiny_app_pair(tiny_target):
     """The app's pair: draft == target, so every draft token is accepted and runs are short and deterministic."""
     return app_pair(tiny_target, tiny_target)

@@ -10,6 +10,7 @@ import pytest
 import app
 from components import compare_tab, dp_tab, hardware_tab, live_tab, validation
 from components.context import AppContext, LoadStatus
+from components.decode_inputs import DecodeInputs
 from components.acceptance_choice import DEFAULT_ACCEPTANCE_LABEL, acceptance_catalogue, default_acceptance_label, parse_acceptance
 from sequoia.runtime.dynamic import MAX_DEPTH
 from sequoia.runtime.methods import DEFAULT_ACCEPTANCE
@@ -23,8 +24,8 @@ def pair(tiny_app_pair):
 
 
 @pytest.fixture(scope="module")
-def demo(pair, tmp_path_factory):
-    return app.build_demo(pair, assets_dir=tmp_path_factory.mktemp("assets"), max_budget=24)
+def demo(pair, tmp_path_factory, lanes):
+    return app.build_demo(pair, assets_dir=tmp_path_factory.mktemp("assets"), max_budget=24, lanes=lanes)
 
 
 @pytest.fixture()
@@ -35,8 +36,8 @@ def ctx(demo) -> AppContext:
 def _stream(ctx, prompt="def f(x):", method="Sequoia (budget & depth)", budget=8, depth=3, temperature=0.0,
             top_p=1.0, max_new=12, seed=0):
     """The stream's view frames (the frames after the run only update the summary: the ratio's measurement)."""
-    return [out for out in live_tab.decode_stream(ctx, prompt, method, budget, depth, temperature, top_p, max_new,
-                                                  seed, CODE, True) if out[0] != gr.skip()]
+    inputs = DecodeInputs.from_page(prompt, method, budget, depth, temperature, top_p, max_new, seed, CODE, True)
+    return [out for out in live_tab.decode_stream(ctx, inputs) if out[0] != gr.skip()]
 
 
 def _proposer(ctx, method, budget, depth):
@@ -51,9 +52,9 @@ def test_build_demo_names_api_endpoints(demo):
     assert {"decode", "decode_stream", "dp", "compare"} <= names
 
 
-def test_loader_is_lazy(tmp_path):
+def test_loader_is_lazy(tmp_path, lanes):
     calls = []
-    demo = app.build_demo(lambda: calls.append(1), assets_dir=tmp_path)
+    demo = app.build_demo(lambda: calls.append(1), assets_dir=tmp_path, lanes=lanes)
     assert isinstance(demo, gr.Blocks) and calls == []
 
 
@@ -68,7 +69,7 @@ def test_queue_serialises_model_work_and_leaves_the_dp_explorer_free(demo):
     assert len(model_fns) >= 5  # + the Compare button, Profile now, Measure
 
 
-def test_background_loading_shows_progress_and_refuses_politely(tmp_path, pair):
+def test_background_loading_shows_progress_and_refuses_politely(tmp_path, pair, lanes):
     gate, status = threading.Event(), LoadStatus()
 
     def loader():
@@ -76,10 +77,10 @@ def test_background_loading_shows_progress_and_refuses_politely(tmp_path, pair):
         assert gate.wait(30)
         return pair
 
-    demo = app.build_demo(loader, assets_dir=tmp_path, status=status)
+    demo = app.build_demo(loader, assets_dir=tmp_path, status=status, lanes=lanes)
     ctx = demo.sequoia_context
     assert "Loading the model pair: 0%" in app._banner(ctx) and not ctx.loaded
-    thread = ctx.start_loading()
+    thread = ctx.models.start_loading()
     try:
         for _ in range(200):
             if status.fraction == 0.5:
@@ -96,17 +97,17 @@ def test_background_loading_shows_progress_and_refuses_politely(tmp_path, pair):
     assert sum(r.n_new for r in _stream(ctx, max_new=4)[-1][-1].records) == 4
 
 
-def test_failed_load_is_shown_and_the_dp_explorer_still_works(tmp_path):
+def test_failed_load_is_shown_and_the_dp_explorer_still_works(tmp_path, lanes):
     def loader():
         raise RuntimeError("no such model: nobody/nothing")
 
-    demo = app.build_demo(loader, assets_dir=tmp_path)
+    demo = app.build_demo(loader, assets_dir=tmp_path, lanes=lanes)
     ctx = demo.sequoia_context
-    ctx.start_loading().join(30)
+    ctx.models.start_loading().join(30)
     assert "could not be loaded" in app._banner(ctx) and "nobody/nothing" in app._banner(ctx)
     with pytest.raises(gr.Error, match="could not be loaded: RuntimeError: no such model"):
         _stream(ctx)
-    assert dp_tab.dp_api("0.8, 0.1", 8, 3)["budget"] == 8
+    assert dp_tab.dp_api_fn(ctx.lanes)("0.8, 0.1", 8, 3)["budget"] == 8
 
 
 def test_stopping_a_decode_closes_the_engine_generator(ctx, monkeypatch):
@@ -120,7 +121,8 @@ def test_stopping_a_decode_closes_the_engine_generator(ctx, monkeypatch):
             closed.append(gen.gi_frame is None)  # a closed generator has no frame (its KV caches are gone)
 
     monkeypatch.setattr(live_tab, "run_decode", spy)
-    stream = live_tab.decode_stream(ctx, "def f(x):", "Chain", 4, 4, 0.0, 1.0, 200, 0, CODE, True)
+    inputs = DecodeInputs.from_page("def f(x):", "Chain", 4, 4, 0.0, 1.0, 200, 0, CODE, True)
+    stream = live_tab.decode_stream(ctx, inputs)
     next(stream)
     assert closed == []
     stream.close()  # what Gradio does on Stop
@@ -195,7 +197,8 @@ def test_compare_identical_at_greedy(ctx):
 
 def test_compare_streams_rows_and_stops(ctx, monkeypatch):
     picked = ["Chain", "SpecInfer", "Sequoia (budget & depth)"]  # Target only runs anyway
-    outs = list(compare_tab.on_compare(ctx, "x = 1", 8, 3, 0.0, 1.0, 6, 0, CODE, True, picked))
+    outs = list(compare_tab.on_compare(ctx, DecodeInputs("x = 1", "", 8, 3, max_new_tokens=6, acceptance=CODE),
+                                      picked))
     tables = [o[1] for o in outs if not isinstance(o[1], type(gr.skip()))]
     assert [len(t) for t in tables] == [0, 1, 2, 3, 4]  # the table grows one method at a time
     assert "Running" in outs[1][2] and "Identical at T=0" in outs[-1][2]
@@ -209,7 +212,7 @@ def test_compare_streams_rows_and_stops(ctx, monkeypatch):
             closed.append(gen.gi_frame is None)
 
     monkeypatch.setattr(compare_tab, "iter_run", spy)
-    it = compare_tab.iter_comparison(ctx, "x = 1", 8, 3, 0.0, 1.0, 50, 0, include_hf=False)
+    it = compare_tab.iter_comparison(ctx, DecodeInputs("x = 1", "", 8, 3, max_new_tokens=50), include_hf=False)
     while next(it).tokens == 0:
         pass
     it.close()
@@ -238,18 +241,18 @@ def test_compare_runs_all_three_kinds_of_drafting(ctx):
         "target only", "sequoia-ngram", "ngram"]
 
 
-def test_dp_tab_solve_and_cell():
-    heat, tree, md, curves, n, d, session = dp_tab.on_solve("0.8, 0.1", 16, 4, 40, 2, dp_tab.DPSession())
+def test_dp_tab_solve_and_cell(lanes):
+    heat, tree, md, curves, n, d, session = dp_tab.on_solve(lanes, "0.8, 0.1", 16, 4, 40, 2, dp_tab.DPSession())
     assert n.value == 16 and d.value == 2 and "n = 16, d = 2" in md
     assert len(curves.data) == 4
-    heat, tree, md = dp_tab.on_cell(5, 1, session)
+    heat, tree, md = dp_tab.on_cell(lanes, 5, 1, session)
     assert "n = 5, d = 1" in md
     # A refused vector or budget keeps the last good figures and sliders, with the message beside them.
-    bad = dp_tab.on_solve("0.9, 0.5", 16, 4, 4, 2, session)
+    bad = dp_tab.on_solve(lanes, "0.9, 0.5", 16, 4, 4, 2, session)
     assert "sum to at most 1" in bad[2] and "last good vector" in bad[2]
     assert all(x == gr.skip() for i, x in enumerate(bad) if i != 2)
-    assert "budget" in dp_tab.on_solve("0.5", 5000, 4, 4, 2, dp_tab.DPSession())[2]
-    out = dp_tab.dp_api("[0.8, 0.1]", 8, 3)
+    assert "budget" in dp_tab.on_solve(lanes, "0.5", 5000, 4, 4, 2, dp_tab.DPSession())[2]
+    out = dp_tab.dp_api_fn(lanes)("[0.8, 0.1]", 8, 3)
     assert out["budget"] == 8 and set(out["curves"]) >= {"sequoia", "chain"}
 
 
@@ -390,5 +393,25 @@ def test_live_summary_names_the_fastest_configuration_when_it_is_another(ctx):
         assert "the target alone on hf" in line and "tokens/s" in line
         ctx.profile = HardwareProfile.hand_made(lambda n: 30.0 + 0.1 * n, lambda w: 1.0)  # trees pay: Sequoia is it
         assert fastest_elsewhere(ctx, DEFAULT_ACCEPTANCE, "sequoia") == ""
+    finally:
+        ctx.profile = None
+
+
+def test_the_fastest_configuration_is_solved_once_per_profile(ctx, monkeypatch):
+    from sequoia.core.profile import HardwareProfile
+
+    from components import runtimes_here
+
+    solves, real = [], runtimes_here.choose_tree
+    monkeypatch.setattr(runtimes_here, "choose_tree", lambda *a, **k: solves.append(1) or real(*a, **k))
+    ctx.profile = HardwareProfile.hand_made(lambda n: 30.0 * n, lambda w: 10.0)
+    try:
+        first = runtimes_here.fastest_elsewhere(ctx, DEFAULT_ACCEPTANCE, "sequoia")
+        n = len(solves)
+        assert n >= 1 and runtimes_here.fastest_elsewhere(ctx, DEFAULT_ACCEPTANCE, "chain") == first
+        assert len(solves) == n                                  # the second decode reads the kept answer
+        ctx.profile = HardwareProfile.hand_made(lambda n: 30.0 + 0.1 * n, lambda w: 1.0)
+        runtimes_here.fastest_elsewhere(ctx, DEFAULT_ACCEPTANCE, "sequoia")
+        assert len(solves) > n                                   # a new profile: solved again
     finally:
         ctx.profile = None

@@ -45,8 +45,8 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_app_pair, tmp_path_factory):
-    demo = app.build_demo(tiny_app_pair, assets_dir=tmp_path_factory.mktemp("assets"), max_budget=24)
+def server(tiny_app_pair, tmp_path_factory, lanes):
+    demo = app.build_demo(tiny_app_pair, assets_dir=tmp_path_factory.mktemp("assets"), max_budget=24, lanes=lanes)
     _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True,
                             quiet=True, css_paths=[app.CSS_PATH])
     yield url
@@ -54,7 +54,10 @@ def server(tiny_app_pair, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def browser_context(tmp_path_factory):
+def browser_context(tmp_path_factory, lanes):
+    # The apps' DP process is forked before the browser's driver starts: a child forked later keeps the driver's
+    # pipe open, and the driver then never sees it close at the end.
+    lanes.dp.prepare()
     with sync_api.sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
             str(tmp_path_factory.mktemp("chromium-profile")), executable_path=str(CHROMIUM), headless=True,
@@ -220,7 +223,7 @@ def test_too_many_new_tokens_are_refused_with_the_cap(server):
 
 
 @pytest.fixture(scope="module")
-def long_server(tmp_path_factory):
+def long_server(tmp_path_factory, lanes):
     """The app on a tiny pair with 4,096 positions: room for a prompt longer than any tree."""
     from test_server import _long_context_model
 
@@ -228,7 +231,7 @@ def long_server(tmp_path_factory):
 
     target = _long_context_model()
     demo = app.build_demo(app_pair(target, target), assets_dir=tmp_path_factory.mktemp("assets-long"),
-                          max_budget=24)
+                          max_budget=24, lanes=lanes)
     _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True,
                             quiet=True, css_paths=[app.CSS_PATH])
     yield url
@@ -251,11 +254,11 @@ def test_a_long_prompt_decodes(long_server, browser_context):
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("SEQUOIA_SCREENSHOT"),
                     reason="set SEQUOIA_SCREENSHOT=1 to redraw docs/figures/live-tab.png on the embedded pair")
-def test_readme_figure_the_live_tab_mid_decode(browser_context, monkeypatch, tmp_path):
+def test_readme_figure_the_live_tab_mid_decode(browser_context, monkeypatch, tmp_path, lanes):
     """The README's figure: the guided example on the embedded pair, caught while it decodes."""
     from sequoia.runtime.models import load_pair
 
-    demo = app.build_demo(load_pair(), max_budget=32)
+    demo = app.build_demo(load_pair(), max_budget=32, lanes=lanes)
     _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True,
                             quiet=True, css_paths=[app.CSS_PATH])
     runs = _slow_steps(monkeypatch, 1.5)  # hold each step on screen, so the page is caught mid-decode
@@ -359,14 +362,15 @@ def test_the_dp_figures_follow_the_vector_without_solve(page):
 
 
 @pytest.fixture(scope="module")
-def tie_server(tmp_path_factory, tiny_target):
+def tie_server(tmp_path_factory, tiny_target, lanes):
     """The app on a tiny target whose one-row and many-row forwards break a near-tie differently."""
     from test_exact_mode import near_tie
 
     from conftest import app_pair
 
     tied = near_tie(tiny_target)
-    demo = app.build_demo(app_pair(tied, tied), assets_dir=tmp_path_factory.mktemp("assets-tie"), max_budget=24)
+    demo = app.build_demo(app_pair(tied, tied), assets_dir=tmp_path_factory.mktemp("assets-tie"), max_budget=24,
+                          lanes=lanes)
     _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True,
                             quiet=True, css_paths=[app.CSS_PATH])
     yield url

@@ -448,12 +448,13 @@ def test_inspector_explain_in_plain_words():
 def test_live_tab_records_checks_and_feeds_the_inspector(tiny_app_pair, tmp_path):
     from components import live_tab
     from components.context import AppContext
+    from components.decode_inputs import DecodeInputs
     from components.acceptance_choice import acceptance_catalogue
 
     ctx = AppContext.from_pair_or_loader(tiny_app_pair, assets_dir=tmp_path, max_budget=24)
     vector = next(iter(acceptance_catalogue(tmp_path)))
-    outs = list(live_tab.decode_stream(ctx, "def f(x):", "Sequoia (budget & depth)", 8, 3, 0.6, 1.0, 8, 0,
-                                       vector, True))
+    outs = list(live_tab.decode_stream(ctx, DecodeInputs.from_page("def f(x):", "Sequoia (budget & depth)", 8, 3, 0.6,
+                                                                   1.0, 8, 0, vector, True)))
     session = outs[-1][-1]
     assert all(r.checks for r in session.records)
     picker, fig0, text0 = live_tab.inspect_choices(0, session)

@@ -113,12 +113,12 @@ def test_dp_shape_figure_marks_the_copied_chain():
     assert reach == pytest.approx(r.value - 1.0, abs=0.01 * r.tree.size)
 
 
-def test_dp_tab_copied_chain_control():
+def test_dp_tab_copied_chain_control(lanes):
     assert dp_tab.parse_copies("") == () and dp_tab.parse_copies("0.9, 0.5") == (0.9, 0.5)
     with pytest.raises(ValueError):
         dp_tab.parse_copies("1.5")
-    fig, md = dp_tab.copies_views("0.6, 0.2", "", 8, 3)
+    fig, md = dp_tab.copies_views(lanes, "0.6, 0.2", "", 8, 3)
     assert fig is None and "Enter c_1" in md
-    fig, md = dp_tab.copies_views("0.6, 0.2", "1, 1, 1", 8, 3)
+    fig, md = dp_tab.copies_views(lanes, "0.6, 0.2", "1, 1, 1", 8, 3)
     assert _trace(fig, tree_view.COPIED) is not None and "best m = **3**" in md
     assert "| copied nodes m | expected tokens/step |" in md and "| **3** | **4.000** |" in md  # E = 1 + 3 sure copies

@@ -10,6 +10,7 @@ import torch
 import app
 from components import compare_tab, distribution_tab, distribution_view, divergence_view
 from components.context import AppContext
+from components.decode_inputs import DecodeInputs
 from sequoia.core.config import GenerationConfig, SamplingConfig
 from sequoia.core.distribution import RULES, check_rule
 from sequoia.runners.hf.loading import wrap_model
@@ -82,12 +83,12 @@ def test_app_context_loads_the_exact_pair_once(low_precision_pair, tmp_path):
     view = ctx.exact_context()
     assert ctx.exact_context() is view and view.exact_context() is view and calls == [1]
     assert is_exact(view.pair()) and view.pair().draft is ctx.pair().draft and view.engine() is not ctx.engine()
-    assert ctx.exact_status.ready and not is_exact(ctx.pair())
+    assert ctx.extras.exact_status.ready and not is_exact(ctx.pair())
 
 
 def test_compare_in_exact_mode_says_identical_and_certifies(low_precision_pair, tmp_path):
     ctx = AppContext.from_pair_or_loader(low_precision_pair, assets_dir=tmp_path)
-    frames = list(compare_tab.on_compare(ctx, "def f(x):", 8, 3, 0.0, 1.0, 16, 0, None, True,
+    frames = list(compare_tab.on_compare(ctx, DecodeInputs("def f(x):", "", 8, 3, max_new_tokens=16),
                                          ["Chain", "SpecInfer", "Sequoia (budget & depth)"], exact=True))
     rows = [f[1] for f in frames if isinstance(f[1], list)][-1]
     assert rows and all(r[-1] == "✓ identical" for r in rows)
@@ -152,7 +153,7 @@ def test_divergence_report_on_a_forced_near_tie(tiny_target):
 def test_compare_explains_a_divergence(tiny_target, tmp_path):
     tied = near_tie(tiny_target)
     ctx = AppContext.from_pair_or_loader(app_pair(tied, tied), assets_dir=tmp_path)
-    frames = list(compare_tab.on_compare(ctx, "def f(x):", 8, 3, 0.0, 1.0, 8, 0, None, True, ["Chain"]))
+    frames = list(compare_tab.on_compare(ctx, DecodeInputs("def f(x):", "", 8, 3, max_new_tokens=8), ["Chain"]))
     # The forced tie is within the kernels' measured gap: the row reads identical up to it, one explanation.
     last = [f[1] for f in frames if isinstance(f[1], list)][-1]
     assert any(r[-1].startswith("≈ identical up to a kernel near-tie at token 2") for r in last)
@@ -187,14 +188,14 @@ def test_distribution_figure_and_summary():
     assert len(distribution_view.figure(p, []).data) == 0
 
 
-def test_distribution_tab_handler_and_app(tiny_pairs, tmp_path):
+def test_distribution_tab_handler_and_app(tiny_pairs, tmp_path, lanes):
     ctx = AppContext.from_pair_or_loader(app_pair(tiny_pairs["noisy"].draft, tiny_pairs["noisy"].target),
                                          assets_dir=tmp_path)
-    frames = list(distribution_tab.on_check(ctx, "hello", 1.0, 1.0, 400, 3, 0, True))
+    frames = list(distribution_tab.on_check(ctx.models, "hello", 1.0, 1.0, 400, 3, 0, True))
     assert "Finished in" in frames[-1][1] and len(frames[-1][0].data) == 2 * len(RULES)
     with pytest.raises(Exception, match="temperature"):
-        list(distribution_tab.on_check(ctx, "hello", 0.0, 1.0, 400, 3, 0, True))
-    demo = app.build_demo(ctx.pair(), assets_dir=tmp_path, max_budget=24)
+        list(distribution_tab.on_check(ctx.models, "hello", 0.0, 1.0, 400, 3, 0, True))
+    demo = app.build_demo(ctx.pair(), assets_dir=tmp_path, max_budget=24, lanes=lanes)
     assert "Distribution check" in demo.config["components"].__repr__()
 
 

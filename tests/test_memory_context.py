@@ -70,16 +70,16 @@ def make_ctx(pair, tmp_path, machine: FakeMachine, cap_gb: float = 14.0, hints=(
 
 def track_frees(ctx: AppContext, machine: FakeMachine, sizes: dict[str, int]) -> None:
     """Make freeing lower the fake resident size by ``sizes`` (key -> bytes), as a real unload does."""
-    free = ctx.free_extra
+    free = ctx.extras.free
 
     def tracked(key: str, restore: bool = True) -> bool:
         done = free(key, restore=False)
         machine.resident -= sizes.get(key, 0) if done else 0
         if restore:                    # after the resident size fell, as free_extra's own restore sees it
-            ctx._restore_blocked()
+            ctx.extras.restore_blocked()
         return done
 
-    ctx.free_extra = tracked
+    ctx.extras.free = tracked
 
 
 def test_loads_that_fit_load(low_precision_pair, tmp_path):
@@ -87,7 +87,7 @@ def test_loads_that_fit_load(low_precision_pair, tmp_path):
     ref = ctx.reference_context()
     exact = ctx.exact_context()
     assert ctx.reference_context() is ref and ctx.exact_context() is exact and is_exact(exact.pair())
-    assert "exact mode's float32 target (6.5 GB)" in ctx.memory_note() and "reference" in ctx.memory_note()
+    assert "exact mode's float32 target (6.5 GB)" in ctx.extras.memory_note() and "reference" in ctx.extras.memory_note()
 
 
 def test_the_reference_is_freed_before_exact_mode_is_refused(low_precision_pair, tmp_path):
@@ -95,7 +95,7 @@ def test_the_reference_is_freed_before_exact_mode_is_refused(low_precision_pair,
     ctx = make_ctx(low_precision_pair, tmp_path, machine, cap_gb=13.0)
     runner = ctx.reference_context().pair().target
     exact = ctx.exact_context()
-    assert runner.closed and not ctx._reference and exact.pair().target.info.weights == "fp32"
+    assert runner.closed and not ctx.extras.reference_loaded and exact.pair().target.info.weights == "fp32"
     assert machine.resident == int(12.5 * GB)
     # The reference comes back on its next use, freeing the idle exact target if it must.
     track_frees(ctx, machine, {"exact": EXACT})
@@ -115,7 +115,7 @@ def test_a_load_that_cannot_fit_is_refused_and_the_server_keeps_what_it_held(low
     assert "exact mode's float32 target" in msg and "6.5 GB" in msg and "14.0 GB cap" in msg
     assert "the llama.cpp reference target" in msg and "SEQUOIA_BLOCKED_WEIGHTS=0" in msg
     assert not runner.closed and ctx.reference_context().pair().target is runner      # nothing freed
-    assert not ctx.exact_loaded and ctx.exact_status is None and ctx.engine() is engine
+    assert not ctx.exact_loaded and ctx.extras.exact_status is None and ctx.engine() is engine
     assert machine.resident == int(10.5 * GB)
     # the page's usual path for a refusal: Compare shows it as the reason, the server decodes on
     rows, notes = compare_tab.run_comparison(ctx, "x = 1", 8, 3, 0.0, 1.0, 4, 0, methods=["Chain"])
@@ -135,8 +135,8 @@ def test_freeing_really_drops_the_exact_target(low_precision_pair, tmp_path):
     import weakref
 
     model = weakref.ref(ctx.exact_context().pair().target.model)
-    assert ctx.free_extra("exact") and not ctx.exact_loaded and model() is None
-    assert not ctx.free_extra("exact") and not ctx.free_extra("reference")
+    assert ctx.extras.free("exact") and not ctx.exact_loaded and model() is None
+    assert not ctx.extras.free("exact") and not ctx.extras.free("reference")
     assert ctx.exact_context().pair().target.info.weights == "fp32"       # loads again on its next use
 
 
@@ -162,7 +162,7 @@ def test_exact_mode_drops_the_blocked_copies_last_and_they_come_back(low_precisi
     track_frees(ctx, machine, {"blocked": blocked, "exact": EXACT})
     before = compare_tab.run_comparison(ctx, "x = 1", 8, 3, 0.0, 1.0, 6, 0, methods=["Chain"])[0]
     ctx.exact_context()
-    assert blocked_bytes(model) == 0 and "oneDNN-blocked weight copies" in ctx.memory_note()
+    assert blocked_bytes(model) == 0 and "oneDNN-blocked weight copies" in ctx.extras.memory_note()
     during = compare_tab.run_comparison(ctx, "x = 1", 8, 3, 0.0, 1.0, 6, 0, methods=["Chain"])[0]
     assert [r.token_ids for r in during] == [r.token_ids for r in before]    # the same sums, only slower
-    assert ctx.free_extra("exact") and blocked_bytes(model) == blocked and "blocked" not in ctx.memory_note()
+    assert ctx.extras.free("exact") and blocked_bytes(model) == blocked and "blocked" not in ctx.extras.memory_note()

@@ -22,6 +22,7 @@ import pytest
 
 import app
 from components import live_tab, validation
+from components.decode_inputs import DecodeInputs
 from components.acceptance_choice import DEFAULT_ACCEPTANCE_LABEL
 from sequoia.core import fields
 from sequoia.core import request as rq
@@ -169,8 +170,8 @@ def test_the_colour_table_views_and_parser_load_no_transformers():
 
 # ------------------------------------------------------------------ parsed once, through the app
 @pytest.fixture(scope="module")
-def demo(tiny_app_pair, tmp_path_factory):
-    return app.build_demo(tiny_app_pair, assets_dir=tmp_path_factory.mktemp("assets"), max_budget=24)
+def demo(tiny_app_pair, tmp_path_factory, lanes):
+    return app.build_demo(tiny_app_pair, assets_dir=tmp_path_factory.mktemp("assets"), max_budget=24, lanes=lanes)
 
 
 def _decode_args(**kw):
@@ -199,7 +200,7 @@ def test_the_page_stream_is_parsed_once_too(demo, monkeypatch):
     monkeypatch.setattr(validation, "parse_decode", lambda *a, **k: parsed.append(1) or real_parse(*a, **k))
     args = ("def g(y):", "Chain", 4, 4, 0.0, 1.0, 4, 99, DEFAULT_ACCEPTANCE_LABEL, True)
     assert all(a["is_valid"] for a in validation.validators(ctx)["decode_stream"](*args))
-    outs = list(live_tab.decode_stream(ctx, *args))
+    outs = list(live_tab.decode_stream(ctx, DecodeInputs.from_page(*args)))
     assert len(parsed) == 1 and sum(r.n_new for r in outs[-1][-1].records) == 4
 
 
@@ -257,3 +258,19 @@ def test_page_events_name_their_inputs_so_refusals_land_on_the_right_widget(demo
         assert len(names) == len(fields), api
         for name, field in zip(names, fields):
             assert field is None or name == field or (field, name) in {("acceptance", "acceptance_name")}, api
+
+
+def test_the_decode_inputs_are_defined_once():
+    """The /decode endpoint, the page handlers and the parser share one list of fields (components.decode_inputs)."""
+    import inspect
+
+    from components.decode_inputs import API_FIELDS, PAGE_FIELDS, page_handler
+
+    assert tuple(inspect.signature(rq.parse_decode).parameters)[:len(API_FIELDS)] == API_FIELDS
+    page = ("p", "Chain", 4, 4, 0.0, 1.0, 8, 0, "a label", False)
+    inputs = DecodeInputs.from_page(*page)
+    assert inputs.acceptance == "a label" and inputs.chat is False and inputs.max_new_tokens == 8
+    handler = page_handler(lambda got: got)
+    assert tuple(inspect.signature(handler).parameters) == PAGE_FIELDS and handler(*page) == inputs
+    api = inspect.signature(live_tab.decode_api_fn(None))
+    assert tuple(api.parameters) == API_FIELDS and api.parameters["budget"].annotation is int

@@ -19,6 +19,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 import app
 from components import dp_tab, serving, validation
 from components.context import LIGHT_WORK, MODEL_WORK
+from components.lanes import DP_LANE, LIGHT_NICE, LightLane
+from components.memo import RequestMemo
 from components.acceptance_choice import DEFAULT_ACCEPTANCE_LABEL
 from sequoia.core.config import CPU_CAPS, MAX_ACCEPTANCE_LEN, GenerationConfig, caps_for
 from sequoia.core.dp import optimal_tree
@@ -59,13 +61,23 @@ def test_a_prompt_longer_than_any_tree_decodes_and_matches_the_target():
 
 # ------------------------------------------------------------------ caps and validation
 @pytest.fixture(scope="module")
-def demo(tiny_app_pair, tmp_path_factory):
-    return app.build_demo(tiny_app_pair, assets_dir=tmp_path_factory.mktemp("assets"), max_budget=24)
+def demo(tiny_app_pair, tmp_path_factory, lanes):
+    return app.build_demo(tiny_app_pair, assets_dir=tmp_path_factory.mktemp("assets"), max_budget=24, lanes=lanes)
 
 
 @pytest.fixture()
 def ctx(demo):
     return demo.sequoia_context
+
+
+def test_the_request_limits_are_derived_once_from_the_device(lanes):
+    from components.context import GPU_MAX_BUDGET, server_limits
+
+    gpu = server_limits("cuda:0")
+    assert gpu.budget_cap == GPU_MAX_BUDGET and gpu.max_new_tokens == caps_for("cuda").max_new_tokens
+    assert server_limits("cpu", 24).budget_cap == 24 and server_limits("cpu", 10 ** 6).budget_cap == MAX_TREE_SIZE
+    demo = app.build_demo(lambda: None, device="cuda", lanes=lanes)   # the sliders are laid out before the pair loads
+    assert demo.sequoia_context.limits == gpu and demo.sequoia_context.budget_cap() == GPU_MAX_BUDGET
 
 
 def test_new_tokens_are_capped_by_device_with_a_message(ctx):
@@ -79,19 +91,19 @@ def test_new_tokens_are_capped_by_device_with_a_message(ctx):
         validation.decode_request(ctx, "x" * 5000, "chain", 4, 4, 0.0, 1.0, 8, 0, chat=False)
 
 
-def test_acceptance_vectors_and_dp_work_are_capped():
+def test_acceptance_vectors_and_dp_work_are_capped(lanes):
     long = ", ".join(["0.001"] * (MAX_ACCEPTANCE_LEN + 1))
     with pytest.raises(gr.Error, match=f"has {MAX_ACCEPTANCE_LEN + 1} entries; the maximum is {MAX_ACCEPTANCE_LEN}"):
-        dp_tab.dp_api(long, 32, 8)
+        dp_tab.dp_api_fn(lanes)(long, 32, 8)
     wide = ", ".join(["0.01"] * MAX_ACCEPTANCE_LEN)
     with pytest.raises(gr.Error, match="more DP work than this server allows"):
-        dp_tab.dp_api(wide, 1024, 64)
+        dp_tab.dp_api_fn(lanes)(wide, 1024, 64)
     with pytest.raises(ValueError, match="maximum is 64"):
-        validation.check_dp_request(long, 8, 4)
+        validation.check_dp_request(lanes.dp_requests, long, 8, 4)
 
 
-def test_dp_reply_is_a_summary_not_the_table():
-    out = dp_tab.dp_api("0.8, 0.1, 0.05", 1024, 16)
+def test_dp_reply_is_a_summary_not_the_table(lanes):
+    out = dp_tab.dp_api_fn(lanes)("0.8, 0.1, 0.05", 1024, 16)
     assert len(json.dumps(out)) < 100_000  # the whole table was 1.1 MB at budget 1024, depth 64
     assert "table" not in out and len(out["value_by_size"]) == 1025
     assert out["value"] == pytest.approx(out["value_by_size"][-1], rel=1e-5)
@@ -181,7 +193,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_cancelled_api_decodes_stop_and_never_overlap(tmp_path):
+def test_cancelled_api_decodes_stop_and_never_overlap(tmp_path, lanes):
     from conftest import tiny_model
     from gradio_client import Client
     from gradio_client.exceptions import AppError
@@ -190,7 +202,7 @@ def test_cancelled_api_decodes_stop_and_never_overlap(tmp_path):
     meter = _Meter(delay_s=0.02)
     target.register_forward_pre_hook(meter.pre)
     target.register_forward_hook(meter.post)
-    demo = app.build_demo(app_pair(target, target), assets_dir=tmp_path, max_budget=24)
+    demo = app.build_demo(app_pair(target, target), assets_dir=tmp_path, max_budget=24, lanes=lanes)
     _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True,
                             quiet=True)
     try:
@@ -289,7 +301,7 @@ def test_load_test_refuses_other_hosts_and_draws_valid_dp_requests(monkeypatch):
     rng = np.random.default_rng(0)
     for _ in range(20):
         vec, budget, depth = load_test.random_dp_args(rng)
-        validation.check_dp_request(vec, budget, depth)  # every drawn request is one the server accepts
+        validation.check_dp_request(RequestMemo(1), vec, budget, depth)  # every drawn request is one the server accepts
     # --mixed: the decode clients alone, then beside the DP clients; the slowdown is the ratio of the p50s
     phases = []
 
@@ -321,35 +333,34 @@ def test_light_work_runs_on_one_low_priority_thread():
     import os
     import threading
 
-    from components import serving
-
-    seen = [serving.run_light(lambda: (threading.get_native_id(), threading.current_thread().name)) for _ in range(3)]
+    light = LightLane()
+    seen = [light.run(lambda: (threading.get_native_id(), threading.current_thread().name)) for _ in range(3)]
     assert len(set(seen)) == 1 and seen[0][1].startswith("sequoia-light")   # one worker, reused
     assert seen[0][0] != threading.get_native_id()
     if hasattr(os, "getpriority"):
-        nice = serving.run_light(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
-        assert nice == serving.LIGHT_NICE or nice == os.getpriority(os.PRIO_PROCESS, 0)  # raised where permitted
+        nice = light.run(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        assert nice == LIGHT_NICE or nice == os.getpriority(os.PRIO_PROCESS, 0)  # raised where permitted
     try:
-        serving.run_light(lambda: 1 / 0)
+        light.run(lambda: 1 / 0)
     except ZeroDivisionError:
         pass
     else:
         raise AssertionError("an error in light work must reach the handler")
 
 
-def test_dp_work_runs_in_its_own_low_priority_process():
+def test_dp_work_runs_in_its_own_low_priority_process(lanes):
     """Issue 24: /dp solves on a thread of the server held the GIL its decodes need; they run in a child process
     (own GIL, nice 19) where fork exists, and a failure there still reaches the handler."""
     import os
 
-    if dp_tab.DP_LANE != "process":
+    if DP_LANE != "process":
         pytest.skip("no fork on this platform: DP work runs on the light-work thread")
-    assert dp_tab.run_dp_work(os.getpid) != os.getpid()
-    assert dp_tab.run_dp_work(os.nice, 0) >= min(serving.LIGHT_NICE, os.nice(0) + serving.LIGHT_NICE)
+    assert lanes.dp.run(os.getpid) != os.getpid()
+    assert lanes.dp.run(os.nice, 0) >= min(LIGHT_NICE, os.nice(0) + LIGHT_NICE)
     with pytest.raises(ZeroDivisionError):
-        dp_tab.run_dp_work(divmod, 1, 0)
-    out = dp_tab.dp_api("0.8, 0.1", 16, 4)
-    assert out == dp_tab.dp_api("0.8, 0.1", 16, 4) and out["budget"] == 16   # the second from the cache
+        lanes.dp.run(divmod, 1, 0)
+    out = dp_tab.dp_api_fn(lanes)("0.8, 0.1", 16, 4)
+    assert out == dp_tab.dp_api_fn(lanes)("0.8, 0.1", 16, 4) and out["budget"] == 16   # the second from the cache
 
 
 @pytest.mark.slow
@@ -359,11 +370,11 @@ def test_the_dp_process_ends_with_the_server(tmp_path):
     import os
     import subprocess
 
-    if dp_tab.DP_LANE != "process":
+    if DP_LANE != "process":
         pytest.skip("no fork on this platform")
     root = Path(__file__).resolve().parents[1]
-    code = ("import os, sys\nsys.path.insert(0, %r)\nfrom components import dp_tab\n"
-            "print(dp_tab.run_dp_work(os.getpid), flush=True)\nos._exit(0)\n" % str(root))
+    code = ("import os, sys\nsys.path.insert(0, %r)\nfrom components.lanes import WorkLanes\n"
+            "print(WorkLanes().dp.run(os.getpid), flush=True)\nos._exit(0)\n" % str(root))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     child = int(out.stdout.split()[-1])
     for _ in range(50):
