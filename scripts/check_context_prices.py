@@ -34,7 +34,7 @@ from sequoia.runtime.engine import SpeculativeEngine  # noqa: E402
 from sequoia.runtime.finder import find_acceptance, find_calibration, find_ngram_acceptance, list_acceptance  # noqa: E402
 from sequoia.runtime.methods import make_method  # noqa: E402
 from sequoia.runtime.models import load_pair  # noqa: E402
-from sequoia.runtime.timing import iter_run, warmup  # noqa: E402
+from sequoia.runtime.timing import run_with_records, warmup  # noqa: E402
 
 
 def step_rows(records, profile: HardwareProfile) -> list[dict]:
@@ -70,16 +70,6 @@ def summary(rows: list[dict]) -> dict:
             "tokens_per_step": statistics.mean(r["tokens"] for r in whole) if whole else None,
             "tokens_predicted_per_step": (statistics.mean(r["tokens_predicted"] for r in whole if "tokens_predicted" in r)
                                           if any("tokens_predicted" in r for r in whole) else None)}
-
-
-def run(engine, pair, method, ids, gen, proposer):
-    steps = iter_run(engine, pair, method, ids, gen, proposer)
-    records = []
-    try:
-        while True:
-            records.append(next(steps))
-    except StopIteration as done:
-        return records, done.value
 
 
 def main(argv=None) -> int:
@@ -118,12 +108,12 @@ def main(argv=None) -> int:
            tokens=4)
     out = []
     for i, ids in enumerate(prompts):
-        alone, _ = run(engine, pair, "engine", ids, gen, make_method("ar"))
+        alone, _ = run_with_records(engine, pair, "engine", ids, gen, make_method("ar"))
         a_rows = step_rows(alone, profile)
         a_sum = summary(a_rows)
         ar_ms = statistics.median(r["step_ms"] for r in a_rows)
         for fit, method in variants.items():
-            tree, _ = run(engine, pair, "engine", ids, gen, method)
+            tree, _ = run_with_records(engine, pair, "engine", ids, gen, method)
             t_rows = step_rows(tree, profile)
             t_sum = summary(t_rows)
             tree_ms_per_token = sum(r["step_ms"] for r in t_rows) / max(sum(r["tokens"] for r in t_rows), 1)

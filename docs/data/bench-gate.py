@@ -21,7 +21,7 @@ from sequoia.runtime.finder import find_acceptance, find_calibration, find_ngram
 from sequoia.runtime.methods import make_method
 from sequoia.runtime.price import PriceSettings
 from sequoia.runtime.models import load_pair
-from sequoia.runtime.runner import iter_run, warmup
+from sequoia.runtime.timing import run_with_records, warmup
 from sequoia.tools.bench import encode
 
 prof_path, out_path = sys.argv[1], sys.argv[2]
@@ -63,13 +63,7 @@ for i, ids in enumerate(prompts):
     for label in order:
         method = label if label.startswith("hf") else "engine"
         prop = None if method.startswith("hf") else build(label)
-        steps = iter_run(engine, pair, method, ids, gen, prop)
-        recs = []
-        try:
-            while True:
-                recs.append(next(steps))
-        except StopIteration as done:
-            res = done.value
+        recs, res = run_with_records(engine, pair, method, ids, gen, prop)
         gates = [r.dynamic.gate for r in recs if r.dynamic is not None]
         row = {"label": label, "prompt": i, "prompt_tokens": len(ids), "tokens": list(res.tokens),
                "seconds": res.seconds, "first_token_s": res.first_token_s, "decode_tokens_per_s": res.decode_tokens_per_s,

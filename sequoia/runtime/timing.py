@@ -112,12 +112,19 @@ def run_method(engine: SpeculativeEngine, pair, method: str, ids: list[int], gen
 
     ``method`` is one of :data:`HF_METHODS` or any engine method, whose ``proposer`` is then required.
     """
+    return run_with_records(engine, pair, method, ids, gen, proposer)[1]
+
+
+def run_with_records(engine: SpeculativeEngine, pair, method: str, ids: list[int], gen: GenerationConfig,
+                     proposer: Proposer | None = None) -> tuple[list[StepRecord], RunResult]:
+    """:func:`run_method` that keeps the step records (none for HF methods): for scripts that read each step."""
     steps = iter_run(engine, pair, method, ids, gen, proposer)
+    records: list[StepRecord] = []
     while True:
         try:
-            next(steps)
+            records.append(next(steps))
         except StopIteration as done:
-            return done.value
+            return records, done.value
 
 
 def iter_run(engine: SpeculativeEngine, pair, method: str, ids: list[int], gen: GenerationConfig,
