@@ -98,6 +98,19 @@ def _decode(page, prompt: str, max_new: int, method: str | None = None) -> None:
     page.get_by_role("button", name="Decode", exact=True).click()
 
 
+def _settled_text(locator, quiet_s: float = 0.5, timeout_s: float = 10.0) -> str:
+    """The element's text once it has stopped changing for ``quiet_s``: one update's outputs may render in
+    separate browser frames (the summary before the generated text), so a text read as soon as the summary
+    shows the run's end can be a frame early."""
+    text, since, deadline = locator.text_content(), time.monotonic(), time.monotonic() + timeout_s
+    while time.monotonic() - since < quiet_s and time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = locator.text_content()
+        if now != text:
+            text, since = now, time.monotonic()
+    return text
+
+
 def _slow_steps(monkeypatch, delay_s: float, release: threading.Event | None = None) -> SimpleNamespace:
     """Make every engine step take ``delay_s`` longer, and end the run early once ``release`` is set.
 
@@ -316,7 +329,7 @@ def test_a_refused_request_keeps_the_last_output_and_no_placeholder(page):
     _decode(page, "def ok():", 6)
     summary = page.locator("#sq-summary")
     sync_api.expect(summary).to_contain_text("6 tokens")
-    before = page.locator("#sq-text").text_content()
+    before = _settled_text(page.locator("#sq-text"))
     _decode(page, "   ", 8)
     sync_api.expect(page.get_by_text("prompt is empty").first).to_be_visible()
     _decode(page, "def ok():", 5000)
