@@ -153,7 +153,7 @@ class SpeculativeEngine:
     def _conclude(self, step, state, draft, p, walk, config, proposer, t0, t1, t2) -> StepRecord:
         """Commit the walk's tokens and make the step's record; t0..t2: start, drafted, verified."""
         new, reason = self._commit(state, draft, walk, config)
-        record = self._record(step, draft, p, walk, new, reason, config, proposer)
+        record = self._record(step, draft, p, walk, new, reason, proposer)
         t3 = self._now()
         if self.device.type == "cuda":   # events: one wait for the last, then the GPU timeline's gaps
             t3.synchronize()
@@ -205,7 +205,7 @@ class SpeculativeEngine:
             reason = "stop"
         return tuple(new), reason
 
-    def _record(self, step, draft, p, walk, new, reason, config, proposer) -> StepRecord:
+    def _record(self, step, draft, p, walk, new, reason, proposer) -> StepRecord:
         tree = draft.tree
         on_path = set(walk.path)
         status = tuple(ACCEPTED if v in on_path else REJECTED if v in walk.verified else UNREACHED
