@@ -6,7 +6,10 @@ see the table of expected tokens per step, the optimal tree of any cell
 Gradio) and the scaling curves against chains, k chains and binary trees.
 An optional copied chain (acceptances c_1, c_2, … of tokens copied from the
 context) shows the best tree of the cell holding one at the root
-(:func:`sequoia.core.dp.optimal_tree_with_copies`).  No model is needed.
+(:func:`sequoia.core.dp.optimal_tree_with_copies`).  Below, the best SGLang
+launch of the cell (steps, top-k, draft tokens; :mod:`sequoia.core.sglang_family`),
+its tree and expected tokens beside the Sequoia tree's, and the command line
+that serves it.  No model is needed.
 """
 
 # No ``from __future__ import annotations``: gr.api reads the return annotation.
@@ -21,6 +24,7 @@ import gradio as gr
 from sequoia.core.config import MAX_DEPTH
 from sequoia.core.dp import DPResult, baseline_curves, check_copies, optimal_tree, optimal_tree_with_copies
 from sequoia.core.request import parse_dp
+from sequoia.core.sglang_family import ALGORITHMS, EMBEDDED_DRAFT, EMBEDDED_TARGET, best_launch
 from sequoia.core.tree import MAX_TREE_SIZE
 
 from . import dp_view, validation
@@ -131,6 +135,27 @@ def _copies_views(req, copies):
     return dp_view.copies_tree_figure(result, acc, copies), md
 
 
+def sglang_views(lanes: WorkLanes, acceptance_text, n, d, target, draft, algorithm):
+    """The best SGLang launch of cell (n, d): its tree, the two expectations and the command line."""
+    target, draft = (target or "").strip(), (draft or "").strip()
+    if not target or not draft:
+        return gr.skip(), "**Cannot write the SGLang command:** enter the target and the draft model paths.", \
+            gr.skip()
+    if int(n) < 1 or int(d) < 1:
+        return None, "*Pick a cell with n ≥ 1 and d ≥ 1: SGLang drafts at least one token.*", ""
+    try:
+        req = validation.dp_request(lanes.dp_requests, acceptance_text, int(n), int(d))
+    except ValueError as exc:   # the message beside the last good launch, not an error badge on it
+        return gr.skip(), f"**Cannot choose the SGLang launch:** {exc}.", gr.skip()
+    return lanes.dp.run(_sglang_views, req, target, draft, algorithm)
+
+
+def _sglang_views(req, target, draft, algorithm):
+    choice = best_launch(req.acceptance, req.budget, req.depth, algorithm=algorithm)
+    return (dp_view.sglang_tree_figure(choice, req.acceptance), dp_view.sglang_markdown(choice),
+            choice.args.command_line(target, draft))
+
+
 def on_cell(lanes: WorkLanes, n, d, session: DPSession):
     if session is None or session.result is None:
         return gr.skip(), gr.skip(), "*Press **Solve** first.*"
@@ -143,6 +168,7 @@ HOW_TO_READ = """\
 **Vector**: p_k is the chance that the k-th child the draft samples is the one the target accepts; the DP assumes it depends only on k.
 **Heatmap**: expected tokens per target call of the best tree with n draft tokens and depth ≤ d; pick a cell with the sliders to see its tree.
 **Curves**: how that best tree scales against a chain, the best set of k chains and a binary tree of the same size.
+**SGLang**: the serving engine that speculates with trees today; its trees grow S steps, each expanding the top-k best nodes by their top-k, and keep the N−1 best; the launch shown is the best such tree of the cell, beside the Sequoia tree of as many tokens (vLLM serves chains only).
 **Copied chain** (optional): c_j is the chance the j-th token copied from the context is accepted given the previous one was; the best tree of the cell then spends m nodes on the copies (◇ marked) and the rest on the draft.
 """
 
@@ -164,7 +190,8 @@ def dp_api_fn(lanes: WorkLanes):
     """The typed function behind the ``/dp`` API endpoint."""
     def dp_api(acceptance: str, budget: int = 32, depth: int = 8) -> dict:
         """Solve the DP; returns a summary: the value and optimal tree at (budget, depth), the best value for
-        every size at that depth, the tree as a vLLM speculative_token_tree, and the baseline curves.
+        every size at that depth, the best SGLang launch within them (for the embedded pair's checkpoints),
+        and the baseline curves.
 
         Not the whole table: at budget 1024 and depth 64 it alone is over 1 MB of JSON.  The request is parsed
         once (by the validator before the queue); the solve runs in the DP lane (components.lanes.DPLane).
@@ -185,7 +212,8 @@ def summary(req) -> dict:
     tree = result.tree()
     return {"format": "sequoia-dp-summary/1", "acceptance": list(result.acceptance), "budget": result.budget,
             "depth": result.depth, "value": result.value(), "tree": tree.to_dict(),
-            "speculative_token_tree": str(tree.to_vllm()),
+            "sglang": best_launch(req.acceptance, req.budget, req.depth, dp=result).to_dict(EMBEDDED_TARGET,
+                                                                                           EMBEDDED_DRAFT),
             "value_by_size": [round(float(x), 6) for x in result.table[:, result.depth]],
             "curve_sizes": sizes, "curves": curves}
 
@@ -229,34 +257,54 @@ def build(lanes: WorkLanes, assets_dir: Path, demo: gr.Blocks) -> None:
                                     info="chance each copied token is accepted given the previous one was")
                 copies_md = gr.Markdown(elem_id="sq-dp-copies")
             copies_tree = gr.Plot(label="best tree of the selected cell with the copied chain")
+    with gr.Accordion("Serve it with SGLang (the selected cell)", open=True):
+        with gr.Row():
+            with gr.Column(scale=1, min_width=300):
+                target = gr.Textbox(EMBEDDED_TARGET, label="target model path (--model-path)")
+                draft = gr.Textbox(EMBEDDED_DRAFT, label="draft model or EAGLE head (--speculative-draft-model-path)")
+                algorithm = gr.Dropdown(list(ALGORITHMS), value=ALGORITHMS[0], label="--speculative-algorithm",
+                                        info="STANDALONE: a separate draft model; EAGLE / EAGLE3: an EAGLE head "
+                                             "(its own acceptance vector)")
+                sglang_md = gr.Markdown(elem_id="sq-dp-sglang")
+            sglang_tree = gr.Plot(label="the tree SGLang verifies with these arguments")
+        command = gr.Code(label="launch command", language="shell", interactive=False, lines=2, wrap_lines=True,
+                          show_line_numbers=False, buttons=["copy"], elem_id="sq-dp-sglang-command")
     session = gr.State(DPSession())
     pick.change(lambda name: on_pick(name, catalogue), pick, vector, api_visibility="private", **LIGHT_WORK)
     vector.input(lambda text, name: on_edit(text, name, catalogue), [vector, pick], pick,
                  api_visibility="private", trigger_mode="always_last", **LIGHT_WORK)
-    _wire_solves(lanes, demo, (solve_btn, copies), [vector, budget, depth, n, d, session],
-                 [heat, tree, cell_md, curves, n, d, session], ([vector, copies, n, d], [copies_tree, copies_md]))
+    afters = [(functools.partial(copies_views, lanes), [vector, copies, n, d], [copies_tree, copies_md]),
+              (functools.partial(sglang_views, lanes), [vector, n, d, target, draft, algorithm],
+               [sglang_tree, sglang_md, command])]
+    _wire_solves(lanes, demo, solve_btn, [vector, budget, depth, n, d, session],
+                 [heat, tree, cell_md, curves, n, d, session], afters)
+    copies.submit(*afters[0], api_visibility="private", **LIGHT_WORK)
+    for box in (target, draft):
+        box.submit(*afters[1], api_visibility="private", **LIGHT_WORK)
+    algorithm.change(*afters[1], api_visibility="private", **LIGHT_WORK)
 
 
-def _wire_solves(lanes: WorkLanes, demo: gr.Blocks, triggers, solve_inputs, solve_outputs, copies_io) -> None:
-    """The solve, cell and copied-chain events, each in the DP lane; ``solve_inputs``: vector, budget, depth, n,
-    d, session; ``solve_outputs``: heatmap, tree, cell line, curves, n, d, session."""
+def _wire_solves(lanes: WorkLanes, demo: gr.Blocks, solve_btn, solve_inputs, solve_outputs, afters) -> None:
+    """The solve and cell events, each followed by the views of ``afters`` ((fn, inputs, outputs): the copied
+    chain, the SGLang launch), all in the DP lane; ``solve_inputs``: vector, budget, depth, n, d, session;
+    ``solve_outputs``: heatmap, tree, cell line, curves, n, d, session."""
     solve_fn, cell_fn = functools.partial(on_solve, lanes), functools.partial(on_cell, lanes)
-    copies_fn = functools.partial(copies_views, lanes)
-    (solve_btn, copies), (vector, budget, depth, n, d, session) = triggers, solve_inputs
+    vector, budget, depth, n, d, session = solve_inputs
     heat, tree, cell_md = solve_outputs[:3]
-    solve_btn.click(solve_fn, solve_inputs, solve_outputs, api_visibility="private", **LIGHT_WORK).then(
-        copies_fn, *copies_io, api_visibility="private", **LIGHT_WORK)
+
+    def then_afters(event):
+        for after in afters:
+            event = event.then(*after, api_visibility="private", **LIGHT_WORK)
+
+    then_afters(solve_btn.click(solve_fn, solve_inputs, solve_outputs, api_visibility="private", **LIGHT_WORK))
     # Every change re-solves (always_last: a burst of keystrokes or a drag solves once, for its last value), so
     # the figures never show another vector's numbers than the one in the box.
     for box in (vector, budget, depth):
-        box.change(solve_fn, solve_inputs, solve_outputs, api_visibility="private", trigger_mode="always_last",
-                   show_progress="minimal", **LIGHT_WORK).then(copies_fn, *copies_io, api_visibility="private",
-                                                               **LIGHT_WORK)
-    copies.submit(copies_fn, *copies_io, api_visibility="private", **LIGHT_WORK)
+        then_afters(box.change(solve_fn, solve_inputs, solve_outputs, api_visibility="private",
+                               trigger_mode="always_last", show_progress="minimal", **LIGHT_WORK))
     for s in (n, d):
-        s.input(cell_fn, [n, d, session], [heat, tree, cell_md], api_visibility="private",
-                trigger_mode="always_last", **LIGHT_WORK).then(
-            copies_fn, *copies_io, api_visibility="private", **LIGHT_WORK)
+        then_afters(s.input(cell_fn, [n, d, session], [heat, tree, cell_md], api_visibility="private",
+                            trigger_mode="always_last", **LIGHT_WORK))
     gr.api(dp_api_fn(lanes), api_name="dp", **LIGHT_WORK)
     # Show the default vector solved as soon as the page opens.
-    demo.load(solve_fn, solve_inputs, solve_outputs, api_visibility="private", **LIGHT_WORK)
+    then_afters(demo.load(solve_fn, solve_inputs, solve_outputs, api_visibility="private", **LIGHT_WORK))

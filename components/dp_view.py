@@ -9,7 +9,10 @@
 ``copies_tree_figure``  the best tree holding a copied chain at the root
                      (:func:`sequoia.core.dp.optimal_tree_with_copies`), the
                      copied nodes marked as the tree view marks them;
-``copies_markdown``  that variant's expected tokens for every chain length m.
+``copies_markdown``  that variant's expected tokens for every chain length m;
+``sglang_tree_figure`` / ``sglang_markdown``  the best SGLang launch of a cell
+                     (:func:`sequoia.core.sglang_family.best_launch`): its
+                     tree, and its expected tokens beside the Sequoia tree's.
 
 All three take plain data (a numpy table, a Tree, a dict of curves) so they
 are tested without running the DP.
@@ -23,6 +26,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from sequoia.core.dp import CopiesResult
+from sequoia.core.sglang_family import SGLangChoice
 from sequoia.core.tree import Tree
 
 from . import method_color
@@ -85,6 +89,28 @@ def copies_markdown(result: CopiesResult) -> str:
         cell = f"**{value:.3f}**" if m == result.n_copied else f"{value:.3f}"
         rows.append(f"| {'**' + str(m) + '**' if m == result.n_copied else m} | {cell} |")
     return "\n".join(rows)
+
+
+def sglang_tree_figure(choice: SGLangChoice, acceptance: Sequence[float]) -> go.Figure:
+    """The tree SGLang verifies with the chosen steps, top-k and draft tokens."""
+    a, fam = choice.args, choice.family
+    head = (f"SGLang: {a.steps} steps, top-{a.topk}, {a.num_draft_tokens} draft tokens · "
+            f"{fam.expected_tokens:.3f} tokens/step")
+    return shape_figure(fam.tree, acceptance, title=head)
+
+
+def sglang_markdown(choice: SGLangChoice) -> str:
+    """The launch's expected tokens per step beside the optimal Sequoia tree of the same size."""
+    a, fam, seq = choice.args, choice.family, choice.sequoia_tree
+    share = (fam.expected_tokens - 1) / (choice.sequoia_tokens - 1) if choice.sequoia_tokens > 1 else 1.0
+    return "\n".join([
+        "| tree | draft tokens | depth | expected tokens/step |", "|---|---:|---:|---:|",
+        f"| SGLang {a.algorithm}: {a.steps} steps, top-{a.topk}, {a.num_draft_tokens} draft tokens "
+        f"| {fam.tree.size} | {fam.tree.depth} | **{fam.expected_tokens:.3f}** |",
+        f"| Sequoia DP (depth ≤ {min(choice.depth, a.budget)}) | {seq.size} | {seq.depth} "
+        f"| **{choice.sequoia_tokens:.3f}** |",
+        "", f"The SGLang tree keeps {share:.0%} of the Sequoia tree's accepted draft tokens; best within "
+        f"{choice.budget} draft tokens, {choice.depth} steps and top-k ≤ {choice.max_topk}."])
 
 
 def curves(sizes: Sequence[int], series: dict[str, Sequence[float]], title: str = "") -> go.Figure:

@@ -254,6 +254,21 @@ def test_dp_tab_solve_and_cell(lanes):
     assert "budget" in dp_tab.on_solve(lanes, "0.5", 5000, 4, 4, 2, dp_tab.DPSession())[2]
     out = dp_tab.dp_api_fn(lanes)("[0.8, 0.1]", 8, 3)
     assert out["budget"] == 8 and set(out["curves"]) >= {"sequoia", "chain"}
+    assert out["sglang"]["command"].startswith("python -m sglang.launch_server --model-path")
+
+
+def test_dp_tab_sglang_launch(lanes):
+    from sequoia.core.sglang_family import best_launch
+
+    fig, md, command = dp_tab.sglang_views(lanes, "0.8, 0.1", 16, 4, "my/target", "my/draft", "EAGLE3")
+    args = best_launch((0.8, 0.1), 16, 4, algorithm="EAGLE3").args
+    assert command == args.command_line("my/target", "my/draft") and "--speculative-algorithm EAGLE3" in command
+    assert "Sequoia DP" in md and fig.layout.title.text.startswith("SGLang")
+    # Nothing to draft, a refused vector, a missing path: a message, never an error badge
+    assert dp_tab.sglang_views(lanes, "0.8, 0.1", 0, 4, "t", "d", "STANDALONE")[2] == ""
+    bad = dp_tab.sglang_views(lanes, "0.9, 0.5", 16, 4, "t", "d", "STANDALONE")
+    assert "sum to at most 1" in bad[1] and bad[0] == gr.skip() and bad[2] == gr.skip()
+    assert "model paths" in dp_tab.sglang_views(lanes, "0.8, 0.1", 16, 4, " ", "d", "STANDALONE")[1]
 
 
 def test_acceptance_catalogue_reads_assets(tmp_path):

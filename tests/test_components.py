@@ -224,6 +224,18 @@ def test_dp_view_with_real_dp():
     assert len(_nodes(fig)) == res.tree(16, 6).n_nodes
 
 
+def test_sglang_views_show_the_launch_beside_the_sequoia_tree():
+    from sequoia.core.sglang_family import best_launch
+
+    choice = best_launch([0.7, 0.15, 0.05], 12, 4)
+    fig = dp_view.sglang_tree_figure(choice, [0.7, 0.15, 0.05])
+    a = choice.args
+    assert len(_nodes(fig)) == a.num_draft_tokens and f"top-{a.topk}" in fig.layout.title.text
+    md = dp_view.sglang_markdown(choice)
+    assert f"**{choice.family.expected_tokens:.3f}**" in md and f"**{choice.sequoia_tokens:.3f}**" in md
+    assert f"{a.steps} steps, top-{a.topk}, {a.num_draft_tokens} draft tokens" in md
+
+
 # ------------------------------------------------------------------ compare view
 def test_compare_rows_flags_and_figure():
     run = _run()

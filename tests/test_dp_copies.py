@@ -51,7 +51,7 @@ def _value_of(result, p, c) -> float:
     paths = result.tree.rank_paths()
     m = sum(s == NGRAM for s in result.sources)
     draft = [(path[0] - (1 if m else 0),) + path[1:] for path, s in zip(paths, result.sources) if s == DRAFT]
-    gain = expected_tokens(Tree.from_vllm(sorted(draft, key=lambda t: (len(t), t))), p) - 1.0
+    gain = expected_tokens(Tree.from_rank_paths(sorted(draft, key=lambda t: (len(t), t))), p) - 1.0
     weight = 1.0 if m == 0 else 1.0 - c[0]
     return 1.0 + sum(_prod(c[:j]) for j in range(1, m + 1)) + weight * gain
 

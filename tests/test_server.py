@@ -1,5 +1,5 @@
 """The server side on tiny random-weight models: long prompts, caps before the queue, cancellation of plain
-API calls, the bounded light-work queue, the vLLM tree export and the ZeroGPU wrapper."""
+API calls, the bounded light-work queue, the tree and SGLang exports and the ZeroGPU wrapper."""
 
 import asyncio
 import json
@@ -108,7 +108,8 @@ def test_dp_reply_is_a_summary_not_the_table(lanes):
     assert "table" not in out and len(out["value_by_size"]) == 1025
     assert out["value"] == pytest.approx(out["value_by_size"][-1], rel=1e-5)
     tree = Tree.from_dict(out["tree"])
-    assert Tree.from_vllm(out["speculative_token_tree"]) == tree and tree.size <= 1024
+    assert tree.size <= 1024 and out["sglang"]["speculative_num_draft_tokens"] - 1 <= 1024
+    assert out["sglang"]["sequoia_expected_tokens"] >= out["sglang"]["expected_tokens"] - 1e-9
 
 
 def test_validators_refuse_bad_requests_with_the_handlers_message(ctx, demo):
@@ -234,30 +235,24 @@ def test_cancelled_api_decodes_stop_and_never_overlap(tmp_path, lanes):
         demo.close()
 
 
-# ------------------------------------------------------------------ vLLM export
+# ------------------------------------------------------------------ rank paths
 @pytest.mark.parametrize("tree", [
     Tree.root_only(), Tree.chain(5), Tree.k_ary(2, 3), Tree.specinfer(3, 4),
     optimal_tree([0.6, 0.2, 0.1, 0.05], 40, 6).tree(), optimal_tree([0.8, 0.1], 128, 16).tree(),
 ], ids=["root", "chain", "binary", "specinfer", "dp40", "dp128"])
-def test_vllm_export_round_trips_to_the_same_parents(tree):
-    paths = tree.to_vllm()
+def test_rank_paths_round_trip_to_the_same_parents(tree):
+    paths = tree.rank_paths()[1:]
     assert len(paths) == tree.size and paths == sorted(paths, key=lambda t: (len(t), t))
-    assert Tree.from_vllm(paths).parents == tree.parents
-    assert Tree.from_vllm(str(paths)).parents == tree.parents
+    assert Tree.from_rank_paths(paths).parents == tree.parents
+    assert Tree.from_rank_paths(str(paths)).parents == tree.parents
 
 
-def test_vllm_paths_and_config():
-    tree = Tree((-1, 0, 0, 1))
-    assert tree.to_vllm() == [(0,), (1,), (0, 0)]
-    cfg = tree.vllm_speculative_config(method="eagle3", model="some/drafter")
-    assert cfg == {"method": "eagle3", "model": "some/drafter", "num_speculative_tokens": 3,
-                   "speculative_token_tree": "[(0,), (1,), (0, 0)]"}
+def test_rank_paths_refuse_what_is_not_a_tree():
+    assert Tree((-1, 0, 0, 1)).rank_paths() == [(), (0,), (1,), (0, 0)]
     with pytest.raises(ValueError, match="no parent or no older sibling"):
-        Tree.from_vllm([(0,), (0, 1)])
+        Tree.from_rank_paths([(0,), (0, 1)])
     with pytest.raises(ValueError, match="sorted"):
-        Tree.from_vllm([(0, 0), (0,)])
-    with pytest.raises(ValueError, match="drafts nothing"):
-        Tree.root_only().vllm_speculative_config()
+        Tree.from_rank_paths([(0, 0), (0,)])
 
 
 # ------------------------------------------------------------------ ZeroGPU
@@ -315,18 +310,25 @@ def test_load_test_refuses_other_hosts_and_draws_valid_dp_requests(monkeypatch):
     assert report["reference_issue_24"]["slowdown"] == 2.9 and "cores" in report["machine"]
 
 
-def test_cli_tree_writes_a_vllm_speculative_config(tmp_path):
+def test_cli_tree_writes_the_sglang_launch(tmp_path, capsys):
     from sequoia.core.acceptance import AcceptanceVector
+    from sequoia.core.sglang_family import best_launch
     from sequoia.tools.cli import main
 
     vector = sorted((Path(__file__).resolve().parents[1] / "assets" / "acceptance").glob("embedded-*.json"))[0]
-    out = tmp_path / "spec.json"
+    out = tmp_path / "sglang.json"
     assert main(["tree", "--acceptance", str(vector), "--budget", "12", "--depth", "4", "--out", str(out),
-                 "--format", "vllm", "--vllm-model", "some/drafter"]) == 0
+                 "--format", "sglang", "--target", "some/target", "--draft", "some/drafter"]) == 0
     cfg = json.loads(out.read_text())
-    tree = Tree.from_vllm(cfg["speculative_token_tree"])
-    assert cfg["num_speculative_tokens"] == tree.size == 12 and cfg["model"] == "some/drafter"
-    assert tree.parents == optimal_tree(AcceptanceVector.load(vector).values, 12, 4).tree().parents
+    want = best_launch(AcceptanceVector.load(vector).values, 12, 4)
+    assert cfg["format"] == "sequoia-sglang/1" and cfg["speculative_num_draft_tokens"] == want.args.num_draft_tokens
+    assert cfg["expected_tokens"] == pytest.approx(want.family.expected_tokens)
+    assert cfg["sequoia_expected_tokens"] == pytest.approx(want.sequoia_tokens)
+    assert Tree.from_dict(cfg["tree"]) == want.family.tree
+    command = want.args.command_line("some/target", "some/drafter")
+    assert cfg["command"] == command and command in capsys.readouterr().out
+    assert main(["tree", "--acceptance", str(vector), "--out", str(out), "--format", "sglang",
+                 "--profile", str(out)]) == 2      # this machine's profile does not price an SGLang server
 
 
 def test_light_work_runs_on_one_low_priority_thread():

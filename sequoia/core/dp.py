@@ -296,7 +296,7 @@ def _with_chain(draft: Tree, m: int) -> Tree:
     """``draft`` with a chain of m nodes as the root's first child (the draft's root children shift one rank)."""
     chain = [(0,) * j for j in range(1, m + 1)]
     shifted = [(path[0] + 1,) + path[1:] for path in draft.rank_paths()[1:]]
-    return Tree.from_vllm(sorted(chain + shifted, key=lambda t: (len(t), t)))
+    return Tree.from_rank_paths(sorted(chain + shifted, key=lambda t: (len(t), t)))
 
 
 def _sources(tree: Tree, m: int) -> tuple[str, ...]:

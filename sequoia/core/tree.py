@@ -143,61 +143,44 @@ class Tree:
             raise ValueError(f"{path}: not valid JSON ({exc})") from exc
         return cls.from_dict(data)
 
-    # ------------------------------------------------------------- vLLM
+    # ------------------------------------------------------------- rank paths
     def rank_paths(self) -> list[tuple[int, ...]]:
-        """Each node's path of sibling ranks from the root (root: ``()``): a shape-independent node name."""
+        """Each node's path of sibling ranks from the root (root: ``()``): a shape-independent node name.
+
+        ``(0,)`` is the root's first child, ``(1,)`` its second, ``(0, 0)`` the first child of ``(0,)``;
+        breadth-first order with contiguous siblings lists them by length, then lexicographically.
+        """
         paths: list[tuple[int, ...]] = [()]
         for i in range(1, self.n_nodes):
             paths.append(paths[self.parents[i]] + (self.ranks[i],))
         return paths
 
-    def to_vllm(self) -> list[tuple[int, ...]]:
-        """Every draft node as its path of sibling ranks from the root, in breadth-first order.
-
-        This is vLLM's ``speculative_token_tree`` form: ``(0,)`` is the root's first child, ``(1,)`` its
-        second, ``(0, 0)`` the first child of ``(0,)``.  Breadth-first order with contiguous siblings
-        is exactly vLLM's order (by length, then lexicographic), so node i is entry i - 1.
-        """
-        return self.rank_paths()[1:]
-
     @classmethod
-    def from_vllm(cls, paths) -> "Tree":
-        """The tree of a vLLM ``speculative_token_tree`` (a list of rank paths, or its ``str()``)."""
+    def from_rank_paths(cls, paths) -> "Tree":
+        """The tree whose draft nodes have these rank paths (a list of tuples, or its ``str()``), sorted by
+        length, then lexicographically: :meth:`rank_paths` without the root's ``()``."""
         if isinstance(paths, str):
             try:
                 paths = ast.literal_eval(paths)
             except (ValueError, SyntaxError) as exc:
-                raise ValueError(f"speculative_token_tree: not a list of tuples ({exc})") from None
+                raise ValueError(f"rank paths: not a list of tuples ({exc})") from None
         if not isinstance(paths, (list, tuple)) or not all(
                 isinstance(t, (list, tuple)) and t and all(isinstance(r, int) and r >= 0 for r in t) for t in paths):
-            raise ValueError("speculative_token_tree: expected a list of non-empty tuples of ranks >= 0")
+            raise ValueError("rank paths: expected a list of non-empty tuples of ranks >= 0")
         paths = [tuple(t) for t in paths]
         if paths != sorted(paths, key=lambda t: (len(t), t)):
-            raise ValueError("speculative_token_tree: paths must be sorted by length, then lexicographically")
+            raise ValueError("rank paths: must be sorted by length, then lexicographically")
         index = {(): 0}
         parents = [-1]
         for i, path in enumerate(paths, start=1):
             parent = index.get(path[:-1])
             if parent is None or (path[-1] > 0 and path[:-1] + (path[-1] - 1,) not in index):
-                raise ValueError(f"speculative_token_tree: {path} has no parent or no older sibling before it")
+                raise ValueError(f"rank paths: {path} has no parent or no older sibling before it")
             if path in index:
-                raise ValueError(f"speculative_token_tree: {path} appears twice")
+                raise ValueError(f"rank paths: {path} appears twice")
             index[path] = i
             parents.append(parent)
         return cls(tuple(parents))
-
-    def vllm_speculative_config(self, method: str = "eagle3", model: str | None = None) -> dict:
-        """A vLLM ``speculative_config`` for this tree (``LLM(..., speculative_config=...)`` or
-        ``vllm serve --speculative-config '<json>'``).  vLLM takes the tree as the ``str()`` of the path
-        list; ``num_speculative_tokens`` must equal the number of paths.  Check the drafting methods
-        your vLLM version accepts trees for (EAGLE-family drafters with the tree attention backend)."""
-        if self.size == 0:
-            raise ValueError("the root-only tree drafts nothing: run the target without speculative_config")
-        out = {"method": method, "num_speculative_tokens": self.size,
-               "speculative_token_tree": str(self.to_vllm())}
-        if model is not None:
-            out["model"] = model
-        return out
 
     @classmethod
     def from_children_counts(cls, counts: list[int] | tuple[int, ...]) -> "Tree":

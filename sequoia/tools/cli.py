@@ -21,6 +21,8 @@ from ..core.config import GenerationConfig, SamplingConfig
 from ..core.dp import optimal_tree
 from ..core.optimizer import choose_tree
 from ..core.profile import HardwareProfile
+from ..core.sglang_family import (ALGORITHMS, EMBEDDED_DRAFT, EMBEDDED_TARGET, MAX_TOPK,
+                                  best_launch)
 from ..core.stats import summarize
 from ..runtime.acceptance import MEASURING_WAYS, load_prompts, measure_acceptance
 from ..runtime.engine import SpeculativeEngine
@@ -103,11 +105,17 @@ def build_parser() -> argparse.ArgumentParser:
     tree.add_argument("--budget", type=int, default=64)
     tree.add_argument("--depth", type=int, default=None)
     tree.add_argument("--out", required=True)
-    tree.add_argument("--format", choices=("sequoia", "vllm"), default="sequoia",
-                      help="sequoia: the tree JSON (parents); vllm: a vLLM speculative_config with "
-                           "speculative_token_tree")
-    tree.add_argument("--vllm-method", default="eagle3", help="speculative_config 'method' for --format vllm")
-    tree.add_argument("--vllm-model", default=None, help="speculative_config 'model' (the drafter) for --format vllm")
+    tree.add_argument("--format", choices=("sequoia", "sglang"), default="sequoia",
+                      help="sequoia: the tree JSON (parents); sglang: the best SGLang launch within --budget and "
+                           "--depth (steps, top-k, draft tokens), its expected tokens beside the Sequoia tree's, "
+                           "and the command line")
+    tree.add_argument("--target", default=EMBEDDED_TARGET, help="--format sglang: the target's model path")
+    tree.add_argument("--draft", default=EMBEDDED_DRAFT,
+                      help="--format sglang: the draft model (STANDALONE) or EAGLE head path")
+    tree.add_argument("--algorithm", choices=ALGORITHMS, default="STANDALONE",
+                      help="--format sglang: STANDALONE for a separate draft model, EAGLE / EAGLE3 for an EAGLE head "
+                           "(measure the acceptance vector with that drafter)")
+    tree.add_argument("--max-topk", type=int, default=MAX_TOPK, help="--format sglang: widest top-k to try")
 
     add_bench_parser(sub)
     calibrate_cli.add_parser(sub)
@@ -234,28 +242,36 @@ def _show_profile(args) -> int:
 
 def _tree(args) -> int:
     acceptance = load_acceptance(args.acceptance)
+    if args.format == "sglang":
+        return _sglang(acceptance, args)
     profile = HardwareProfile.load(args.profile) if args.profile else None
     if profile is not None:
         c = choose_tree(acceptance, profile, max_budget=args.budget, max_depth=args.depth)
-        _write_tree(c.tree, args, expected_tokens=c.expected_tokens, ms_per_token=c.ms_per_token,
-                    predicted_speedup=c.speedup)
+        c.tree.to_json(args.out, expected_tokens=c.expected_tokens, ms_per_token=c.ms_per_token,
+                       predicted_speedup=c.speedup)
         print(f"budget {c.budget}, depth {c.depth}: {c.expected_tokens:.3f} tokens/step, "
               f"{c.ms_per_token:.1f} ms/token predicted ({c.speedup:.2f}x the target alone) -> {args.out}")
         return 0
     dp = optimal_tree(acceptance, args.budget, args.depth)
     tree = dp.tree()
-    _write_tree(tree, args, expected_tokens=dp.value())
+    tree.to_json(args.out, expected_tokens=dp.value())
     print(f"budget {tree.size}, depth {tree.depth}: {dp.value():.3f} tokens/step -> {args.out}")
     return 0
 
 
-def _write_tree(tree, args, **extra) -> None:
-    """The tree JSON, or (``--format vllm``) a vLLM speculative_config for it."""
-    if args.format == "vllm":
-        config = tree.vllm_speculative_config(method=args.vllm_method, model=args.vllm_model)
-        Path(args.out).write_text(json.dumps(config, indent=1) + "\n")
-    else:
-        tree.to_json(args.out, **extra)
+def _sglang(acceptance, args) -> int:
+    """The best SGLang launch within --budget / --depth, written as JSON and printed as a command line."""
+    if args.profile:
+        raise ValueError("--profile prices this machine's runtimes, not an SGLang server: --format sglang searches "
+                         "within --budget and --depth alone")
+    choice = best_launch(acceptance, args.budget, args.depth, args.max_topk, args.algorithm)
+    Path(args.out).write_text(json.dumps(choice.to_dict(args.target, args.draft), indent=1) + "\n")
+    a = choice.args
+    print(f"SGLang {a.algorithm}, {a.steps} steps, top-{a.topk}, {a.num_draft_tokens} draft tokens: "
+          f"{choice.family.expected_tokens:.3f} tokens/step; the Sequoia tree of {a.budget} tokens: "
+          f"{choice.sequoia_tokens:.3f} -> {args.out}")
+    print(a.command_line(args.target, args.draft))
+    return 0
 
 
 _COMMANDS = {"generate": _generate, "accept": _accept, "profile": _profile, "tree": _tree, "bench": main_bench,
