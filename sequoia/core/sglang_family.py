@@ -29,21 +29,28 @@ any tree (:func:`sequoia.core.dp.expected_tokens`).  Two conventions:
   non-increasing (noise in its tail), so the *score* uses its running minimum
   min(p_1..p_k); the *acceptance* uses p itself.  For a non-increasing p the
   score is the product of p, the plain rule.
-* Ties go to the candidate drafted first (torch.topk breaks them arbitrarily).
-  A parent is drafted before its children and scores at least as much, and an
-  older sibling before a younger one, so every kept set is a tree whose
-  siblings are a prefix of ranks: a :class:`~sequoia.core.tree.Tree`.
+* Ties go to the candidate drafted first.  A parent is drafted before its
+  children and scores at least as much, and an older sibling before a
+  younger one, so every kept set is a tree whose siblings are a prefix of
+  ranks: a :class:`~sequoia.core.tree.Tree`.  Scores do tie (p_1 p_2 =
+  p_2 p_1), and torch.topk breaks ties its own way; tied candidates of a
+  non-increasing p score alike and so do their children, so the kept scores,
+  hence the expected tokens, are the same either way.
 
 At T > 0 SGLang verifies a tree by sampling the target along it (the drafts
 taken as one-hot), so the rank-k child is accepted with the target's chance
 of that token, which the positional p_k approximates as it does for Sequoia's
 own trees.  Ranks beyond W are never accepted.
 
-Constraints SGLang applies to these flags (``arg_groups/speculative_hook.py``
-and ``organize_draft_results`` in 0.5.23), encoded in :func:`check_args`:
-all three are integers; K = 1 makes SGLang reset N to S + 1 (a chain of S);
-N - 1 <= K + (S-1)*K*K, the candidates there are to keep (its ``torch.topk``
-fails otherwise); N >= 2 here, since N = 1 verifies no draft token.
+Constraints SGLang 0.5.23 applies to these flags, encoded in :func:`check_args`
+(checked by ``scripts/check_sglang_args.py`` against SGLang's parser, its
+argument resolution and its draft-tree code; the record is
+``docs/data/sglang-args-check.json``): all three are integers; K = 1 makes
+SGLang reset N to S + 1 (a chain of S) with a warning; N - 1 <= K + (S-1)*K*K,
+the candidates there are to keep: SGLang accepts a larger N at launch and
+fails at the first draft ("selected index k out of range"); N >= 2 here,
+since N = 1 verifies no draft token.  Without all three SGLang picks its own
+(STANDALONE: 3 steps, top-1, 4 tokens).
 """
 
 from __future__ import annotations
