@@ -24,6 +24,7 @@ import pytest
 
 import app
 from components import dp_tab, live_tab
+from sequoia.core.sglang_family import best_launch
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -368,10 +369,18 @@ def test_the_dp_figures_follow_the_vector_without_solve(page):
     box.fill("0.6, 0.2")
     value = dp_tab.solve("0.6, 0.2", 128, 16).value(32, 8)
     sync_api.expect(cell).to_contain_text(f"{value:.3f} expected tokens/step")
+    # the SGLang launch of the cell follows too: its command line and the two expectations side by side
+    launch = best_launch((0.6, 0.2), 32, 8)
+    command = page.locator("#sq-dp-sglang-command")
+    sync_api.expect(command).to_contain_text(f"--speculative-num-draft-tokens {launch.args.num_draft_tokens}")
+    sync_api.expect(command).to_contain_text("--speculative-algorithm STANDALONE")
+    sync_api.expect(page.locator("#sq-dp-sglang")).to_contain_text(f"{launch.sequoia_tokens:.3f}")
     box.fill("0.9, 0.5")     # sums past 1: refused, the last good figures stay
     sync_api.expect(cell).to_contain_text("Cannot solve the DP")
     sync_api.expect(page.locator("#sq-dp-heat .js-plotly-plot")).to_be_visible()
     assert page.locator("#sq-dp-heat").get_by_text("Error", exact=True).count() == 0
+    sync_api.expect(page.locator("#sq-dp-sglang")).to_contain_text("Cannot choose the SGLang launch")
+    sync_api.expect(command).to_contain_text(f"--speculative-num-draft-tokens {launch.args.num_draft_tokens}")
 
 
 @pytest.fixture(scope="module")
