@@ -199,12 +199,20 @@ def walk_layout(tree: Tree, device: str) -> WalkLayout:
     for r, v in enumerate(rows):
         row_of[v] = r
     kids = [list(tree.children[v]) + [v] * (k - len(tree.children[v])) for v in rows]
-    n, nr = tree.n_nodes, len(rows)
-    up = upload(torch.tensor(list(rows) + row_of + list(range(n)) + sum(kids, []), dtype=torch.long),
-                torch.device(device))
+    up = _upload_fields(torch.device(device), rows=list(rows), row_of=row_of, kids=sum(kids, []),
+                        nodes=list(range(tree.n_nodes)))
     return WalkLayout(rows, tuple(row_of), tuple(sum(len(tree.children[v]) > i for v in rows) for i in range(k)),
-                      up[:nr], up[nr: nr + n], up[nr + 2 * n:].view(nr, k), up[nr + n: nr + 2 * n],
+                      up["rows"], up["row_of"], up["kids"].view(len(rows), k), up["nodes"],
                       max(1, math.ceil(math.log2(tree.depth + 1))))
+
+
+def _upload_fields(device: torch.device, **lists: list[int]) -> dict[str, torch.Tensor]:
+    """Host integer lists on the device in one upload (no host wait), each under its own name.  # [len] int64"""
+    up = upload(torch.tensor(sum(lists.values(), []), dtype=torch.long), device)
+    out, at = {}, 0
+    for name, values in lists.items():
+        out[name], at = up[at: at + len(values)], at + len(values)
+    return out
 
 
 @dataclass(frozen=True)
@@ -314,5 +322,5 @@ def _probs_index(tree: Tree, device: str, size: int) -> _ProbsIndex:
         a, b = bisect.bisect_left(inv_sorted, lo), bisect.bisect_left(inv_sorted, lo + size)
         host = torch.tensor([v - lo for v in inv_sorted[a:b]], dtype=torch.long)
         chunks.append((upload(torch.tensor(rows_list[lo: lo + size], dtype=torch.long), dev), upload(host, dev), a, b))
-    both = upload(torch.tensor([[j + 1 for j in order], order], dtype=torch.long), dev)
-    return _ProbsIndex(both[0], both[1], tuple(chunks))
+    up = _upload_fields(dev, nodes=[j + 1 for j in order], order=order)
+    return _ProbsIndex(up["nodes"], up["order"], tuple(chunks))
