@@ -36,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain script from anywhere
 
 #: The modules whose functions are timed, under the package (``sequoia`` or a snapshot of it).
-COMPONENT_MODULES = ("runtime.drafter", "runtime.engine", "runners.hf.runner", "runtime.methods")
+COMPONENT_MODULES = ("runtime.drafter", "runtime.engine", "runtime.verify", "runners.hf.runner", "runtime.methods")
 
 PROMPTS = {
     "code": "Write a Python function that parses a CSV file and returns a list of dictionaries.",
@@ -83,12 +83,12 @@ class Timers:
 
 def instrument(pkg: str, timers: Timers):
     """Wrap the components of package ``pkg`` (``sequoia`` or a snapshot of it)."""
-    drafter, engine, hf_runner, _ = (importlib.import_module(f"{pkg}.{m}") for m in COMPONENT_MODULES)
+    drafter, engine, verify, hf_runner, _ = (importlib.import_module(f"{pkg}.{m}") for m in COMPONENT_MODULES)
     timers.wrap(drafter.Drafter, "begin", "draft_begin")
     timers.wrap(drafter.Drafter, "expand", "draft_levels")
     timers.wrap(engine.SpeculativeEngine, "_verify_forward", "target_forward")
-    timers.wrap(engine, "walk_tree", "walk")
-    timers.wrap(engine, "node_target_probs", "node_p")
+    timers.wrap(verify, "walk_tree", "walk")
+    timers.wrap(verify, "node_target_probs", "node_p")
     timers.wrap(hf_runner.HFSession, "keep", "cache_keep")
     timers.wrap(engine.SpeculativeEngine, "_prefill", "prefill")
     return engine

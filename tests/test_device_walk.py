@@ -12,7 +12,7 @@ import torch
 from conftest import make_pair, tiny_model
 
 from sequoia.core.config import GenerationConfig, SamplingConfig
-from sequoia.runtime.device_walk import can_walk_on_device
+from sequoia.runtime.verify import can_walk_on_device
 from sequoia.runtime.engine import SpeculativeEngine
 from sequoia.runtime.joint_check import broken_residual, empirical_joint, exact_joint, joint_pvalue
 from sequoia.runtime.methods import make_method
