@@ -27,12 +27,13 @@ from sequoia.runners.hf.loading import GRAPHS
 from sequoia.runtime.finder import ProfileChoice, cache_profile, find_profile
 from sequoia.runtime.fingerprint import machine_fingerprint
 from sequoia.runtime.profiling import measure_profile
+from sequoia.runtime.runtime_choice import display_name
 from sequoia.runtime.timing import run_method, warmup
 
-from . import dp_view, hardware_view, runners_view, validation
+from . import dp_view, hardware_view, runners_view, runtime_view, validation
 from .context import LIGHT_WORK, MODEL_WORK, AppContext, ModelsNotReady
 from .acceptance_choice import acceptance_catalogue, default_acceptance_label
-from .runtimes_here import runtime_profiles
+from .runtimes_here import runtimes_here
 
 QUICK_TARGET_GRID = (1, 2, 4, 8, 16, 32, 64, 128)
 QUICK_DRAFT_GRID = (1, 2, 4, 8, 16, 32)
@@ -57,9 +58,10 @@ def predictions(ctx: AppContext, acceptance, budget: int, depth: int, measured: 
         "chain": Tree.chain(chain["budget"]),
         "specinfer": Tree.specinfer(chains["width"], chains["depth"]),
     }
+    # The chosen row is what Sequoia (auto) runs: a tree, or the target alone where none pays (never drawn as one).
+    chosen = f"sequoia n={choice.budget} d={choice.depth}" if choice.budget else "target alone (no tree pays)"
     rows = [hardware_view.PredictionRow("target only", choice.baseline_ms, measured.get("target only")),
-            hardware_view.PredictionRow("sequoia (chosen)", choice.ms_per_token,
-                                        measured.get("sequoia (chosen)"), chosen=True)]
+            hardware_view.PredictionRow(chosen, choice.ms_per_token, measured.get("sequoia (chosen)"), chosen=True)]
     for name, tree in shapes.items():
         rows.append(hardware_view.PredictionRow(f"{name} n={tree.size}", predict(tree, acceptance, prof).ms_per_token))
     return choice, rows
@@ -123,18 +125,16 @@ def runner_views(ctx: AppContext):
 
 
 def runtime_views(ctx: AppContext, acceptance, budget: int, depth: int):
-    """(figure, markdown): every runtime's measured costs side by side and which configuration is fastest here."""
-    found = runtime_profiles(ctx)
-    series, rows = [], []
-    for backend, prof, source in found:
-        series.append(hardware_view.CostSeries(prof.target_n, prof.target_ms, prof.draft_width, prof.draft_ms,
-                                               label=backend))
-        choice = choose_tree(acceptance, prof, max_budget=min(budget, prof.max_tokens - 1), max_depth=depth)
-        best = f"sequoia n={choice.budget} d={choice.depth}" if choice.budget else "target alone (no tree pays)"
-        models = prof.fingerprint.describe().split("; ")[-1] if prof.fingerprint else prof.dtype
-        rows.append(hardware_view.RuntimeRow(f"{backend}: {models}", 1000.0 / choice.baseline_ms, best,
-                                             1000.0 / choice.ms_per_token, source))
-    return hardware_view.runtimes_figure(series), hardware_view.runtimes_markdown(rows)
+    """(figure, markdown): every measured runtime's costs side by side, and a table of every installed one (its
+    predicted rate or "not measured here") whose "fastest" line is the runtime choice's
+    (:mod:`sequoia.runtime.runtime_choice`)."""
+    found, decision = runtimes_here(ctx, acceptance, budget, depth)
+    series = [hardware_view.CostSeries(f.profile.target_n, f.profile.target_ms, f.profile.draft_width,
+                                       f.profile.draft_ms, label=display_name(backend))
+              for backend, f in found.items()]
+    running = ctx.pair().backend if ctx.loaded else None
+    return (hardware_view.runtimes_figure(series),
+            runtime_view.runtimes_markdown(decision, running, ctx.hardware.runtime))
 
 
 def profile_now(ctx: AppContext, quick: bool, progress=None) -> str:
