@@ -14,6 +14,9 @@ import app
 from components import hardware_tab, hardware_view, runners_view, runtime_view
 from sequoia.core.acceptance import AcceptanceVector
 from sequoia.core.profile import HardwareProfile
+from sequoia.runners.embedded import EMBEDDED, converted_dir, default_cache_dir, gguf_path, is_converted, is_gguf_kept
+from sequoia.runners.hf.convert import tokenizer_from_gguf
+from sequoia.runners.hf.loading import load_tokenizer
 from sequoia.runtime import models, runtime_choice
 from sequoia.runtime.runtime_choice import (FoundProfile, Machine, RuntimeDecision, decide, runtime_fixed_by,
                                             same_cpu_kind)
@@ -79,7 +82,8 @@ def test_a_gpu_runs_the_graph_runner_and_missing_llamacpp_leaves_hf():
 def test_the_model_names_can_leave_one_runtime():
     assert runtime_fixed_by("embedded", "embedded") == ""
     assert runtime_fixed_by("Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-7B-Instruct") == "hf"
-    assert runtime_fixed_by("/m/d.gguf", "/m/t.GGUF") == "llamacpp" and runtime_fixed_by("/m/d.gguf", "Qwen/x") == "mixed"
+    assert runtime_fixed_by("/m/d.gguf", "/m/t.GGUF") == "llamacpp"
+    assert runtime_fixed_by("/m/d.gguf", "Qwen/x") == "mixed"
     hub = decide(replace(AVX2, fixed_by_models="hf"), {"llamacpp": shipped("avx2-llamacpp-q4_k_m")}, CODE)
     assert hub.backend == "hf" and "Hugging Face ids" in hub.reason
 
@@ -104,8 +108,8 @@ def test_a_profile_of_the_same_cpu_kind_with_other_threads_ranks_the_runtimes():
 
 # ------------------------------------------------------------------ the app and the CLI
 def _llamacpp_choice(**_kwargs) -> RuntimeDecision:
-    return RuntimeDecision("llamacpp", "llama.cpp predicts 25.6 tokens/s here (target alone)",
-                           (runtime_choice.RuntimeEstimate("hf", True), runtime_choice.RuntimeEstimate("llamacpp", True)))
+    estimates = (runtime_choice.RuntimeEstimate("hf", True), runtime_choice.RuntimeEstimate("llamacpp", True))
+    return RuntimeDecision("llamacpp", "llama.cpp predicts 25.6 tokens/s here (target alone)", estimates)
 
 
 def test_an_explicit_backend_wins_in_the_app_and_the_cli(monkeypatch):
@@ -200,3 +204,21 @@ def test_log_axes_have_a_few_readable_ticks():
     for fig in (hardware_view.runtimes_figure([cost]), hardware_view.cost_figure(cost),
                 runners_view.runners_figure(runners_view.RunnerCurves("cpu", eager=cost))):
         assert fig.layout.xaxis.type == "log" and list(fig.layout.xaxis.tickvals) == [1, 2, 4, 8, 16, 32, 64]
+
+
+def test_the_llamacpp_runtime_reads_the_tokenizer_the_hf_runtime_converted():
+    """The tokenizer read from the shipped GGUF by its class (seconds, where AutoTokenizer spent 40+ s building a
+    config) is the one the Hugging Face runtime's conversion wrote: same ids, specials and chat template."""
+
+    spec, cache = EMBEDDED["target"], default_cache_dir()
+    if not (is_gguf_kept(spec, cache) and is_converted(spec, cache)):
+        pytest.skip("the embedded target is not kept and converted in this machine's cache (scripts/prepare_models.py)")
+    start = time.process_time()
+    tok = tokenizer_from_gguf(gguf_path(spec, cache))
+    assert time.process_time() - start < 20
+    ref = load_tokenizer(converted_dir(spec, cache))
+    assert tok.get_vocab() == ref.get_vocab() and tok.chat_template == ref.chat_template
+    assert (tok.eos_token, tok.pad_token) == (ref.eos_token, ref.pad_token)
+    assert tok.added_tokens_decoder == ref.added_tokens_decoder
+    text = "def f(x):\n    return x * 2  # héllo 日本\n<|im_end|>"
+    assert tok(text)["input_ids"] == ref(text)["input_ids"]
