@@ -73,12 +73,13 @@ def views(ctx: AppContext, acceptance_name, budget, depth, session: HardwareSess
     if ctx.profile is None and not ctx.loaded:
         return None, "*The models are still loading; the hardware view fills in once they are ready.*", None, None, \
             None, "", None, ""
-    if ctx.profile is None:
-        return (None, f"*{ctx.profile_note()}*", None, None, None, "", *runner_views(ctx))
     acc = acceptance_catalogue(ctx.assets_dir).get(acceptance_name)
     if acc is None:
         raise gr.Error(f"unknown acceptance vector {acceptance_name!r}")
     budget, depth = int(budget), int(depth)
+    if ctx.profile is None:   # the other runtimes' profiles still say which is fastest here
+        return (None, f"*{ctx.profile_note()}*", None, None, *runtime_views(ctx, acc, budget, depth),
+                *runner_views(ctx))
     choice, rows = predictions(ctx, acc, budget, depth, (session or HardwareSession()).measured)
     md = hardware_view.choice_markdown(choice, acceptance_name) + f"\n\n{ctx.profile_note()}"
     grid = dp_view.heatmap(choice.grid, selected=(choice.budget, choice.depth) if choice.budget else None,

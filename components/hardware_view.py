@@ -137,9 +137,11 @@ def runtimes_figure(series: Sequence[CostSeries]) -> go.Figure:
             fig.add_trace(go.Scatter(x=list(cost.draft_width), y=list(cost.draft_ms), mode="lines+markers",
                                      name=f"{cost.label}: draft level", line=dict(color=color, dash="dot"),
                                      hovertemplate="width %{x}: %{y:.1f} ms<extra>" + cost.label + " draft</extra>"))
+    # The legend below the axis title (a line per runtime and curve): placed lower than one row would need.
     fig.update_layout(title=dict(text="measured cost by runtime", x=0.01), height=400,
                       margin=dict(l=50, r=20, t=50, b=45), plot_bgcolor="white",
-                      xaxis_title="tokens in one forward", yaxis_title="ms", legend=dict(orientation="h", y=-0.2))
+                      xaxis_title="tokens in one forward", yaxis_title="ms",
+                      legend=dict(orientation="h", y=-0.28, yanchor="top"))
     fig.update_xaxes(type="log", gridcolor="#eee",
                      **log_ticks([n for c in series for n in (*c.target_n, *c.draft_width)]))
     fig.update_yaxes(rangemode="tozero", gridcolor="#eee")

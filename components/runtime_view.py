@@ -25,11 +25,10 @@ def banner_html(decision: RuntimeDecision | None) -> str:
 
 def runtimes_markdown(decision: RuntimeDecision, running: str | None = None,
                       started: RuntimeDecision | None = None) -> str:
-    """A table of every runtime (installed, how its models are stored, the target alone and the best method's
-    predicted rate, or "not measured here") and which is fastest.  ``decision`` is for the tab's acceptance
+    """A table of every runtime (installed, how its models are stored and where its costs come from, the target
+    alone and the best method's predicted rate, or "not measured here") and which is fastest.  ``decision`` is for the tab's acceptance
     vector and limits; ``running`` the loaded pair's runtime, ``started`` the choice the server made at start."""
-    lines = ["| runtime | installed | models | target alone | best method | predicted | costs from |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| runtime | installed | target alone | best method | predicted |", "|---|---|---|---|---|"]
     lines += [_row(r, r.backend == decision.backend) for r in decision.runtimes]
     lines.append("\n" + fastest_line(decision))
     lines.append(_running_line(decision, running, started))
@@ -46,8 +45,10 @@ def fastest_line(decision: RuntimeDecision) -> str:
         return (f"**Fastest here: {best.method} on {display_name(best.backend)}, {best.rate_text}** (predicted from "
                 "the measured costs).")
     if chosen is not None and chosen.measured and best is not None and best.backend == chosen.backend:
+        unmeasured = [display_name(r.backend) for r in decision.runtimes if r.installed and not r.measured]
+        rest = f"; {' and '.join(unmeasured)} not measured here" if unmeasured else ""
         return (f"**Fastest here: {chosen.method} on {display_name(chosen.backend)}, {chosen.rate_text}** "
-                f"(predicted from the measured costs: {decision.reason}).")
+                f"(predicted from the costs measured for this CPU kind{rest}).")
     return f"**Fastest here: {display_name(decision.backend)}**, by rule: {decision.reason}."
 
 
@@ -65,9 +66,10 @@ def _running_line(decision: RuntimeDecision, running: str | None, started: Runti
 def _row(r: RuntimeEstimate, chosen: bool) -> str:
     name = ("★ " if chosen else "") + display_name(r.backend)
     if not r.installed:
-        return f"| {name} | no (needs llama-cpp-python) | | | | | |"
+        return f"| {name} | no (needs llama-cpp-python) | | | |"
     if not r.measured:
-        return f"| {name} | yes | | {NOT_MEASURED} | | {NOT_MEASURED} | |"
+        return f"| {name} | yes | {NOT_MEASURED} | | {NOT_MEASURED} |"
+    detail = "<br><small>" + html.escape("; ".join(filter(None, (r.models, f"costs: {r.source}")))) + "</small>"
     gain = r.tokens_per_s / r.alone_tokens_per_s
-    return (f"| {name} | yes | {r.models} | {r.alone_tokens_per_s:.1f} tok/s | {r.method} | "
-            f"{r.tokens_per_s:.1f} tok/s ({gain:.2f}x) | {r.source} |")
+    return (f"| {name}{detail} | yes | {r.alone_tokens_per_s:.1f} tok/s | {r.method} | "
+            f"{r.tokens_per_s:.1f} tok/s ({gain:.2f}x) |")

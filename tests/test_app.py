@@ -287,7 +287,7 @@ def test_hardware_tab_with_hand_made_profile(ctx):
         assert "CUDA graphs do not apply on a CPU" in runners_md
         # The pair in use (hf) with its profile, beside any other runtime profiled on this machine.
         assert runtimes.data[0].name == "Hugging Face (torch): target" and "Fastest here" in runtimes_md
-        assert "| ★ Hugging Face (torch) | yes |" in runtimes_md and "| in use |" in runtimes_md
+        assert "| ★ Hugging Face (torch)<br><small>" in runtimes_md and "costs: in use" in runtimes_md
         measured = hardware_tab.measure(ctx, 16, 4, DEFAULT_ACCEPTANCE)
         assert set(measured) == {"target only", "sequoia (chosen)"}
         pred = hardware_tab.views(ctx, CODE, 16, 4, hardware_tab.HardwareSession(measured))[3]

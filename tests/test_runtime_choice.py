@@ -165,15 +165,17 @@ def test_the_app_on_the_chosen_llamacpp_converts_nothing_before_the_first_decode
 def test_the_runtimes_table_lists_every_runtime_and_its_fastest_line_is_the_choice():
     decision = decide(AVX2, {"hf": shipped("avx2-bf16-int8"), "llamacpp": shipped("avx2-llamacpp-q4_k_m")}, CODE)
     md = runtime_view.runtimes_markdown(decision, running="llamacpp", started=decision)
-    assert "| ★ llama.cpp | yes | target Q4_K_M" in md and "| Hugging Face (torch) | yes |" in md
-    assert "| mixed (torch target, llama.cpp draft) | yes | | not measured here |" in md
+    assert "| ★ llama.cpp<br><small>target Q4_K_M, draft Q4_K_M; costs: shipped</small> | yes | 13.0 tok/s |" in md
+    assert "| Hugging Face (torch)<br><small>target bf16, draft int8; costs: shipped</small> | yes |" in md
+    assert "| mixed (torch target, llama.cpp draft) | yes | not measured here | | not measured here |" in md
     assert "**Fastest here: target alone on llama.cpp, 13.0 tokens/s**" in md and "This server runs llama.cpp." in md
+    assert "mixed (torch target, llama.cpp draft) not measured here" in md
     bare = decide(replace(AVX2, llamacpp_installed=False), {}, CODE)
     md = runtime_view.runtimes_markdown(bare, running="hf")
     assert md.count("no (needs llama-cpp-python)") == 2 and "by rule: llama-cpp-python is not installed" in md
     named = decision.overridden("hf", "SEQUOIA_BACKEND")
     md = runtime_view.runtimes_markdown(named, running="hf", started=named)
-    assert "| ★ Hugging Face (torch) |" in md and "Fastest here: target alone on llama.cpp" in md
+    assert "| ★ Hugging Face (torch)<br>" in md and "Fastest here: target alone on llama.cpp" in md
     assert "This server runs Hugging Face (torch): SEQUOIA_BACKEND=hf names it" in md
     assert runtime_view.banner_html(None) == ""
     assert "Runtime: <b>Hugging Face (torch)</b>, named: SEQUOIA_BACKEND=hf" in runtime_view.banner_html(named)

@@ -185,9 +185,16 @@ def _estimate(backend: str, machine: Machine, found: FoundProfile | None, accept
     prof = found.profile
     choice = choose_tree(acceptance, prof, max_budget=min(max_budget, prof.max_tokens - 1), max_depth=max_depth)
     method = f"Sequoia n={choice.budget} d={choice.depth}" if choice.budget else "target alone"
-    models = prof.fingerprint.describe().split("; ")[-1] if prof.fingerprint else prof.dtype
+    models = _stored(prof.fingerprint) if prof.fingerprint else ""
     return RuntimeEstimate(backend, installed, 1000.0 / choice.ms_per_token, 1000.0 / choice.baseline_ms, method,
                            found.source, models)
+
+
+def _stored(fp: Fingerprint) -> str:
+    """How the two models are stored, e.g. "target bf16, draft int4" or "target Q4_K_M, draft Q4_K_M"."""
+    def one(dtype: str, quant: str) -> str:
+        return quant if quant != "none" else dtype or "unknown"
+    return f"target {one(fp.target_dtype, fp.target_quant)}, draft {one(fp.draft_dtype, fp.draft_quant)}"
 
 
 # ------------------------------------------------------------------------------------ the facts here
