@@ -118,7 +118,7 @@ class RuntimeDecision:
         if backend not in BACKENDS:
             raise ValueError(f"{by}={backend!r} is not a runtime; use one of {', '.join(BACKENDS)}")
         return replace(self, backend=backend, explicit=True,
-                       reason=f"{by}={backend} names it (the measured choice here: {self.backend})")
+                       reason=f"{by}={backend} names it (the measured choice here: {display_name(self.backend)})")
 
     def summary(self) -> str:
         """One line for the console and the page: the runtime and why."""
