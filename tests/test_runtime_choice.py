@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 import app
-from components import hardware_tab, hardware_view, runners_view, runtime_view
+from components import compare_tab, hardware_tab, hardware_view, runners_view, runtime_view
 from sequoia.core.acceptance import AcceptanceVector
 from sequoia.core.profile import HardwareProfile
 from sequoia.runners.embedded import EMBEDDED, converted_dir, default_cache_dir, gguf_path, is_converted, is_gguf_kept
@@ -146,6 +146,8 @@ def test_the_app_on_the_chosen_llamacpp_converts_nothing_before_the_first_decode
     demo = app.build_from_env({"SEQUOIA_CACHE": str(tmp_path)}, lanes=lanes)
     ctx = demo.sequoia_context
     assert ctx.hardware.runtime.backend == "llamacpp" and not ctx.offers_reference  # target only is that row
+    hf_rows = {"HF assisted", "HF prompt lookup", "llama.cpp target alone"}
+    assert not hf_rows & set(compare_tab.offered(ctx))   # Compare offers no row this runtime cannot run
     out = capsys.readouterr().out
     assert "runtime: llama.cpp (chosen: llama.cpp predicts" in out and "converts" not in out
     ctx.models.start_loading()
@@ -153,6 +155,7 @@ def test_the_app_on_the_chosen_llamacpp_converts_nothing_before_the_first_decode
     while not (ctx.status.ready or ctx.status.error) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert ctx.status.ready and loads == [("embedded", "embedded")]
+    assert not hf_rows & set(compare_tab.offered(ctx))
     banner = app._banner(ctx)
     assert "Runtime: <b>llama.cpp</b>, chosen: llama.cpp predicts" in banner and "converts" not in banner
     # Exact mode's memory is planned from an estimate, not from converted files (those come on its first use).
