@@ -1,6 +1,7 @@
 """Sequoia Studio: the Gradio app.  This file only wires the tabs together.
 
-    python app.py                      # embedded Qwen2.5-Coder 0.5B -> 1.5B pair, offline
+    python app.py                      # embedded Qwen2.5-Coder 0.5B -> 1.5B pair, offline, on the runtime
+                                       # this machine runs fastest (SEQUOIA_BACKEND=hf|llamacpp|mixed names one)
     SEQUOIA_DRAFT=Qwen/Qwen2.5-0.5B-Instruct SEQUOIA_TARGET=Qwen/Qwen2.5-7B-Instruct \\
     SEQUOIA_DEVICE=cuda SEQUOIA_DTYPE=bfloat16 python app.py
 
