@@ -1,6 +1,7 @@
 """Sequoia Studio: the Gradio app.  This file only wires the tabs together.
 
-    python app.py                      # embedded Qwen2.5-Coder 0.5B -> 1.5B pair, offline
+    python app.py                      # embedded Qwen2.5-Coder 0.5B -> 1.5B pair, offline, on the runtime
+                                       # this machine runs fastest (SEQUOIA_BACKEND=hf|llamacpp|mixed names one)
     SEQUOIA_DRAFT=Qwen/Qwen2.5-0.5B-Instruct SEQUOIA_TARGET=Qwen/Qwen2.5-7B-Instruct \\
     SEQUOIA_DEVICE=cuda SEQUOIA_DTYPE=bfloat16 python app.py
 
@@ -23,12 +24,15 @@ from pathlib import Path
 
 import gradio as gr
 
-from components import compare_tab, distribution_tab, dp_tab, hardware_tab, live_layout, status_view, validation
+from components import (compare_tab, distribution_tab, dp_tab, hardware_tab, live_layout, runtime_view, status_view,
+                        validation)
 from components.context import ASSETS, AppContext, LoadStatus
 from components.extra_runners import ExtraLoader
 from components.lanes import WorkLanes
+from sequoia.runners.embedded import default_cache_dir
 from sequoia.runtime.memory import MemoryBudget, gguf_size_bytes, parse_memory_gb
 from sequoia.runtime.models import ModelPair
+from sequoia.runtime.runtime_choice import RuntimeDecision, decision_from
 
 CSS_PATH = ASSETS / "studio.css"
 #: Parameters of the embedded target as converted (Qwen2.5-Coder-1.5B; the shipped GGUF has its own head), for
@@ -50,7 +54,8 @@ def build_demo(pair_or_loader: ModelPair | Callable[[], ModelPair], assets_dir: 
                max_budget: int | None = None, device: str | None = None, status: LoadStatus | None = None,
                cache_dir: Path | None = None, auto_profile: bool = False, owner: bool = False,
                exact_loader: ExtraLoader | None = None, reference_loader: ExtraLoader | None = None,
-               memory: MemoryOptions | None = None, lanes: WorkLanes | None = None) -> gr.Blocks:
+               memory: MemoryOptions | None = None, lanes: WorkLanes | None = None,
+               runtime: RuntimeDecision | None = None) -> gr.Blocks:
     """The whole app for a model pair, or a zero-argument callable that loads one.
 
     A loader runs on first use, or in the background once ``demo.sequoia_context.models.start_loading()``
@@ -64,7 +69,8 @@ def build_demo(pair_or_loader: ModelPair | Callable[[], ModelPair], assets_dir: 
     progress) -> the same target on llama.cpp, for Compare's reference row (None: no such row).  ``memory``:
     the budget those two loads are planned against, and their sizes (None: the machine's memory, no cap).
     ``lanes``: where model-free work runs (None: new ones, whose DP process is forked as the page is built);
-    apps built in one process (tests, scripts) may share one set, and so one DP process.
+    apps built in one process (tests, scripts) may share one set, and so one DP process.  ``runtime``: which
+    runtime the loader serves on and why (:func:`runtime_from_env`), shown in the banner and the Hardware tab.
     """
     ctx = AppContext.from_pair_or_loader(pair_or_loader, assets_dir=Path(assets_dir), max_budget=max_budget,
                                          device=device, lanes=lanes,
@@ -72,6 +78,7 @@ def build_demo(pair_or_loader: ModelPair | Callable[[], ModelPair], assets_dir: 
                                          exact_loader=exact_loader, reference_loader=reference_loader,
                                          **({"status": status} if status is not None else {}),
                                          **(memory.context_fields() if memory is not None else {}))
+    ctx.hardware.runtime = runtime
     if ctx.loaded:
         ctx.find_profile()
     with gr.Blocks(title="Sequoia Studio") as demo:
@@ -99,7 +106,9 @@ def build_demo(pair_or_loader: ModelPair | Callable[[], ModelPair], assets_dir: 
 
 
 def _banner(ctx: AppContext) -> str:
-    return status_view.banner_html(ctx.status, ctx.models.label()) + ctx.hardware.banner()
+    converts = ctx.hardware.runtime is None or ctx.hardware.runtime.backend != "llamacpp"
+    return (status_view.banner_html(ctx.status, ctx.models.label(), converts=converts)
+            + runtime_view.banner_html(ctx.hardware.runtime) + ctx.hardware.banner())
 
 
 def _wire_status(ctx: AppContext, demo: gr.Blocks, banner: gr.HTML, ready: gr.State) -> None:
@@ -137,6 +146,7 @@ def load_from_env(env: Mapping[str, str] = os.environ, progress: Callable[[float
     SEQUOIA_BLOCKED_WEIGHTS=0 keeps one copy of the weights (less memory, slower verification on CPU);
     SEQUOIA_BACKEND=llamacpp runs GGUF files through llama.cpp (the embedded pair as shipped, or .gguf paths);
     SEQUOIA_BACKEND=mixed the Hugging Face target with the draft on llama.cpp (the embedded draft as Q4_0);
+    SEQUOIA_BACKEND=hf both on Hugging Face (torch); unset, the runtime :func:`runtime_from_env` chooses;
     on CUDA both models run on the graph runner (CUDA graphs over a slot cache) unless SEQUOIA_GRAPHS=0 or
     the Space is a ZeroGPU one (SPACES_ZERO_GPU: the GPU is attached per call, captured graphs would not last)."""
     from sequoia.runtime.models import load_pair
@@ -149,10 +159,25 @@ def load_from_env(env: Mapping[str, str] = os.environ, progress: Callable[[float
         draft_quant=env.get("SEQUOIA_DRAFT_QUANT") or None,
         target_quant=env.get("SEQUOIA_TARGET_QUANT") or "none",
         blocked_weights=env.get("SEQUOIA_BLOCKED_WEIGHTS", "1").strip().lower() not in ("0", "false", "no", "off"),
-        backend=(env.get("SEQUOIA_BACKEND") or "hf").strip().lower(),
+        backend=backend_from_env(env),
         progress=progress,
         graphs=graphs_from_env(env),
     )
+
+
+def runtime_from_env(env: Mapping[str, str] = os.environ) -> RuntimeDecision:
+    """The runtime the pair named by the environment serves on, and why: SEQUOIA_BACKEND when set (a clear
+    ValueError naming it for an unknown one), else the one this machine runs fastest by its measured or
+    shipped costs (:mod:`sequoia.runtime.runtime_choice`)."""
+    return decision_from(env.get("SEQUOIA_BACKEND"), "SEQUOIA_BACKEND", device=env.get("SEQUOIA_DEVICE") or None,
+                         draft=env.get("SEQUOIA_DRAFT") or "embedded", target=env.get("SEQUOIA_TARGET") or "embedded",
+                         cache_dir=default_cache_dir(env))
+
+
+def backend_from_env(env: Mapping[str, str] = os.environ) -> str:
+    """SEQUOIA_BACKEND when set, else the measured choice (:func:`runtime_from_env`)."""
+    named = (env.get("SEQUOIA_BACKEND") or "").strip().lower()
+    return named or runtime_from_env(env).backend
 
 
 def graphs_from_env(env: Mapping[str, str] = os.environ) -> bool | None:
@@ -185,7 +210,7 @@ def reference_loader_from_env(env: Mapping[str, str] = os.environ):
     not installed."""
     import importlib.util
 
-    if (env.get("SEQUOIA_BACKEND") or "hf").strip().lower() == "llamacpp" or not importlib.util.find_spec("llama_cpp"):
+    if not importlib.util.find_spec("llama_cpp") or backend_from_env(env) == "llamacpp":
         return None
     given = (env.get("SEQUOIA_REFERENCE_GGUF") or "").strip()
     if not given and (env.get("SEQUOIA_TARGET") or "embedded") != "embedded":
@@ -244,7 +269,7 @@ def memory_from_env(env: Mapping[str, str] = os.environ) -> MemoryOptions:
 
     blocked = env.get("SEQUOIA_BLOCKED_WEIGHTS", "1").strip().lower() not in ("0", "false", "no", "off")
     hints = ("restart with SEQUOIA_BLOCKED_WEIGHTS=0 (the target's second, oneDNN-blocked copy of its weights: "
-             "3.1 GB on the embedded pair)",) if blocked and (env.get("SEQUOIA_BACKEND") or "hf") != "llamacpp" else ()
+             "3.1 GB on the embedded pair)",) if blocked and backend_from_env(env) != "llamacpp" else ()
     hints += ("run on a machine with more memory" + (" or raise SEQUOIA_MEMORY_GB" if budget.cap else ""),)
     return MemoryOptions(budget, exact_bytes, reference_bytes, hints)
 
@@ -259,20 +284,30 @@ def env_device(env: Mapping[str, str] = os.environ) -> str | None:
         return None  # the loader fails with the same message, and the banner shows it
 
 
+def build_from_env(env: Mapping[str, str] = os.environ, lanes: WorkLanes | None = None) -> gr.Blocks:
+    """The app as ``python app.py`` serves it, from the environment: the runtime decided once (and said on the
+    console), every loader reading that runtime; the pair not loading yet (``models.start_loading()``)."""
+    runtime = runtime_from_env(env)   # an unknown SEQUOIA_BACKEND stops here, before anything loads
+    print(f"Sequoia Studio: {runtime.summary()}", flush=True)
+    env = {**env, "SEQUOIA_BACKEND": runtime.backend}   # a copy: the loaders below all read this one decision
+    converts = "" if runtime.backend == "llamacpp" else " (the first run converts the embedded GGUF files once)"
+    print(f"Loading the model pair in the background{converts}; the page is up meanwhile and shows the progress.",
+          flush=True)
+    memory = memory_from_env(env)   # a bad SEQUOIA_MEMORY_GB stops here, before anything loads
+    status = LoadStatus(listener=_ConsoleProgress())
+    # SEQUOIA_OWNER=1: this server's owner may change server-wide state (Profile now); visitors may not.
+    return build_demo(lambda: load_from_env(env, progress=status), device=env_device(env), status=status,
+                      auto_profile=True, owner=env.get("SEQUOIA_OWNER") == "1", cache_dir=default_cache_dir(env),
+                      exact_loader=exact_loader_from_env(env), reference_loader=reference_loader_from_env(env),
+                      memory=memory, runtime=runtime, lanes=lanes)
+
+
 def main() -> None:
     import torch
 
     # Denormal floats make CPU matmuls of small activations many times slower.
     torch.set_flush_denormal(True)
-    print("Sequoia Studio: loading the model pair in the background (the first run converts the embedded "
-          "GGUF files once); the page is up meanwhile and shows the progress.", flush=True)
-    memory = memory_from_env()   # a bad SEQUOIA_MEMORY_GB stops here, before anything loads
-    status = LoadStatus(listener=_ConsoleProgress())
-    # SEQUOIA_OWNER=1: this server's owner may change server-wide state (Profile now); visitors may not.
-    demo = build_demo(lambda: load_from_env(progress=status), device=env_device(), status=status,
-                      auto_profile=True, owner=os.environ.get("SEQUOIA_OWNER") == "1",
-                      exact_loader=exact_loader_from_env(), reference_loader=reference_loader_from_env(),
-                      memory=memory)
+    demo = build_from_env()
     demo.sequoia_context.models.start_loading()
     # GRADIO_SERVER_NAME / GRADIO_SERVER_PORT are read by gradio itself.
     demo.launch(css_paths=[CSS_PATH] if CSS_PATH.exists() else None, show_error=True)

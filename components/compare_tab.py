@@ -74,11 +74,18 @@ WARMUP_TOKENS = 2
 _HF_ERRORS = (ValueError, RuntimeError, NotImplementedError, TypeError)
 
 
+#: The runtimes each Hugging Face baseline runs on: ``generate`` needs the target (and assisted the draft) in torch.
+_HF_RUNTIMES = {"hf-assisted": ("hf",), "hf-prompt-lookup": ("hf", "mixed")}
+
+
 def offered(ctx: AppContext) -> list[str]:
     """The checkbox labels: Sequoia (auto) only with a hardware profile (without one it is the target alone), the
-    llama.cpp reference only where the server offers it."""
+    llama.cpp reference only where the server offers it, the Hugging Face baselines only where the pair's runtime
+    (the one it will load on, before it is loaded) runs them."""
+    started = ctx.hardware.runtime
+    backend = ctx.pair().backend if ctx.loaded else started.backend if started is not None else "hf"
     return [m.label for m in METHODS if (m.row != "sequoia-auto" or ctx.profile is not None)
-            and (not m.runtime or ctx.offers_reference)]
+            and (not m.runtime or ctx.offers_reference) and (not m.hf or backend in _HF_RUNTIMES[m.hf])]
 
 
 def choose_methods(ctx: AppContext, methods=None, include_hf: bool = True) -> list[CompareMethod]:

@@ -27,12 +27,13 @@ from sequoia.runners.hf.loading import GRAPHS
 from sequoia.runtime.finder import ProfileChoice, cache_profile, find_profile
 from sequoia.runtime.fingerprint import machine_fingerprint
 from sequoia.runtime.profiling import measure_profile
+from sequoia.runtime.runtime_choice import display_name
 from sequoia.runtime.timing import run_method, warmup
 
-from . import dp_view, hardware_view, runners_view, validation
+from . import dp_view, hardware_view, runners_view, runtime_view, validation
 from .context import LIGHT_WORK, MODEL_WORK, AppContext, ModelsNotReady
 from .acceptance_choice import acceptance_catalogue, default_acceptance_label
-from .runtimes_here import runtime_profiles
+from .runtimes_here import runtimes_here
 
 QUICK_TARGET_GRID = (1, 2, 4, 8, 16, 32, 64, 128)
 QUICK_DRAFT_GRID = (1, 2, 4, 8, 16, 32)
@@ -57,9 +58,10 @@ def predictions(ctx: AppContext, acceptance, budget: int, depth: int, measured: 
         "chain": Tree.chain(chain["budget"]),
         "specinfer": Tree.specinfer(chains["width"], chains["depth"]),
     }
+    # The chosen row is what Sequoia (auto) runs: a tree, or the target alone where none pays (never drawn as one).
+    chosen = f"sequoia n={choice.budget} d={choice.depth}" if choice.budget else "target alone (no tree pays)"
     rows = [hardware_view.PredictionRow("target only", choice.baseline_ms, measured.get("target only")),
-            hardware_view.PredictionRow("sequoia (chosen)", choice.ms_per_token,
-                                        measured.get("sequoia (chosen)"), chosen=True)]
+            hardware_view.PredictionRow(chosen, choice.ms_per_token, measured.get("sequoia (chosen)"), chosen=True)]
     for name, tree in shapes.items():
         rows.append(hardware_view.PredictionRow(f"{name} n={tree.size}", predict(tree, acceptance, prof).ms_per_token))
     return choice, rows
@@ -71,12 +73,13 @@ def views(ctx: AppContext, acceptance_name, budget, depth, session: HardwareSess
     if ctx.profile is None and not ctx.loaded:
         return None, "*The models are still loading; the hardware view fills in once they are ready.*", None, None, \
             None, "", None, ""
-    if ctx.profile is None:
-        return (None, f"*{ctx.profile_note()}*", None, None, None, "", *runner_views(ctx))
     acc = acceptance_catalogue(ctx.assets_dir).get(acceptance_name)
     if acc is None:
         raise gr.Error(f"unknown acceptance vector {acceptance_name!r}")
     budget, depth = int(budget), int(depth)
+    if ctx.profile is None:   # the other runtimes' profiles still say which is fastest here
+        return (None, f"*{ctx.profile_note()}*", None, None, *runtime_views(ctx, acc, budget, depth),
+                *runner_views(ctx))
     choice, rows = predictions(ctx, acc, budget, depth, (session or HardwareSession()).measured)
     md = hardware_view.choice_markdown(choice, acceptance_name) + f"\n\n{ctx.profile_note()}"
     grid = dp_view.heatmap(choice.grid, selected=(choice.budget, choice.depth) if choice.budget else None,
@@ -123,18 +126,16 @@ def runner_views(ctx: AppContext):
 
 
 def runtime_views(ctx: AppContext, acceptance, budget: int, depth: int):
-    """(figure, markdown): every runtime's measured costs side by side and which configuration is fastest here."""
-    found = runtime_profiles(ctx)
-    series, rows = [], []
-    for backend, prof, source in found:
-        series.append(hardware_view.CostSeries(prof.target_n, prof.target_ms, prof.draft_width, prof.draft_ms,
-                                               label=backend))
-        choice = choose_tree(acceptance, prof, max_budget=min(budget, prof.max_tokens - 1), max_depth=depth)
-        best = f"sequoia n={choice.budget} d={choice.depth}" if choice.budget else "target alone (no tree pays)"
-        models = prof.fingerprint.describe().split("; ")[-1] if prof.fingerprint else prof.dtype
-        rows.append(hardware_view.RuntimeRow(f"{backend}: {models}", 1000.0 / choice.baseline_ms, best,
-                                             1000.0 / choice.ms_per_token, source))
-    return hardware_view.runtimes_figure(series), hardware_view.runtimes_markdown(rows)
+    """(figure, markdown): every measured runtime's costs side by side, and a table of every installed one (its
+    predicted rate or "not measured here") whose "fastest" line is the runtime choice's
+    (:mod:`sequoia.runtime.runtime_choice`)."""
+    found, decision = runtimes_here(ctx, acceptance, budget, depth)
+    series = [hardware_view.CostSeries(f.profile.target_n, f.profile.target_ms, f.profile.draft_width,
+                                       f.profile.draft_ms, label=display_name(backend))
+              for backend, f in found.items()]
+    running = ctx.pair().backend if ctx.loaded else None
+    return (hardware_view.runtimes_figure(series),
+            runtime_view.runtimes_markdown(decision, running, ctx.hardware.runtime))
 
 
 def profile_now(ctx: AppContext, quick: bool, progress=None) -> str:

@@ -4,21 +4,30 @@
                        verified at once, the draft's time per tree level
                        against its width, and the chosen tree size marked;
 ``prediction_figure``  predicted vs measured time per generated token for
-                       each candidate configuration.
+                       each candidate configuration;
+``runtimes_figure``    each runtime's two cost curves side by side.
 
-Both take plain numbers (milliseconds, like the profile); :func:`cost_series`
+Log axes take :func:`log_ticks` (powers of two or decades, never plotly's digit labels).
+
+They take plain numbers (milliseconds, like the profile); :func:`cost_series`
 reads them off a :class:`sequoia.core.profile.HardwareProfile`, and
 :func:`choice_markdown` describes a :class:`sequoia.core.optimizer.Choice`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
 from . import COLORS
+
+#: The most ticks a log axis gets before it falls back to decades.
+MAX_TICKS = 10
+#: What the predicted-vs-measured chart says before anything was measured.
+NOT_MEASURED_YET = "measured: not yet (Measure predicted vs real runs them here)"
 
 
 @dataclass(frozen=True)
@@ -66,14 +75,14 @@ def cost_figure(cost: CostSeries, chosen_n: int | None = None) -> go.Figure:
                       height=400, margin=dict(l=50, r=20, t=50, b=45), plot_bgcolor="white",
                       xaxis_title="tokens in one forward", yaxis_title="ms",
                       legend=dict(orientation="h", y=-0.2))
-    ticks = sorted(set(cost.target_n) | set(cost.draft_width))
-    fig.update_xaxes(type="log", tickvals=ticks, gridcolor="#eee")
+    fig.update_xaxes(type="log", gridcolor="#eee", **log_ticks([*cost.target_n, *cost.draft_width]))
     fig.update_yaxes(range=[0, top * 1.15], gridcolor="#eee")
     return fig
 
 
 def prediction_figure(rows: Sequence[PredictionRow]) -> go.Figure:
-    """Grouped bars of predicted and measured ms per token; the chosen row starred."""
+    """Grouped bars of predicted and measured ms per token, with a legend; the chosen row starred.  Before
+    anything was measured the chart says so, rather than showing one series as if it were the comparison."""
     labels = [("★ " if r.chosen else "") + r.label for r in rows]
     fig = go.Figure()
     fig.add_trace(go.Bar(x=labels, y=[r.predicted_ms for r in rows], name="predicted",
@@ -82,9 +91,13 @@ def prediction_figure(rows: Sequence[PredictionRow]) -> go.Figure:
     if any(m is not None for m in measured):
         fig.add_trace(go.Bar(x=labels, y=measured, name="measured", marker_color=COLORS["bonus"],
                              hovertemplate="%{x}: %{y:.1f} ms/token<extra>measured</extra>"))
-    fig.update_layout(barmode="group", title=dict(text="time per generated token", x=0.01), height=380,
-                      margin=dict(l=50, r=20, t=50, b=90), plot_bgcolor="white", yaxis_title="ms / token",
-                      legend=dict(orientation="h", y=1.08))
+    else:
+        fig.add_annotation(text=NOT_MEASURED_YET, xref="paper", yref="paper", x=0.99, y=1.0, xanchor="right",
+                           yanchor="bottom", showarrow=False, font=dict(size=12, color="#666"))
+    fig.update_layout(barmode="group", title=dict(text="time per generated token (★ the optimizer's choice)",
+                                                  x=0.01), height=380,
+                      margin=dict(l=50, r=20, t=70, b=90), plot_bgcolor="white", yaxis_title="ms / token",
+                      showlegend=True, legend=dict(orientation="h", x=0.0, y=1.02, yanchor="bottom"))
     fig.update_xaxes(tickangle=-25)
     fig.update_yaxes(gridcolor="#eee")
     return fig
@@ -111,17 +124,6 @@ def choice_markdown(choice, acceptance_name: str = "") -> str:
             f"{choice.baseline_ms:.1f} ms/token → **{choice.speedup:.2f}×** predicted speedup.")
 
 
-@dataclass(frozen=True)
-class RuntimeRow:
-    """One runtime's numbers on this machine, from its measured profile."""
-
-    runtime: str                        # e.g. "llamacpp: target Q4_K_M, draft Q4_K_M"
-    alone_tokens_per_s: float           # the target alone: 1000 / (one-token forward ms)
-    best_label: str                     # the optimizer's best configuration there (e.g. "sequoia n=8 d=4")
-    best_tokens_per_s: float            # its predicted rate (the target alone's when no tree pays)
-    source: str = ""                    # which profile (shipped, cached, measured)
-
-
 def runtimes_figure(series: Sequence[CostSeries]) -> go.Figure:
     """Each runtime's target forward (solid) and draft level (dotted) by tokens, side by side (log x)."""
     fig = go.Figure()
@@ -135,23 +137,26 @@ def runtimes_figure(series: Sequence[CostSeries]) -> go.Figure:
             fig.add_trace(go.Scatter(x=list(cost.draft_width), y=list(cost.draft_ms), mode="lines+markers",
                                      name=f"{cost.label}: draft level", line=dict(color=color, dash="dot"),
                                      hovertemplate="width %{x}: %{y:.1f} ms<extra>" + cost.label + " draft</extra>"))
+    # The legend below the axis title (a line per runtime and curve): placed lower than one row would need.
     fig.update_layout(title=dict(text="measured cost by runtime", x=0.01), height=400,
                       margin=dict(l=50, r=20, t=50, b=45), plot_bgcolor="white",
-                      xaxis_title="tokens in one forward", yaxis_title="ms", legend=dict(orientation="h", y=-0.2))
-    fig.update_xaxes(type="log", gridcolor="#eee")
+                      xaxis_title="tokens in one forward", yaxis_title="ms",
+                      legend=dict(orientation="h", y=-0.28, yanchor="top"))
+    fig.update_xaxes(type="log", gridcolor="#eee",
+                     **log_ticks([n for c in series for n in (*c.target_n, *c.draft_width)]))
     fig.update_yaxes(rangemode="tozero", gridcolor="#eee")
     return fig
 
 
-def runtimes_markdown(rows: Sequence[RuntimeRow]) -> str:
-    """A table of each runtime's target alone and best predicted configuration, and which is fastest here."""
-    if not rows:
-        return "_No runtime has a measured profile on this machine yet (`python -m sequoia profile --backend ...`)._"
-    lines = ["| runtime | target alone | best configuration | predicted |", "|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r.runtime} | {r.alone_tokens_per_s:.1f} tok/s | {r.best_label} | "
-                     f"{r.best_tokens_per_s:.1f} tok/s ({r.best_tokens_per_s / r.alone_tokens_per_s:.2f}x) |")
-    best = max(rows, key=lambda r: r.best_tokens_per_s)
-    lines.append(f"\n**Fastest here: {best.best_label} on {best.runtime.split(':')[0]}, "
-                 f"{best.best_tokens_per_s:.1f} tokens/s** (predicted from the measured costs; the bench measures it).")
-    return "\n".join(lines)
+def log_ticks(values: Sequence[float]) -> dict:
+    """Tick settings for a log axis over ``values`` (token counts): the powers of two they span, labelled as
+    numbers, or the decades when those would be more than :data:`MAX_TICKS`.  Plotly's own log ticks label
+    every digit between decades ("8 9 1 2 3 ... 9 10 2 3"), unreadable on a narrow chart."""
+    positive = [float(v) for v in values if v > 0]
+    if not positive:
+        return {}
+    lo, hi = min(positive), max(positive)
+    ticks = [2 ** k for k in range(math.floor(math.log2(lo)), math.ceil(math.log2(hi)) + 1)]
+    if len(ticks) > MAX_TICKS:
+        ticks = [10 ** k for k in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)]
+    return {"tickmode": "array", "tickvals": ticks, "ticktext": [f"{t:g}" for t in ticks]}

@@ -22,6 +22,7 @@ from sequoia.runtime import finder
 from sequoia.runtime.finder import ProfileChoice
 from sequoia.runtime.fingerprint import machine_fingerprint
 from sequoia.runtime.models import ModelPair
+from sequoia.runtime.runtime_choice import RuntimeDecision
 
 from .load_status import LoadStatus
 
@@ -48,6 +49,7 @@ class ProfileRoom:
     auto_profile: bool = False                # measure a profile in the background when none matches
     choice: ProfileChoice = field(default_factory=_not_loaded)
     profiling: LoadStatus | None = None       # progress of the background measurement; None: none started
+    runtime: RuntimeDecision | None = None    # the runtime the server chose at start, and why (None: not told)
     _derived: dict[Hashable, object] = field(default_factory=dict, repr=False)
     _derived_for: ProfileChoice | None = field(default=None, repr=False)   # the choice _derived belongs to
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)

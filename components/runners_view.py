@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
-from .hardware_view import CostSeries
+from .hardware_view import CostSeries, log_ticks
 
 GRAPH, EAGER = "graph runner (CUDA graphs)", "eager runner"
 CPU_NOTE = "CUDA graphs do not apply on a CPU: the Hugging Face runtime runs eagerly here"
@@ -62,7 +62,8 @@ def runners_figure(curves: RunnerCurves) -> go.Figure:
     fig.update_layout(title=dict(text=title, x=0.01), height=400, margin=dict(l=50, r=20, t=50, b=45),
                       plot_bgcolor="white", xaxis_title="tokens in one forward", yaxis_title="ms",
                       legend=dict(orientation="h", y=-0.2))
-    fig.update_xaxes(type="log", gridcolor="#eee")
+    fig.update_xaxes(type="log", gridcolor="#eee",
+                     **log_ticks([n for c in curves.measured().values() for n in (*c.target_n, *c.draft_width)]))
     fig.update_yaxes(rangemode="tozero", gridcolor="#eee")
     return fig
 

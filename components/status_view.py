@@ -14,8 +14,9 @@ from . import COLORS
 _BOX = "padding:8px 12px;border-radius:6px;border:1px solid {border};background:{bg};font-size:0.95em"
 
 
-def banner_html(status, pair_label: str) -> str:
-    """Loading (with a progress bar), failed (with the error) or ready (the pair, ``pair_label`` as HTML)."""
+def banner_html(status, pair_label: str, converts: bool = True) -> str:
+    """Loading (with a progress bar), failed (with the error) or ready (the pair, ``pair_label`` as HTML);
+    ``converts``: the runtime converts the embedded GGUF files on its first start (llama.cpp reads them as they are)."""
     if status.error is not None:
         box = _BOX.format(border=COLORS["rejected"], bg="#fdecea")
         return (f'<div class="sq-status sq-status-failed" style="{box}">'
@@ -25,11 +26,11 @@ def banner_html(status, pair_label: str) -> str:
     if status.ready:
         return f'<div class="sq-status sq-status-ready">{pair_label}</div>'
     pct = round(100 * status.fraction)
+    first = ("The first start of the embedded pair converts its weights once (about 2 minutes on 2 CPU cores); "
+             "later starts take seconds. " if converts else "")
     elapsed = f" · {status.elapsed_s:.0f} s" if status.started is not None else ""
     return (f'<div class="sq-status sq-status-loading" style="{_BOX.format(border="#e0c060", bg="#fff8e1")}">'
             f"<b>Loading the model pair: {pct}%</b> · {html.escape(status.description)}{elapsed}"
             f'<div style="height:6px;background:#eee;border-radius:3px;margin:6px 0">'
             f'<div style="height:6px;width:{pct}%;background:{COLORS["accepted"]};border-radius:3px"></div></div>'
-            "<small>The first start of the embedded pair converts its weights once (about 2 minutes on "
-            "2 CPU cores); later starts take seconds. The DP explorer works already; decoding works once "
-            "the models are ready.</small></div>")
+            f"<small>{first}The DP explorer works already; decoding works once the models are ready.</small></div>")

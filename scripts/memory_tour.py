@@ -114,7 +114,7 @@ def main() -> None:
              if not args.only or any(name.startswith(o) for o in args.only)]
     print(ctx.extras.memory_note(), flush=True)
     machine = {"cap_gb": memory.budget.cap / GB if memory.budget.cap else None,
-               "backend": os.environ.get("SEQUOIA_BACKEND") or "hf", "cpu_count": os.cpu_count()}
+               "backend": app.backend_from_env(), "cpu_count": os.cpu_count()}
     if args.json:
         args.json.write_text(json.dumps({"machine": machine, "rows": rows}, indent=1) + "\n")
     demo.close()

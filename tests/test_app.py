@@ -296,12 +296,13 @@ def test_hardware_tab_with_hand_made_profile(ctx):
     try:
         cost, md, grid, pred, runtimes, runtimes_md, runners, runners_md = hardware_tab.views(
             ctx, CODE, 16, 4, hardware_tab.HardwareSession())
-        assert "Chosen tree" in md and len(pred.data) == 1
+        assert "Chosen tree" in md and len(pred.data) == 1 and "measured: not yet" in pred.layout.annotations[0].text
         # A CPU pair: the eager runner's curves (this profile's), and graphs said not to apply.
         assert runners.data[0].name == "eager runner: verify (target forward)"
         assert "CUDA graphs do not apply on a CPU" in runners_md
         # The pair in use (hf) with its profile, beside any other runtime profiled on this machine.
-        assert runtimes.data[0].name == "hf: target" and "| hf: " in runtimes_md and "Fastest here" in runtimes_md
+        assert runtimes.data[0].name == "Hugging Face (torch): target" and "Fastest here" in runtimes_md
+        assert "| ★ Hugging Face (torch)<br><small>" in runtimes_md and "costs: in use" in runtimes_md
         measured = hardware_tab.measure(ctx, 16, 4, DEFAULT_ACCEPTANCE)
         assert set(measured) == {"target only", "sequoia (chosen)"}
         pred = hardware_tab.views(ctx, CODE, 16, 4, hardware_tab.HardwareSession(measured))[3]
@@ -405,7 +406,7 @@ def test_live_summary_names_the_fastest_configuration_when_it_is_another(ctx):
     ctx.profile = HardwareProfile.hand_made(lambda n: 30.0 * n, lambda w: 10.0)   # compute-bound: no tree pays
     try:
         line = fastest_elsewhere(ctx, DEFAULT_ACCEPTANCE, "sequoia")
-        assert "the target alone on hf" in line and "tokens/s" in line
+        assert "the target alone on Hugging Face (torch)" in line and "tokens/s" in line
         ctx.profile = HardwareProfile.hand_made(lambda n: 30.0 + 0.1 * n, lambda w: 1.0)  # trees pay: Sequoia is it
         assert fastest_elsewhere(ctx, DEFAULT_ACCEPTANCE, "sequoia") == ""
     finally:
@@ -416,9 +417,10 @@ def test_the_fastest_configuration_is_solved_once_per_profile(ctx, monkeypatch):
     from sequoia.core.profile import HardwareProfile
 
     from components import runtimes_here
+    from sequoia.runtime import runtime_choice
 
-    solves, real = [], runtimes_here.choose_tree
-    monkeypatch.setattr(runtimes_here, "choose_tree", lambda *a, **k: solves.append(1) or real(*a, **k))
+    solves, real = [], runtime_choice.choose_tree
+    monkeypatch.setattr(runtime_choice, "choose_tree", lambda *a, **k: solves.append(1) or real(*a, **k))
     ctx.profile = HardwareProfile.hand_made(lambda n: 30.0 * n, lambda w: 10.0)
     try:
         first = runtimes_here.fastest_elsewhere(ctx, DEFAULT_ACCEPTANCE, "sequoia")

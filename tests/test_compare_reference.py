@@ -69,9 +69,10 @@ def test_no_reference_row_without_a_loader_or_in_exact_mode(ctx, tiny_app_pair, 
 
 
 def test_the_app_offers_the_reference_for_the_embedded_target_on_the_hf_runtime():
-    assert callable(app.reference_loader_from_env({}))
+    assert callable(app.reference_loader_from_env({"SEQUOIA_BACKEND": "hf"}))
     assert app.reference_loader_from_env({"SEQUOIA_BACKEND": "llamacpp"}) is None  # target only is that row
-    assert app.reference_loader_from_env({"SEQUOIA_TARGET": "Qwen/Qwen2.5-7B-Instruct"}) is None  # no GGUF known
+    assert app.reference_loader_from_env({"SEQUOIA_TARGET": "Qwen/Qwen2.5-7B-Instruct",
+                                          "SEQUOIA_BACKEND": "hf"}) is None  # no GGUF known
     assert callable(app.reference_loader_from_env({"SEQUOIA_TARGET": "Qwen/Qwen2.5-7B-Instruct",
                                                    "SEQUOIA_REFERENCE_GGUF": "/models/qwen7b.Q4_K_M.gguf"}))
 

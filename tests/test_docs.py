@@ -70,7 +70,7 @@ def test_the_readme_keeps_the_two_commands(command):
 def test_the_readme_stays_short_and_current():
     text = README.read_text()
     assert text.startswith("---\ntitle: Sequoia Studio\n")   # the Spaces front matter stays on top
-    assert len(text.splitlines()) < 150
+    assert len(text.splitlines()) < 175   # a user guide; the reference is docs/
     assert not re.search(r"\b(session|round) \d+", text, re.I), "history belongs in git, not the README"
 
 

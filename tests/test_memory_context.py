@@ -142,7 +142,7 @@ def test_freeing_really_drops_the_exact_target(low_precision_pair, tmp_path):
 
 def test_the_app_reads_its_cap_once_with_a_clear_error():
     assert app.memory_from_env({}).budget.cap is None
-    opts = app.memory_from_env({"SEQUOIA_MEMORY_GB": "14"})
+    opts = app.memory_from_env({"SEQUOIA_MEMORY_GB": "14", "SEQUOIA_BACKEND": "hf"})
     assert opts.budget.cap == 14 * GB and any("SEQUOIA_MEMORY_GB" in h for h in opts.hints)
     assert any("SEQUOIA_BLOCKED_WEIGHTS=0" in h for h in opts.hints)
     assert not any("BLOCKED" in h for h in app.memory_from_env({"SEQUOIA_BACKEND": "llamacpp"}).hints)

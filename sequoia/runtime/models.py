@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from ..core.config import MAX_PROMPT_TOKENS
 from ..runners.base import Runner
 from ..runners.embedded import EMBEDDED, ProgressFn, converted_dir, default_cache_dir, ensure_gguf, is_converted
-from ..runners.hf.convert import ensure_converted
+from ..runners.hf.convert import ensure_converted, tokenizer_from_gguf
 from ..runners.hf.kernels import check_scheme
 from ..runners.hf.loading import (EMBEDDED_NAME, ModelLoadError, load_runner, load_tokenizer,  # noqa: F401
                                   resolve_device, resolve_draft_quant, resolve_dtype)
@@ -276,13 +276,14 @@ def _load_mixed_pair(draft: str, target: str, device, dtype, target_quant, cache
 
 def gguf_tokenizer(gguf: Path, cache: Path, converted: Path | None = None) -> PreTrainedTokenizerBase:
     """The Hugging Face tokenizer of a GGUF file: from ``converted`` (a directory holding it) when given, else
-    read from the GGUF once (15-25 s for Qwen's) and kept in ``cache`` under the file's name."""
+    read from the GGUF once (:func:`~sequoia.runners.hf.convert.tokenizer_from_gguf`, seconds) and kept in
+    ``cache`` under the file's name."""
     if converted is not None:
         return load_tokenizer(converted)
     keep = cache / f"{gguf.stem}.tokenizer"
     if (keep / "tokenizer_config.json").is_file():
         return load_tokenizer(keep)
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tok = tokenizer_from_gguf(gguf)
     tmp = keep.with_name(keep.name + f".tmp-{os.getpid()}")
     tok.save_pretrained(tmp)
     os.replace(tmp, keep)

@@ -16,6 +16,7 @@ from ..runtime.fingerprint import expected_fingerprint as fingerprint_as_loaded
 from ..runtime.fingerprint import machine_fingerprint
 from ..runners.hf.kernels import SCHEMES
 from ..runtime.models import BACKENDS, load_pair, resolve_device, resolve_draft_quant, resolve_dtype
+from ..runtime.runtime_choice import choose_runtime
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -24,7 +25,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="the runtime the models run on: hf (transformers/torch, any hub pair), llamacpp (GGUF "
                    "files through llama.cpp: the embedded pair as shipped, or --draft/--target .gguf paths) or mixed "
                    "(the hf target, the draft on llama.cpp: the embedded draft as Q4_0, or a --draft .gguf path); "
-                   "default: $SEQUOIA_BACKEND, else hf")
+                   "default: $SEQUOIA_BACKEND, else the one this machine runs fastest by its measured costs")
     g.add_argument("--draft", default="embedded", help="draft model: 'embedded' (offline default), a hub id or a path")
     g.add_argument("--target", default="embedded", help="target model: 'embedded', a hub id or a path")
     g.add_argument("--device", default=None, help="cuda / cpu (default: cuda when available)")
@@ -50,11 +51,18 @@ def load_from_args(args):
 
 
 def backend_of(args) -> str:
-    """``--backend``, else ``$SEQUOIA_BACKEND``, else "hf" (checked against :data:`BACKENDS`)."""
-    name = getattr(args, "backend", None) or os.environ.get("SEQUOIA_BACKEND", "") or "hf"
-    if name not in BACKENDS:
-        raise SystemExit(f"SEQUOIA_BACKEND={name!r} is not a backend; use one of {', '.join(BACKENDS)}")
-    return name
+    """``--backend``, else ``$SEQUOIA_BACKEND``, else the runtime this machine runs the models fastest on
+    (:mod:`sequoia.runtime.runtime_choice`; decided once, its reason printed on stderr, and kept in ``args``)."""
+    name = getattr(args, "backend", None) or os.environ.get("SEQUOIA_BACKEND", "").strip().lower()
+    if name:
+        if name not in BACKENDS:
+            raise SystemExit(f"SEQUOIA_BACKEND={name!r} is not a backend; use one of {', '.join(BACKENDS)}")
+        return name
+    decision = choose_runtime(device=getattr(args, "device", None), draft=getattr(args, "draft", "embedded"),
+                              target=getattr(args, "target", "embedded"), cache_dir=getattr(args, "cache_dir", None))
+    print(decision.summary() + " (--backend or SEQUOIA_BACKEND names another)", file=sys.stderr)
+    args.backend = decision.backend
+    return decision.backend
 
 
 def _draft_quant(args) -> str | None:

@@ -1,0 +1,75 @@
+"""The runtime the server runs and why, and every runtime of this machine beside it.
+
+``banner_html``        one line under the loading banner: the runtime and the reason it was chosen;
+``runtimes_markdown``  the Hardware tab's table: each runtime installed or not, its predicted rate or
+                       "not measured here", and a "fastest" line that says the same as the choice.
+
+Both are pure functions of a :class:`sequoia.runtime.runtime_choice.RuntimeDecision`.
+"""
+
+from __future__ import annotations
+
+import html
+
+from sequoia.runtime.runtime_choice import NOT_MEASURED, RuntimeDecision, RuntimeEstimate, display_name
+
+
+def banner_html(decision: RuntimeDecision | None) -> str:
+    """The runtime and why, for the top of the page ("" when the app was not told)."""
+    if decision is None:
+        return ""
+    how = "named" if decision.explicit else "chosen"
+    return (f'<div class="sq-status sq-status-runtime"><small>Runtime: <b>{html.escape(display_name(decision.backend))}'
+            f"</b>, {how}: {html.escape(decision.reason)}. The Hardware tab lists every runtime here.</small></div>")
+
+
+def runtimes_markdown(decision: RuntimeDecision, running: str | None = None,
+                      started: RuntimeDecision | None = None) -> str:
+    """A table of every runtime (installed, how its models are stored and where its costs come from, the target
+    alone and the best method's predicted rate, or "not measured here") and which is fastest.  ``decision`` is for the tab's acceptance
+    vector and limits; ``running`` the loaded pair's runtime, ``started`` the choice the server made at start."""
+    lines = ["| runtime | installed | target alone | best method | predicted |", "|---|---|---|---|---|"]
+    lines += [_row(r, r.backend == decision.backend) for r in decision.runtimes]
+    lines.append("\n" + fastest_line(decision))
+    lines.append(_running_line(decision, running, started))
+    return "\n".join(line for line in lines if line)
+
+
+def fastest_line(decision: RuntimeDecision) -> str:
+    """What is fastest here, in the words of the choice: the measured best, or the rule that chose without it."""
+    best = decision.fastest()
+    chosen = decision.estimate(decision.backend)
+    if decision.explicit:
+        if best is None:
+            return "**No runtime is measured on this machine**, so none is known to be fastest here."
+        return (f"**Fastest here: {best.method} on {display_name(best.backend)}, {best.rate_text}** (predicted from "
+                "the measured costs).")
+    if chosen is not None and chosen.measured and best is not None and best.backend == chosen.backend:
+        unmeasured = [display_name(r.backend) for r in decision.runtimes if r.installed and not r.measured]
+        rest = f"; {' and '.join(unmeasured)} not measured here" if unmeasured else ""
+        return (f"**Fastest here: {chosen.method} on {display_name(chosen.backend)}, {chosen.rate_text}** "
+                f"(predicted from the costs measured for this CPU kind{rest}).")
+    return f"**Fastest here: {display_name(decision.backend)}**, by rule: {decision.reason}."
+
+
+def _running_line(decision: RuntimeDecision, running: str | None, started: RuntimeDecision | None) -> str:
+    if running is None:
+        return ""
+    if started is not None and started.explicit:
+        return f"This server runs {display_name(running)}: {started.reason}."
+    if running == decision.backend:
+        return f"This server runs {display_name(running)}."
+    why = f" (chosen at start for code prompts at T=0: {started.reason})" if started is not None else ""
+    return f"This server runs {display_name(running)}{why}."
+
+
+def _row(r: RuntimeEstimate, chosen: bool) -> str:
+    name = ("★ " if chosen else "") + display_name(r.backend)
+    if not r.installed:
+        return f"| {name} | no (needs llama-cpp-python) | | | |"
+    if not r.measured:
+        return f"| {name} | yes | {NOT_MEASURED} | | {NOT_MEASURED} |"
+    detail = "<br><small>" + html.escape("; ".join(filter(None, (r.models, f"costs: {r.source}")))) + "</small>"
+    gain = r.tokens_per_s / r.alone_tokens_per_s
+    return (f"| {name}{detail} | yes | {r.alone_tokens_per_s:.1f} tok/s | {r.method} | "
+            f"{r.tokens_per_s:.1f} tok/s ({gain:.2f}x) |")
