@@ -348,7 +348,7 @@ def build(ctx: AppContext) -> None:
         with gr.Column(scale=1, min_width=300):
             c = _controls(ctx)
         with gr.Column(scale=2):
-            bars = gr.Plot(label="comparison")
+            bars = gr.Plot(label="comparison", elem_id="sq-compare-bars")
             # Tall enough for every row of a full run: the table never hides rows in a scroll area of its own.
             table = gr.Dataframe(headers=compare_view.HEADERS, label="results", interactive=False,
                                  elem_id="sq-compare-table", wrap=True, column_widths=compare_view.COLUMN_WIDTHS,

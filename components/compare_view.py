@@ -26,12 +26,17 @@ REFERENCE = "Target alone"
 #: The row of the same target alone on llama.cpp (its shipped GGUF): a speed reference on other kernels, whose
 #: output is never flagged identical or different (greedy ties can break otherwise there).
 LLAMACPP_REFERENCE = "llama.cpp target alone"
-HEADERS = ["method", "tokens", "latency (s)", "first token (s)", "tokens/s", "target calls", "tokens/call", "speedup",
-           "identical"]
-#: Widths of those columns: the whole table fits a 1,280 px window beside the controls with every header and
-#: number on whole words (assets/studio.css keeps words whole), and the identical column has room for
-#: "identical up to a kernel near-tie at token N" on a few lines.
-COLUMN_WIDTHS = ["19%", "7%", "9%", "9%", "8%", "8%", "9%", "9%", "22%"]
+#: The table's headers: spaces where a narrow column may wrap (the words themselves never break).
+HEADERS = ["method", "tokens", "latency (s)", "first token (s)", "tokens / s", "target calls", "tokens / call",
+           "speedup", "identical"]
+#: The same columns' keys in the /compare API's objects.
+API_KEYS = ["method", "tokens", "latency (s)", "first token (s)", "tokens/s", "target calls", "tokens/call",
+            "speedup", "identical"]
+#: Widths of those columns in px: 790 in all, what a 1,280 px window leaves beside the controls; each column has
+#: room for its longest word in bold (assets/studio.css keeps words whole), the identical column for "identical
+#: up to a kernel near-tie at token N (certify: exact mode)" on a few lines.  A narrower window scrolls the table
+#: sideways rather than breaking a word.
+COLUMN_WIDTHS = [146, 70, 74, 66, 70, 66, 70, 84, 144]
 
 
 @dataclass(frozen=True)
@@ -112,9 +117,9 @@ def reference_note(rows: Sequence[CompareRow], reference: str = REFERENCE) -> st
     fastest = max(rows, key=lambda r: r.tokens_per_s)
     best = ("the fastest row here" if fastest is row else
             f"{fastest.method} is {fastest.tokens_per_s / row.tokens_per_s:.2f}x it" if row.tokens_per_s else "")
-    vs = f", {ratio:.2f}x {reference}" if ratio is not None else ""
+    vs = f", {ratio:.2f}x the {reference.lower()}" if ratio is not None else ""
     return (f"**{LLAMACPP_REFERENCE}**: the same target alone on llama.cpp, as its shipped Q4_K_M GGUF (what a "
-            f"CPU user would run instead): {row.tokens_per_s:.1f} tokens/s{vs}; {best}. Its kernels round "
+            f"CPU user would run instead): {number(row.tokens_per_s)} tokens/s{vs}; {best}. Its kernels round "
             "differently, so its text is not compared token for token.")
 
 
@@ -126,11 +131,11 @@ def number(x: float) -> str:
     return f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
 
 
-#: The bar panels: title, the value of a row, and how its label reads.
+#: The bar panels: title (short: four sit side by side in 600 px), the value of a row, and how its label reads.
 _PANELS = (
     ("latency (s)", lambda r, s: r.seconds, number),
     ("tokens / s", lambda r, s: r.tokens_per_s, number),
-    ("tokens per target call", lambda r, s: r.tokens_per_call or 0.0, number),
+    ("tokens / target call", lambda r, s: r.tokens_per_call or 0.0, number),
     ("speedup", lambda r, s: s or 0.0, lambda y: f"{y:.2f}×"),
 )
 #: Height of one bar's row in the figure (px): the names and labels stay legible as rows are added.
@@ -142,7 +147,7 @@ def figure(rows: Sequence[CompareRow], reference: str = REFERENCE, title: str = 
     the method names once, on the left (horizontal bars: long names never overlap, however many rows).  Hover
     shows the identical-output flag."""
     fig = make_subplots(rows=1, cols=4, shared_yaxes=True, horizontal_spacing=0.03,
-                        subplot_titles=[t if t != "speedup" else f"speedup vs {reference}" for t, _, _ in _PANELS])
+                        subplot_titles=[t if t != "speedup" else f"× {reference.lower()}" for t, _, _ in _PANELS])
     fig.update_layout(height=110 + BAR_ROW_PX * max(len(rows), 3), showlegend=False, plot_bgcolor="white",
                       margin=dict(l=10, r=10, t=60, b=30), title=dict(text=title, x=0.01), font=dict(size=13))
     if not rows:
@@ -183,7 +188,7 @@ def table(rows: Sequence[CompareRow], reference: str = REFERENCE) -> list[list]:
 
 
 def records(rows: Sequence[CompareRow], keys: dict[str, str], reference: str = REFERENCE) -> list[dict]:
-    """One dict per row for the ``/compare`` API: keys :data:`HEADERS`, numbers as numbers (rounded to the
+    """One dict per row for the ``/compare`` API: keys :data:`API_KEYS`, numbers as numbers (rounded to the
     millisecond or the hundredth); ``method`` is ``keys[row label]`` (the API's stable method names) and
     ``label`` the page's name."""
     out = []
@@ -194,7 +199,7 @@ def records(rows: Sequence[CompareRow], keys: dict[str, str], reference: str = R
                   r.target_calls if r.target_calls is not None else "–",
                   round(per_call, 2) if per_call is not None else "–", round(s, 2) if s is not None else "–",
                   _flag(r)]
-        out.append({**dict(zip(HEADERS, values)), "label": r.method})
+        out.append({**dict(zip(API_KEYS, values)), "label": r.method})
     return out
 
 

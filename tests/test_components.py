@@ -272,7 +272,7 @@ def test_compare_api_records_keep_numbers_and_stable_names():
     assert [r["method"] for r in out] == ["target only", "sequoia-dynamic"]
     assert [r["label"] for r in out] == ["Target alone", "Sequoia (dynamic)"]
     assert out[1]["speedup"] == 2.0 and out[1]["tokens/s"] == 8.0 and out[1]["identical"] == "✓ identical"
-    assert set(compare_view.HEADERS) <= set(out[0])
+    assert set(compare_view.API_KEYS) <= set(out[0])
 
 
 def test_compare_figure_is_horizontal_and_grows_with_rows():
