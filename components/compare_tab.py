@@ -71,7 +71,7 @@ METHODS = (
     CompareMethod("HF prompt lookup", "hf prompt lookup", hf="hf-prompt-lookup"),
 )
 _BY_LABEL = {m.label: m for m in METHODS}
-#: Labels accepted from scripts besides the checkboxes' (the tab's earlier name of the target alone).
+#: Labels accepted from scripts besides the checkboxes' ("Target only": the request parser's alias too).
 _ALIASES = {"Target only": compare_view.REFERENCE}
 #: The API's method names by row label.
 API_KEYS = {m.label: m.key for m in METHODS}
@@ -80,15 +80,15 @@ API_KEYS = {m.label: m.key for m in METHODS}
 FULL_METHODS = ("Target alone", "llama.cpp target alone", "Chain", "SpecInfer", "Sequoia (budget & depth)",
                 "Sequoia (auto)", "Sequoia (dynamic)", "Sequoia + n-gram copies", "HF assisted", "HF prompt lookup")
 FULL_TOKENS = 64
-#: Ticked when the tab opens: a run a class can wait for on a 2-vCPU CPU (issue 37 asks for 90 s on an AVX2-only
-#: EPYC): the target alone, the llama.cpp reference where offered, the automatic methods and one fixed tree, on
-#: DEFAULT_TOKENS tokens.  The arithmetic from that machine's measured rates (64 tokens at T=0: target alone 1.19
-#: tokens/s on the Hugging Face runtime, 5.12 on llama.cpp; Sequoia 32/8 0.35x, the automatic methods 0.85x the
-#: target alone): on llama.cpp, the runtime that machine runs fastest, 32 tokens take 6.3 s alone, 7.4 s for each
-#: automatic method and 18 s for the 32/8 tree, 39 s with auto's profile and about 45 s with each row's 2-token
-#: warm-up (a prompt's forward each); the full run (9 rows, 64 tokens) took 853 s on the Hugging Face runtime.
-#: There the default is 32/1.19 = 27 s alone, + 6 s for the reference and 5 s to load it, + 2 x 32 s automatic,
-#: + 77 s for the tree: about 180 s, twice the goal; untick the fixed tree (or 16 tokens) for 90 s there.
+#: Ticked when the tab opens: a run a class can wait for on a 2-vCPU CPU (issue 37: 90 s on an AVX2-only EPYC,
+#: where the full run took 853 s): the target alone, the llama.cpp reference where offered, the automatic methods
+#: and one fixed tree, on DEFAULT_TOKENS tokens.  The arithmetic, from that machine's rates (T=0: target alone 1.19
+#: tokens/s on the Hugging Face runtime, 5.12 on llama.cpp) and the ratios this default measured on llama.cpp (a
+#: busy 2-vCPU Zen 4: Sequoia 32/8 0.17x the target alone, auto 0.63x, dynamic 1.04x; warm-ups and prefills 16%
+#: over the rows): on llama.cpp, the runtime that machine runs fastest, 32 tokens alone take 32/5.12 = 6.3 s, the
+#: 32/8 tree 37 s, auto 10 s, dynamic 6 s: 59 s, 69 s with warm-ups.  On the Hugging Face runtime the same rows
+#: take 27 s alone, 6 s on the reference (and its load), 32 s each automatic (0.85x), 77 s the tree (0.35x): about
+#: 180 s (about 100 s without the fixed tree).
 DEFAULT_METHODS = ("Target alone", "llama.cpp target alone", "Sequoia (budget & depth)", "Sequoia (auto)",
                    "Sequoia (dynamic)")
 DEFAULT_TOKENS = 32
@@ -333,7 +333,8 @@ def compare_api_fn(ctx: AppContext):
 
 
 HOW_TO_READ = """\
-Every method decodes the same prompt with the same seed, one after the other, timed by the bench's runner (prefill included, after a short warm-up).
+**Run comparison** runs a short default (the boxes ticked when the page opens, 32 tokens), **Full comparison** every method on 64 tokens (minutes on a CPU); each row shows as it finishes.
+Every method decodes the same prompt with the same seed, one after the other, timed by the bench's runner (prefill included, after a short warm-up of its own).
 **speedup** is tokens/s over the target alone; **tokens/call** is new tokens per target forward; **identical** says whether the text equals the target alone's (it must at temperature 0).
 Above 0 the texts differ run to run, but each is a sample from exactly the target's distribution.
 Three kinds of drafting: a draft model (Sequoia's trees, HF assisted), copies of n-grams already in the prompt or the text so far (n-gram copies only, HF prompt lookup: no draft cost, right where the answer quotes the input), and both in one tree (Sequoia + n-gram copies).
