@@ -83,12 +83,12 @@ FULL_TOKENS = 64
 #: Ticked when the tab opens: a run a class can wait for on a 2-vCPU CPU (issue 37: 90 s on an AVX2-only EPYC,
 #: where the full run took 853 s): the target alone, the llama.cpp reference where offered, the automatic methods
 #: and one fixed tree, on DEFAULT_TOKENS tokens.  The arithmetic, from that machine's rates (T=0: target alone 1.19
-#: tokens/s on the Hugging Face runtime, 5.12 on llama.cpp) and the ratios this default measured on llama.cpp (a
-#: busy 2-vCPU Zen 4: Sequoia 32/8 0.17x the target alone, auto 0.63x, dynamic 1.04x; warm-ups and prefills 16%
-#: over the rows): on llama.cpp, the runtime that machine runs fastest, 32 tokens alone take 32/5.12 = 6.3 s, the
-#: 32/8 tree 37 s, auto 10 s, dynamic 6 s: 59 s, 69 s with warm-ups.  On the Hugging Face runtime the same rows
-#: take 27 s alone, 6 s on the reference (and its load), 32 s each automatic (0.85x), 77 s the tree (0.35x): about
-#: 180 s (about 100 s without the fixed tree).
+#: tokens/s on the Hugging Face runtime, 5.12 on llama.cpp) and the ratios this default measured on llama.cpp (one
+#: thread, CPU-time clocks, a busy 2-vCPU Zen 4: Sequoia 32/8 0.31x the target alone, auto 1.01x, dynamic 1.00x;
+#: the whole run 37% over its rows' sum: warm-ups, the tree's DP): on llama.cpp, the runtime that machine runs
+#: fastest, 32 tokens take 32/5.12 = 6.3 s alone, 20 s on the 32/8 tree, 6.3 s each automatic method: 39 s, 53 s in
+#: all.  On the Hugging Face runtime the same rows take 27 s alone, 6 s on the reference (and its load), 32 s each
+#: automatic method (0.85x there), 77 s the tree (0.35x): about 180 s (about 100 s without the fixed tree).
 DEFAULT_METHODS = ("Target alone", "llama.cpp target alone", "Sequoia (budget & depth)", "Sequoia (auto)",
                    "Sequoia (dynamic)")
 DEFAULT_TOKENS = 32
