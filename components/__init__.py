@@ -50,6 +50,9 @@ METHOD_COLORS = {
     "hf prompt lookup": "#1f3b8c",
     "hf-prompt-lookup": "#1f3b8c",
     "llama.cpp target only": "#b15928",   # the same target alone on llama.cpp (Compare's reference row)
+    "llama.cpp target alone": "#b15928",
+    "sequoia + n-gram copies": "#d81b60",   # Compare's rows, named as its checkboxes
+    "n-gram copies only": "#e6ab02",
 }
 
 

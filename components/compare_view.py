@@ -21,15 +21,22 @@ from sequoia.core.trace import StepRecord
 from . import method_color
 from .divergence_view import near_tie_wording
 
-REFERENCE = "target only"
+#: The rows are named as the tab's checkboxes name the methods (one vocabulary on the page).
+REFERENCE = "Target alone"
 #: The row of the same target alone on llama.cpp (its shipped GGUF): a speed reference on other kernels, whose
 #: output is never flagged identical or different (greedy ties can break otherwise there).
-LLAMACPP_REFERENCE = "llama.cpp target only"
-HEADERS = ["method", "tokens", "latency (s)", "first token (s)", "tokens/s", "target calls", "tokens/call", "speedup",
-           "identical"]
-#: Widths of those columns: the whole table fits a 1,280 px window beside the controls, and the identical column
-#: has room for "identical up to a kernel near-tie at token N" on two lines.
-COLUMN_WIDTHS = ["15%", "7%", "8%", "8%", "9%", "8%", "8%", "9%", "28%"]
+LLAMACPP_REFERENCE = "llama.cpp target alone"
+#: The table's headers: spaces where a narrow column may wrap (the words themselves never break).
+HEADERS = ["method", "tokens", "latency (s)", "first token (s)", "tokens / s", "target calls", "tokens / call",
+           "speedup", "identical"]
+#: The same columns' keys in the /compare API's objects.
+API_KEYS = ["method", "tokens", "latency (s)", "first token (s)", "tokens/s", "target calls", "tokens/call",
+            "speedup", "identical"]
+#: Widths of those columns in px: 790 in all, what a 1,280 px window leaves beside the controls; each column has
+#: room for its longest word in bold (assets/studio.css keeps words whole), the identical column for "identical
+#: up to a kernel near-tie at token N (certify: exact mode)" on a few lines.  A narrower window scrolls the table
+#: sideways rather than breaking a word.
+COLUMN_WIDTHS = [146, 70, 74, 66, 70, 66, 70, 84, 144]
 
 
 @dataclass(frozen=True)
@@ -110,18 +117,39 @@ def reference_note(rows: Sequence[CompareRow], reference: str = REFERENCE) -> st
     fastest = max(rows, key=lambda r: r.tokens_per_s)
     best = ("the fastest row here" if fastest is row else
             f"{fastest.method} is {fastest.tokens_per_s / row.tokens_per_s:.2f}x it" if row.tokens_per_s else "")
-    vs = f", {ratio:.2f}x {reference}" if ratio is not None else ""
+    vs = f", {ratio:.2f}x the {reference.lower()}" if ratio is not None else ""
     return (f"**{LLAMACPP_REFERENCE}**: the same target alone on llama.cpp, as its shipped Q4_K_M GGUF (what a "
-            f"CPU user would run instead): {row.tokens_per_s:.1f} tokens/s{vs}; {best}. Its kernels round "
+            f"CPU user would run instead): {number(row.tokens_per_s)} tokens/s{vs}; {best}. Its kernels round "
             "differently, so its text is not compared token for token.")
 
 
+def number(x: float) -> str:
+    """``x`` to about three significant digits and never more than two decimals ("853", "53.7", "5.12", "0.35"):
+    enough to rank methods whose timings vary by a few percent run to run, short enough to stay on one line."""
+    if abs(x) >= 100:
+        return f"{x:.0f}"
+    return f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
+
+
+#: The bar panels: title (short: four sit side by side in 600 px), the value of a row, and how its label reads.
+_PANELS = (
+    ("latency (s)", lambda r, s: r.seconds, number),
+    ("tokens / s", lambda r, s: r.tokens_per_s, number),
+    ("tokens / target call", lambda r, s: r.tokens_per_call or 0.0, number),
+    ("speedup", lambda r, s: s or 0.0, lambda y: f"{y:.2f}×"),
+)
+#: Height of one bar's row in the figure (px): the names and labels stay legible as rows are added.
+BAR_ROW_PX = 30
+
+
 def figure(rows: Sequence[CompareRow], reference: str = REFERENCE, title: str = "") -> go.Figure:
-    """Four bar panels, one bar per method; hover shows the identical-output flag."""
-    fig = make_subplots(rows=1, cols=4, subplot_titles=(
-        "latency (s)", "tokens / s", "tokens per target call", f"speedup vs {reference}"))
-    fig.update_layout(height=380, showlegend=False, margin=dict(l=40, r=20, t=60, b=80),
-                      plot_bgcolor="white", title=dict(text=title, x=0.01))
+    """Four panels of horizontal bars, one bar per method (top: the first row), its value written beside it;
+    the method names once, on the left (horizontal bars: long names never overlap, however many rows).  Hover
+    shows the identical-output flag."""
+    fig = make_subplots(rows=1, cols=4, shared_yaxes=True, horizontal_spacing=0.03,
+                        subplot_titles=[t if t != "speedup" else f"× {reference.lower()}" for t, _, _ in _PANELS])
+    fig.update_layout(height=110 + BAR_ROW_PX * max(len(rows), 3), showlegend=False, plot_bgcolor="white",
+                      margin=dict(l=10, r=10, t=60, b=30), title=dict(text=title, x=0.01), font=dict(size=13))
     if not rows:
         fig.add_annotation(text="no runs yet", x=0.5, y=0.5, xref="paper", yref="paper",
                            showarrow=False, font=dict(size=16, color="#888"))
@@ -129,34 +157,66 @@ def figure(rows: Sequence[CompareRow], reference: str = REFERENCE, title: str = 
     names = [r.method for r in rows]
     colors = [method_color(n) for n in names]
     flags = [_flag(r) for r in rows]
-    series = (
-        [r.seconds for r in rows],
-        [r.tokens_per_s for r in rows],
-        [r.tokens_per_call or 0.0 for r in rows],
-        [s or 0.0 for s in speedups(rows, reference)],
-    )
-    fmts = ("{:.2f}", "{:.1f}", "{:.2f}", "{:.2f}×")
-    for col, (ys, fmt) in enumerate(zip(series, fmts), start=1):
+    ratios = speedups(rows, reference)
+    for col, (_, value, fmt) in enumerate(_PANELS, start=1):
+        xs = [value(r, s) for r, s in zip(rows, ratios)]
         fig.add_trace(go.Bar(
-            x=names, y=ys, marker_color=colors, text=[fmt.format(y) for y in ys], textposition="auto",
-            customdata=flags, hovertemplate="%{x}: %{y:.3f}<br>%{customdata}<extra></extra>",
+            y=names, x=xs, orientation="h", marker_color=colors, text=[fmt(x) for x in xs], textposition="outside",
+            cliponaxis=False, customdata=flags, hovertemplate="%{y}: %{x:.3f}<br>%{customdata}<extra></extra>",
         ), row=1, col=col)
-    fig.add_hline(y=1.0, line_dash="dot", line_color="#555", row=1, col=4)
-    fig.update_xaxes(tickangle=-30)
-    fig.update_yaxes(gridcolor="#eee")
+        # Room right of the longest bar for its label, which is drawn outside the bar.
+        fig.update_xaxes(range=[0, max(max(xs), 1e-9) * 1.45], row=1, col=col)
+    fig.add_vline(x=1.0, line_dash="dot", line_color="#555", row=1, col=4)
+    fig.update_xaxes(gridcolor="#eee", showticklabels=False)
+    fig.update_yaxes(autorange="reversed", automargin=True)
     return fig
 
 
 def table(rows: Sequence[CompareRow], reference: str = REFERENCE) -> list[list]:
-    """Rows for a table under :data:`HEADERS` (numbers rounded for display)."""
+    """Rows for the page's table under :data:`HEADERS`, numbers as short text (:func:`number`)."""
     out = []
     for r, s in zip(rows, speedups(rows, reference)):
         per_call = r.tokens_per_call
         out.append([
-            r.method, r.tokens, round(r.seconds, 3),
-            round(r.first_token_s, 3) if r.first_token_s is not None else "–", round(r.tokens_per_s, 2),
+            r.method, r.tokens, number(r.seconds),
+            number(r.first_token_s) if r.first_token_s is not None else "–", number(r.tokens_per_s),
             r.target_calls if r.target_calls is not None else "–",
-            round(per_call, 2) if per_call is not None else "–",
-            round(s, 2) if s is not None else "–", _flag(r),
+            number(per_call) if per_call is not None else "–",
+            f"{s:.2f}×" if s is not None else "–", _flag(r),
         ])
     return out
+
+
+def records(rows: Sequence[CompareRow], keys: dict[str, str], reference: str = REFERENCE) -> list[dict]:
+    """One dict per row for the ``/compare`` API: keys :data:`API_KEYS`, numbers as numbers (rounded to the
+    millisecond or the hundredth); ``method`` is ``keys[row label]`` (the API's stable method names) and
+    ``label`` the page's name."""
+    out = []
+    for r, s in zip(rows, speedups(rows, reference)):
+        per_call = r.tokens_per_call
+        values = [keys.get(r.method, r.method), r.tokens, round(r.seconds, 3),
+                  round(r.first_token_s, 3) if r.first_token_s is not None else "–", round(r.tokens_per_s, 2),
+                  r.target_calls if r.target_calls is not None else "–",
+                  round(per_call, 2) if per_call is not None else "–", round(s, 2) if s is not None else "–",
+                  _flag(r)]
+        out.append({**dict(zip(API_KEYS, values)), "label": r.method})
+    return out
+
+
+def progress(phase: str, method: str = "", row: int = 0, total: int = 0, tokens: int | None = None,
+             max_tokens: int = 0) -> str:
+    """The line above the notes while a comparison runs, one wording per phase so that loading is never read as
+    running: "loading" (``method``: what loads, on its first use), "warming" (``method``'s untimed warm-up before
+    its row), "running" (row ``row`` of ``total``, ``tokens`` of ``max_tokens`` so far; None: a run that reports
+    no steps, as Hugging Face generate)."""
+    if phase == "loading":
+        return f"*Loading {method} (first use only: its row runs next)…*"
+    where = f"row {row} of {total}"
+    if phase == "warming":
+        return f"*Warming up **{method}** (untimed, a few tokens), then running it: {where}…*"
+    if phase == "running" and tokens is None:
+        return f"*Running **{method}**, {where}…*"
+    if phase == "running":
+        done = f"{tokens} of {max_tokens} tokens" if max_tokens else f"{tokens} tokens"
+        return f"*Running **{method}**, {where}: {done} so far…*"
+    raise ValueError(f"phase: unknown phase {phase!r}")

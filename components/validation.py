@@ -172,8 +172,9 @@ def validators(ctx: AppContext) -> dict[str, Callable[..., list[dict]]]:
     def dp(acceptance, budget=32, depth=8):
         return answer(INPUT_FIELDS["dp"], lambda: dp_request(ctx.lanes.dp_requests, acceptance, budget, depth))
 
+    stream = compare_handler(compare_stream, COMPARE_METHOD)
     return {"decode": api_signature(decode, list), "decode_stream": page_handler(decode_stream), "compare": compare,
-            "compare_stream": compare_handler(compare_stream, COMPARE_METHOD), "dp": dp}
+            "compare_stream": stream, "compare_full": stream, "dp": dp}   # compare_full: Compare's full run
 
 
 def attach_validators(demo: gr.Blocks, ctx: AppContext) -> list[str]:

@@ -62,9 +62,7 @@ def steps(ctx: AppContext, tokens: int) -> list[tuple[str, Callable[[], object]]
     label = DEFAULT_ACCEPTANCE_LABEL
     live = DecodeInputs(PROMPT, live_tab.DEFAULT_METHOD, 32, 8, 0.0, 1.0, tokens, 0, True, label)
     compare = DecodeInputs(PROMPT, "", 32, 8, 0.0, 1.0, tokens, 0, True, label)
-    methods = [m for m in compare_tab.DEFAULT_METHODS if m in compare_tab.offered(ctx)]
-    if ctx.offers_reference and "llama.cpp target alone" not in methods:
-        methods.append("llama.cpp target alone")
+    methods = compare_tab.ticked(ctx, full=True)   # every method of the full run, the reference where offered
     return [
         ("live", lambda: drain(live_tab.decode_stream(ctx, live))),
         ("live exact", lambda: drain(live_tab.decode_stream(ctx.exact_context(), live))),

@@ -187,7 +187,7 @@ def test_compare_identical_at_greedy(ctx):
     seen = []
     rows, notes = compare_tab.run_comparison(ctx, "x = 1", 8, 3, 0.0, 1.0, 10, 0,
                                              progress=lambda f, desc: seen.append(f))
-    assert [r.method for r in rows][:4] == ["target only", "chain", "specinfer", "sequoia"]
+    assert [r.method for r in rows][:4] == ["Target alone", "Chain", "SpecInfer", "Sequoia (budget & depth)"]
     assert all(r.identical for r in rows)
     assert all(0 < r.first_token_s <= r.seconds for r in rows)   # every row, HF ones included, times it
     assert seen[0] == 0 and seen[-1] == 1.0
@@ -200,8 +200,14 @@ def test_compare_streams_rows_and_stops(ctx, monkeypatch):
     outs = list(compare_tab.on_compare(ctx, DecodeInputs("x = 1", "", 8, 3, max_new_tokens=6, acceptance=CODE),
                                       picked))
     tables = [o[1] for o in outs if not isinstance(o[1], type(gr.skip()))]
-    assert [len(t) for t in tables] == [0, 1, 2, 3, 4]  # the table grows one method at a time
-    assert "Running" in outs[1][2] and "Identical at T=0" in outs[-1][2]
+    assert [len(t) for t in tables] == [0, 1, 2, 3, 4]  # cleared, then one method at a time, as each finishes
+    lines = [o[2] for o in outs]
+    assert lines[0].startswith("*Warming up **Target alone**") and "row 1 of 4" in lines[0]
+    assert any(line.startswith("*Running **Chain**, row 2 of 4: ") for line in lines)
+    assert "Identical at T=0" in lines[-1]
+    # the table shows Target alone's row while Chain warms up: each row appears as it finishes
+    first = next(i for i, o in enumerate(outs) if isinstance(o[1], list) and o[1])
+    assert "Target alone" == outs[first][1][0][0] and "row 2 of 4" in outs[first][2]
     closed, real = [], compare_tab.iter_run
 
     def spy(*args):
@@ -222,7 +228,8 @@ def test_compare_streams_rows_and_stops(ctx, monkeypatch):
 def test_compare_api_rows(ctx):
     rows = asyncio.run(compare_tab.compare_api_fn(ctx)("x", 4, 2, 0.0, 1.0, 4, 0, False))
     assert [r["method"] for r in rows] == ["target only", "chain", "specinfer", "sequoia", "sequoia-dynamic",
-                                            "sequoia-ngram"]
+                                            "sequoia-ngram"]   # the API's names, stable; the page's as labels
+    assert rows[4]["label"] == "Sequoia (dynamic)" and isinstance(rows[0]["latency (s)"], float)
     assert all(r["identical"] == "✓ identical" for r in rows)
 
 
@@ -231,13 +238,14 @@ def test_compare_runs_all_three_kinds_of_drafting(ctx):
     picked = ["HF prompt lookup", "n-gram copies only", "Sequoia + n-gram copies"]
     prompt = "a b c a b c a b c a b"  # repeats: the context holds n-gram matches to copy
     rows, notes = compare_tab.run_comparison(ctx, prompt, 8, 3, 0.0, 1.0, 10, 0, methods=picked)
-    assert [r.method for r in rows] == ["target only", "sequoia-ngram", "ngram", "hf prompt lookup"] and not notes
+    assert [r.method for r in rows] == ["Target alone", "Sequoia + n-gram copies", "n-gram copies only",
+                                        "HF prompt lookup"] and not notes
     assert all(r.identical for r in rows) and all(r.tokens == 10 for r in rows)
-    assert set(compare_tab.offered(ctx)) >= set(picked) and set(compare_tab.DEFAULT_METHODS) <= {
-        m.label for m in compare_tab.METHODS}
+    assert set(compare_tab.offered(ctx)) >= set(picked) and set(compare_tab.FULL_METHODS) <= {
+        m.label for m in compare_tab.METHODS} and set(compare_tab.DEFAULT_METHODS) <= set(compare_tab.FULL_METHODS)
     with pytest.raises(ValueError, match="unknown method"):
         compare_tab.choose_methods(ctx, ["Medusa"])
-    assert [m.row for m in compare_tab.choose_methods(ctx, picked, include_hf=False)] == [
+    assert [m.key for m in compare_tab.choose_methods(ctx, picked, include_hf=False)] == [
         "target only", "sequoia-ngram", "ngram"]
 
 

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import pytest
 
 import app
-from components import dp_tab, live_tab
+from components import compare_tab, dp_tab, live_tab
 from sequoia.core.sglang_family import best_launch
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -415,3 +415,146 @@ def test_compare_reads_a_kernel_near_tie_as_identical(tie_server, browser_contex
         sync_api.expect(page.locator("#sq-compare-table")).not_to_contain_text("✗ differs")
     finally:
         page.close()
+
+
+# ------------------------------------------------------------------ Compare, issue 37: a run a class can wait for
+COMPARE_VIEWPORT = {"width": 1280, "height": 720}   # a laptop, or a projector's usual mode
+
+#: (table root) -> one entry per header and cell whose text is clipped by its box or breaks inside a word: each
+#: word's line boxes (a Range over it) must all sit on one line.
+_BROKEN_CELLS_JS = """(root) => {
+  const bad = [];
+  for (const span of root.querySelectorAll("span.text")) {
+    const text = span.textContent.trim();
+    if (!text) continue;
+    const broken = [];
+    const walker = document.createTreeWalker(span, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      for (const m of node.data.matchAll(/\\S+/g)) {
+        const range = document.createRange();
+        range.setStart(node, m.index);
+        range.setEnd(node, m.index + m[0].length);
+        const tops = new Set([...range.getClientRects()].filter(r => r.width > 0).map(r => Math.round(r.top)));
+        if (tops.size > 1) broken.push(m[0]);
+      }
+    }
+    if (broken.length || span.scrollWidth > span.clientWidth + 1) bad.push(`${text}: ${broken.join(" ") || "clipped"}`);
+  }
+  return bad;
+}"""
+#: (table root) -> the rows its own scroll area hides (drawn outside the area's visible box), and the rows drawn.
+_HIDDEN_ROWS_JS = """(root) => {
+  const area = root.querySelector(".virtual-table-viewport").getBoundingClientRect();
+  const rows = [...root.querySelectorAll(".virtual-row")];
+  const hidden = rows.filter(r => { const b = r.getBoundingClientRect(); return b.top < area.top - 1 ||
+                                    b.bottom > area.bottom + 1; }).map(r => r.textContent.trim().slice(0, 30));
+  return {hidden, drawn: rows.length};
+}"""
+#: (plot root) -> pairs of texts of the figure (bar labels, tick labels, panel titles) whose boxes overlap.
+_OVERLAPS_JS = """(root) => {
+  const texts = [...root.querySelectorAll(".bartext, .ytick text, .xtick text, .annotation-text, .gtitle")]
+    .map(e => [e.textContent, e.getBoundingClientRect()]).filter(([t, b]) => t && b.width > 0);
+  const out = [];
+  for (let i = 0; i < texts.length; i++)
+    for (let j = i + 1; j < texts.length; j++) {
+      const [a, p] = texts[i], [b, q] = texts[j];
+      const w = Math.min(p.right, q.right) - Math.max(p.left, q.left);
+      const h = Math.min(p.bottom, q.bottom) - Math.max(p.top, q.top);
+      if (w > 1 && h > 1) out.push(`${a} / ${b}`);
+    }
+  return out;
+}"""
+
+
+@pytest.fixture(scope="module")
+def compare_server(tiny_app_pair, tiny_target, tmp_path_factory, lanes):
+    """The app with Compare's llama.cpp reference (the tiny target as a GGUF); ``gate`` holds its load."""
+    pytest.importorskip("llama_cpp")
+    from llamacpp_fixtures import write_tiny_gguf
+
+    from sequoia.runners.llamacpp import LlamaCppOptions, load_llamacpp_runner
+
+    gguf = write_tiny_gguf(tmp_path_factory.mktemp("ref") / "tiny-target.gguf", tiny_target)
+    gate = threading.Event()
+    gate.set()
+
+    def loader(pair, progress):
+        assert gate.wait(60)
+        return load_llamacpp_runner(gguf, LlamaCppOptions(n_threads=1, n_ctx=512), name="tiny-target (f32)")
+
+    demo = app.build_demo(tiny_app_pair, assets_dir=tmp_path_factory.mktemp("assets-ref"), max_budget=24,
+                          lanes=lanes, reference_loader=loader)
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True,
+                            quiet=True, css_paths=[app.CSS_PATH])
+    yield SimpleNamespace(url=url, gate=gate, ctx=demo.sequoia_context)
+    demo.close()
+
+
+@pytest.fixture()
+def compare_page(compare_server, browser_context):
+    page = browser_context.new_page()
+    page.set_viewport_size(COMPARE_VIEWPORT)
+    page.goto(compare_server.url, wait_until="domcontentloaded")
+    page.get_by_role("tab", name="Compare").click()
+    yield page
+    page.close()
+
+
+def _compare_rows(page) -> list[str]:
+    return [c.strip() for c in page.locator("#sq-compare-table .virtual-row .first-column").all_text_contents()]
+
+
+def _hold_a_row(monkeypatch, key: str, hold: threading.Event) -> None:
+    """Compare's run of the method ``key`` (its API name) waits for ``hold`` before its first step."""
+    real = compare_tab.iter_run
+
+    def held(engine, pair, method, *args):
+        if method == key:
+            assert hold.wait(60)
+        return (yield from real(engine, pair, method, *args))
+
+    monkeypatch.setattr(compare_tab, "iter_run", held)
+
+
+def test_compare_says_loading_apart_from_running_and_shows_rows_as_they_finish(compare_server, compare_page,
+                                                                                monkeypatch):
+    page, notes = compare_page, compare_page.locator("#sq-compare-notes")
+    compare_server.ctx.extras.free("reference")   # its load is what this test watches
+    compare_server.gate.clear()
+    hold = threading.Event()
+    _hold_a_row(monkeypatch, "sequoia", hold)
+    try:
+        page.get_by_role("button", name="Run comparison", exact=True).click()
+        sync_api.expect(notes).to_contain_text("Loading the llama.cpp reference")
+        assert " of " not in notes.text_content()               # loading is not "row 2 of 4"
+        assert _compare_rows(page) == ["Target alone"]            # the first row shows before the next one loads
+        compare_server.gate.set()
+        sync_api.expect(notes).to_contain_text("Running Sequoia (budget & depth), row 3 of 4")
+        assert _compare_rows(page) == ["Target alone", "llama.cpp target alone"]
+    finally:
+        compare_server.gate.set()
+        hold.set()
+    sync_api.expect(notes).to_contain_text("Identical at T=0")
+    assert _compare_rows(page) == ["Target alone", "llama.cpp target alone", "Sequoia (budget & depth)",
+                                   "Sequoia (dynamic)"]
+
+
+def test_compare_full_run_reads_at_1280x720(compare_page, tmp_path):
+    page = compare_page
+    page.get_by_role("button", name=re.compile("^Full comparison")).click()
+    sync_api.expect(page.locator("#sq-compare-notes")).to_contain_text("Identical at T=0", timeout=300_000)
+    boxes = page.locator("#sq-compare-methods label")
+    ticked = [boxes.nth(i).text_content().strip() for i in range(boxes.count())
+              if boxes.nth(i).locator("input").is_checked()]
+    assert len(ticked) == 9 and "Sequoia (dynamic)" in ticked    # every method of the full run (auto: no profile)
+    assert page.get_by_label(re.compile(r"^max new tokens")).last.input_value() == str(compare_tab.FULL_TOKENS)
+    table = page.locator("#sq-compare-table")
+    rows = _compare_rows(page)
+    assert rows == ticked                                               # the rows named as the checkboxes
+    page.wait_for_timeout(500)   # the last frame's layout
+    assert table.evaluate(_BROKEN_CELLS_JS) == []                       # "toke ns", "laten cy (s)", "53.72 5"
+    assert table.evaluate(_HIDDEN_ROWS_JS) == {"hidden": [], "drawn": len(rows)}
+    plot = page.locator("#sq-compare-bars")
+    assert plot.locator(".bartext").count() == 4 * len(rows)
+    assert plot.evaluate(_OVERLAPS_JS) == []
+    _screenshot(page, tmp_path, "compare-full-1280x720")

@@ -40,18 +40,25 @@ def ctx(tiny_app_pair, gguf, tmp_path):
 def test_reference_row_runs_the_target_alone_on_llamacpp(ctx):
     assert "llama.cpp target alone" in compare_tab.offered(ctx)
     assert "llama.cpp target alone" in compare_tab.DEFAULT_METHODS
-    rows, notes = compare_tab.run_comparison(ctx, "x = 1", 8, 3, 0.0, 1.0, 10, 0, methods=PICKED)
-    assert [r.method for r in rows] == ["target only", "chain", "sequoia", compare_view.LLAMACPP_REFERENCE]
-    ref = rows[-1]
+    assert compare_tab.ticked(ctx)[:2] == ["Target alone", "llama.cpp target alone"]
+    lines = []
+    rows, notes = compare_tab.run_comparison(ctx, "x = 1", 8, 3, 0.0, 1.0, 10, 0, methods=PICKED,
+                                             progress=lambda f, desc: lines.append(desc))
+    assert [r.method for r in rows] == ["Target alone", compare_view.LLAMACPP_REFERENCE, "Chain",
+                                        "Sequoia (budget & depth)"]
+    # loading is said apart from running, and comes when the reference's row does (after the first row)
+    loading = [i for i, line in enumerate(lines) if line.startswith("*Loading the llama.cpp reference")]
+    assert len(loading) == 1 and "row 1 of 4" in lines[loading[0] - 1] and "row 2 of 4" in lines[loading[0] + 1]
+    ref = rows[1]
     assert ref.tokens == 10 and ref.seconds > 0 and ref.identical is None   # other kernels: never flagged
-    assert all(r.identical for r in rows[:-1])
+    assert all(r.identical for r in rows if r is not ref)
     assert ctx.reference_context().pair().target.info.runtime == "llamacpp"
     rows2, _ = compare_tab.run_comparison(ctx, "y = 2", 8, 3, 0.0, 1.0, 4, 0, methods=PICKED)
     assert ctx.loads == ["tiny-target"]   # loaded on first use, then kept
     md = compare_tab._notes_markdown(rows, notes, 0.0)
     assert "reproduce the target-only output" in md and "tokens/s" in md and "shipped Q4_K_M GGUF" in md
     table = compare_view.table(rows)
-    assert table[-1][-1] == "– other kernels"
+    assert table[1][-1] == "– other kernels"
 
 
 def test_no_reference_row_without_a_loader_or_in_exact_mode(ctx, tiny_app_pair, tmp_path):
@@ -83,5 +90,5 @@ def test_a_reference_that_cannot_load_costs_its_row_only(tiny_app_pair, tmp_path
 
     ctx = AppContext.from_pair_or_loader(tiny_app_pair, assets_dir=tmp_path, reference_loader=broken)
     rows, notes = compare_tab.run_comparison(ctx, "x = 1", 8, 3, 0.0, 1.0, 4, 0, methods=PICKED)
-    assert [r.method for r in rows] == ["target only", "chain", "sequoia"]
+    assert [r.method for r in rows] == ["Target alone", "Chain", "Sequoia (budget & depth)"]
     assert notes == ["llama.cpp target alone was not run: no GGUF file at /nowhere/target.gguf"]

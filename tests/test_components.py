@@ -239,23 +239,23 @@ def test_sglang_views_show_the_launch_beside_the_sequoia_tree():
 # ------------------------------------------------------------------ compare view
 def test_compare_rows_flags_and_figure():
     run = _run()
-    rows = [compare_view.row_from_records("target only", run, seconds=2.0),
-            compare_view.row_from_records("sequoia", run, seconds=1.0),
-            compare_view.CompareRow("hf assisted", tokens=8, seconds=1.6, token_ids=(1, 2))]
+    rows = [compare_view.row_from_records("Target alone", run, seconds=2.0),
+            compare_view.row_from_records("Sequoia (budget & depth)", run, seconds=1.0),
+            compare_view.CompareRow("HF assisted", tokens=8, seconds=1.6, token_ids=(1, 2))]
     rows = compare_view.mark_identical(rows)
     assert [r.identical for r in rows] == [True, True, False]
     assert compare_view.speedups(rows) == [1.0, 2.0, 1.25]
     tab = compare_view.table(rows)
     assert len(tab[0]) == len(compare_view.HEADERS)
     assert tab[1][-1] == "✓ identical" and tab[2][-1] == "✗ differs" and tab[2][5] == "–"
-    assert "✗ differs for hf assisted" in compare_view.verdict(rows)
-    tied = compare_view.mark_near_ties(rows, {"hf assisted": 50})
+    assert "✗ differs for HF assisted" in compare_view.verdict(rows)
+    tied = compare_view.mark_near_ties(rows, {"HF assisted": 50})
     assert compare_view.table(tied)[2][-1] == "≈ identical up to a kernel near-tie at token 50 (certify: exact mode)"
     assert "differs" not in compare_view.verdict(tied) and "1 of them up to a kernel near-tie" in compare_view.verdict(tied)
     assert tab[0][3] == "–" and tab[2][3] == "–"   # no first-token time given (the tab takes it from RunResult)
     fig = compare_view.figure(rows)
-    assert len(fig.data) == 4 and list(fig.data[3].y) == [1.0, 2.0, 1.25]
-    assert list(fig.data[2].y)[:2] == [pytest.approx(8 / 3)] * 2
+    assert len(fig.data) == 4 and list(fig.data[3].x) == [1.0, 2.0, 1.25]
+    assert list(fig.data[2].x)[:2] == [pytest.approx(8 / 3)] * 2
 
 
 def test_compare_without_reference():
@@ -263,6 +263,51 @@ def test_compare_without_reference():
     assert compare_view.mark_identical(rows)[0].identical is None
     assert compare_view.table(rows)[0][7] == "–"
     assert len(compare_view.figure([]).data) == 0
+
+
+def test_compare_numbers_are_short_and_whole():
+    """About three significant digits, never a long tail ("53.725" broke across lines on a projector)."""
+    assert [compare_view.number(x) for x in (853.4, 53.725, 5.1249, 0.354, 0.0, 120.0)] == [
+        "853", "53.7", "5.12", "0.35", "0.00", "120"]
+    rows = compare_view.mark_identical([compare_view.CompareRow("Target alone", 64, 53.725, 64, (1,), first_token_s=20.512),
+                                        compare_view.CompareRow("Sequoia (dynamic)", 64, 63.2, 64, (1,), first_token_s=20.1)])
+    tab = compare_view.table(rows)
+    assert tab[0][:8] == ["Target alone", 64, "53.7", "20.5", "1.19", 64, "1.00", "1.00×"]
+    assert tab[1][7] == "0.85×"
+    assert all(" " not in str(v) for row in tab for v in row[1:8])   # numbers never break at a space either
+
+
+def test_compare_api_records_keep_numbers_and_stable_names():
+    rows = compare_view.mark_identical([compare_view.CompareRow("Target alone", 8, 2.0, 8, (1,), first_token_s=0.5),
+                                        compare_view.CompareRow("Sequoia (dynamic)", 8, 1.0, 4, (1,), first_token_s=0.5)])
+    out = compare_view.records(rows, {"Target alone": "target only", "Sequoia (dynamic)": "sequoia-dynamic"})
+    assert [r["method"] for r in out] == ["target only", "sequoia-dynamic"]
+    assert [r["label"] for r in out] == ["Target alone", "Sequoia (dynamic)"]
+    assert out[1]["speedup"] == 2.0 and out[1]["tokens/s"] == 8.0 and out[1]["identical"] == "✓ identical"
+    assert set(compare_view.API_KEYS) <= set(out[0])
+
+
+def test_compare_figure_is_horizontal_and_grows_with_rows():
+    """Names on one axis, once (horizontal bars never overlap their labels), values written outside the bars."""
+    rows = [compare_view.CompareRow(name, 8, 1.0 + i) for i, name in enumerate(
+        ["Target alone", "llama.cpp target alone", "Sequoia + n-gram copies", "HF prompt lookup"])]
+    fig = compare_view.figure(rows)
+    assert all(t.orientation == "h" and t.textposition == "outside" for t in fig.data)
+    assert list(fig.data[0].y) == [r.method for r in rows] and fig.data[0].text[1] == "2.00"
+    assert fig.layout.yaxis.autorange == "reversed"     # the first row on top, as in the table
+    more = compare_view.figure(rows * 3)
+    assert more.layout.height - fig.layout.height == 8 * compare_view.BAR_ROW_PX
+
+
+def test_compare_progress_says_loading_apart_from_running():
+    loading = compare_view.progress("loading", "the llama.cpp reference")
+    assert loading.startswith("*Loading the llama.cpp reference") and " of " not in loading
+    assert "Warming up **Chain**" in compare_view.progress("warming", "Chain", 2, 5)
+    running = compare_view.progress("running", "Sequoia (dynamic)", 3, 5, 12, 32)
+    assert "Running **Sequoia (dynamic)**, row 3 of 5: 12 of 32 tokens" in running
+    assert compare_view.progress("running", "HF assisted", 5, 5, None, 32) == "*Running **HF assisted**, row 5 of 5…*"
+    with pytest.raises(ValueError, match="phase"):
+        compare_view.progress("thinking")
 
 
 # ------------------------------------------------------------------ hardware view

@@ -126,7 +126,7 @@ def test_a_refused_reference_costs_its_row_only(low_precision_pair, tmp_path):
     ctx = make_ctx(low_precision_pair, tmp_path, FakeMachine(13.5), cap_gb=14.0)
     picked = ["Chain", "llama.cpp target alone"]
     rows, notes = compare_tab.run_comparison(ctx, "x = 1", 8, 3, 0.0, 1.0, 4, 0, methods=picked)
-    assert [r.method for r in rows] == ["target only", "chain"]
+    assert [r.method for r in rows] == ["Target alone", "Chain"]
     assert "llama.cpp target alone was not run: not enough memory for the llama.cpp reference target" in notes[0]
 
 

@@ -125,7 +125,7 @@ def test_validators_refuse_bad_requests_with_the_handlers_message(ctx, demo):
     assert invalid(checks["dp"]("0.9, 0.9", 8, 3)) == [0]
     guarded = {fn.api_name for fn in demo.fns.values() if fn.validator is not None}
     assert invalid(checks["compare_stream"]("x", 8, 3, 0.0, 1.0, 100000, 0, CODE, True, False)) == [5]
-    assert {"decode", "decode_stream", "compare", "compare_stream", "dp"} <= guarded
+    assert {"decode", "decode_stream", "compare", "compare_stream", "compare_full", "dp"} <= guarded
 
 
 def test_server_wide_profile_is_refused_without_the_owner_switch(ctx):
