@@ -128,3 +128,14 @@ def _first_call(runner: GraphRunner) -> None:
             runner.call(zeros, zeros, torch.zeros(1, 1, 1, MIN_WINDOW, dtype=runner.dtype, device=dev))
     except Exception as exc:   # noqa: BLE001 - any compile failure: the model's own forward runs instead
         runner.uncompile(exc)
+
+
+def warm_up_pair(draft, target, progress: ProgressFn | None = None, trees: Sequence[Tree] = ()) -> None:
+    """:func:`warm_up` each graph runner of a pair (the draft with the programs of ``trees``) before serving;
+    runners of other kinds are left as they are."""
+    report = progress or (lambda frac, desc: None)
+    vocab = min(int(draft.vocab_size), int(target.vocab_size))   # the drafter's q covers the shared vocabulary
+    if isinstance(target, GraphRunner):
+        warm_up(target, lambda f, d: report(0.5 * f, d))
+    if isinstance(draft, GraphRunner):
+        warm_up(draft, lambda f, d: report(0.5 + 0.5 * f, d), trees=trees, vocab=vocab)
