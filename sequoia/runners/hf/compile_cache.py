@@ -49,7 +49,7 @@ class CompileKey:
     def slug(self) -> str:
         """A file name of the key: safe characters only."""
         text = f"torch-{self.torch}_triton-{self.triton}_{self.gpu}_{self.capability}"
-        return re.sub(r"[^A-Za-z0-9.+-]+", "-", text).strip("-")
+        return re.sub(r"[^A-Za-z0-9._+-]+", "-", text).strip("-")
 
 
 def triton_version() -> str | None:
