@@ -17,7 +17,7 @@ from sequoia.core.config import GenerationConfig, SamplingConfig
 from sequoia.core.sampling import warp
 from sequoia.runners.base import RunnerInfo
 from sequoia.runners.hf.capture import capture_status, warm_up, warm_up_pair
-from sequoia.runners.hf.draft_program import DraftPlan, SamplingShape, levels_with_children, warp_tensors
+from sequoia.runners.hf.draft_program import DraftPlan, SamplingShape, warp_tensors
 from sequoia.runners.hf.graph_runner import GraphRunner
 from sequoia.runtime.drafter import Drafter, _parents_by_level
 from sequoia.runtime.engine import SpeculativeEngine
@@ -85,7 +85,6 @@ def test_the_plan_follows_the_tree():
     plan = DraftPlan.build(tree, torch.device("cpu"))
     assert [list(range(*lv.rows)) for lv in plan.levels][0] == [0]
     assert plan.q_nodes() == tuple(v for level in _parents_by_level(tree) for v in level)
-    assert levels_with_children(tree) == _parents_by_level(tree)
     for i, v in enumerate(plan.forwarded):   # each row sees itself and its forwarded ancestors, nothing else
         seen = {plan.forwarded[j] for j in range(plan.n_forwarded) if plan.block[i, j]}
         assert seen == {u for u in tree.path(v) if u != 0} and not plan.block[i, -1]

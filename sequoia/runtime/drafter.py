@@ -286,14 +286,8 @@ def _grow_on_device(proposer: StaticTreeProposer, drafter: Drafter, generator) -
 
 
 def _parents_by_level(tree: Tree) -> list[list[int]]:
-    """Nodes with children, level by level (levels with none end the list)."""
-    out = []
-    for level in tree.levels[:-1]:
-        parents = [v for v in level if tree.children[v]]
-        if not parents:
-            break
-        out.append(parents)
-    return out
+    """Nodes with children, level by level (:attr:`Tree.drafted_levels`)."""
+    return [list(level) for level in tree.drafted_levels]
 
 
 def _assign_children(tree, parents, drawn, q, tokens, q_token) -> None:

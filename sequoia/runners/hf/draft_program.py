@@ -53,17 +53,6 @@ MODES = ("without_replacement", "topk")   # children draws a program runs (with 
 _SALT = 0x5EED_D2AF                       # draft noise seed = the caller's seed + this: a stream the walk never uses
 
 
-def levels_with_children(tree: Tree) -> list[list[int]]:
-    """Nodes with children, level by level, up to the first level without any (as the drafter grows them)."""
-    out = []
-    for level in tree.levels[:-1]:
-        parents = [v for v in level if tree.children[v]]
-        if not parents:
-            break
-        out.append(parents)
-    return out
-
-
 @dataclass(frozen=True)
 class SamplingShape:
     """What a capture fixes of the sampling; the values (temperature, top-p) are tensors."""
@@ -114,7 +103,7 @@ class DraftPlan:
 
     @classmethod
     def build(cls, tree: Tree, device: torch.device) -> "DraftPlan":
-        by_level = levels_with_children(tree)
+        by_level = tree.drafted_levels
         forwarded = [v for parents in by_level[1:] for v in parents]
         row_of = {v: i for i, v in enumerate(forwarded)}
         parent_rows = [row_of.get(tree.parents[v], -1) for v in forwarded]
