@@ -8,6 +8,8 @@ the cache's bookkeeping) bit for bit; the engine on it must keep greedy equality
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from conftest import CharTokenizer, perturbed, tiny_model
@@ -176,3 +178,23 @@ def test_capture_status_says_what_runs_off_cuda():
     assert "CUDA graphs need a CUDA device" in status.line() and "not compiled" in status.line()
     assert capture_status(runner) == status
     warm_up_pair(runner, GraphRunner(tiny_model(0), "t", INFO))   # a no-op here, as load_pair calls it
+
+
+def test_a_failed_capture_is_said_and_decoding_goes_on(graph_pairs, monkeypatch, caplog):
+    """Every capture attempted, as on CUDA, and failing (here: no CUDA at all): the runner says so in its status
+    and the log, the draft falls back to the levels and the forwards to eager, and the output is unchanged."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
+    target, _ = graph_pairs
+    pair = _pair(perturbed(target, 0.5, 1), target)
+    pair.draft.graphs = True
+    ref = target.generate(torch.tensor([PROMPT]), max_new_tokens=20, do_sample=False, eos_token_id=None,
+                          pad_token_id=0)[0, len(PROMPT):].tolist()
+    with caplog.at_level(logging.WARNING, logger="sequoia"):
+        records = list(SpeculativeEngine(pair).generate(PROMPT, make_method("sequoia", budget=24, depth=5),
+                                                        GenerationConfig(max_new_tokens=20)))
+    assert [t for r in records for t in r.new_tokens] == ref
+    status = capture_status(pair.draft)
+    assert status.state == "partial" and status.graphs == status.programs == 0
+    assert any(e.startswith("('draft program'") for e in status.errors) and len(status.errors) > 1
+    assert "failed" in status.line() and "the level-by-level draft run instead" in caplog.text
+    assert "eager forwards run instead" in caplog.text
