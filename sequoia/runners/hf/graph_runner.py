@@ -336,7 +336,7 @@ class GraphSession:
         if start + n > run.capacity:
             raise ValueError(f"forward: {start + n} slots exceed this runner's cache of {run.capacity}")
         pos = new_positions(self._pos, parents)
-        chain_call = self._is_chain_call(parents)
+        chain_call = self._chain == start and all(p == start + i - 1 for i, p in enumerate(parents))
         anchors = list(range(start, start + n)) if chain_call else self._anchors(parents)
         if chain_call:
             lo, block = start, run.chain_block(n)
@@ -350,20 +350,13 @@ class GraphSession:
         host = np.array([pos, range(start, start + n)], dtype=np.int64)
         logits = run.run(ids.to(run.device).reshape(-1), host, block, lo, start)
         run.forward_calls += 1
-        self._append(parents, pos, anchors, chain_call)
-        return logits[-keep:] if keep else logits
-
-    def _is_chain_call(self, parents: list[int]) -> bool:
-        start = len(self)
-        return self._chain == start and all(p == start + i - 1 for i, p in enumerate(parents))
-
-    def _append(self, parents: list[int], pos: list[int], anchors: list[int], chain_call: bool) -> None:
         self._pos += pos
         self._parent += parents
         self._anchor += anchors
-        self.runner.cache.length = len(self)
+        run.cache.length = len(self)
         if chain_call:
             self._chain = len(self)
+        return logits[-keep:] if keep else logits
 
     def root_position(self) -> int | None:
         """The last slot's position when the session is one chain (a tree hung off it sees every slot);
@@ -374,11 +367,17 @@ class GraphSession:
         """Slots a draft program wrote in ``forwards`` level forwards (parents as in ``forward``): the
         bookkeeping of those forwards, without running them."""
         self._check_live()
-        parents = check_forward_args(len(self), parents, parents, 0)
-        chain_call = self._is_chain_call(parents)
-        anchors = list(range(len(self), len(self) + len(parents))) if chain_call else self._anchors(parents)
+        start = len(self)
+        parents = check_forward_args(start, parents, parents, 0)
+        chain_call = self._chain == start and all(p == start + i - 1 for i, p in enumerate(parents))
+        anchors = list(range(start, start + len(parents))) if chain_call else self._anchors(parents)
+        self._pos += new_positions(self._pos, parents)
+        self._parent += parents
+        self._anchor += anchors
+        self.runner.cache.length = len(self)
         self.runner.forward_calls += forwards
-        self._append(parents, new_positions(self._pos, parents), anchors, chain_call)
+        if chain_call:
+            self._chain = len(self)
 
     def keep(self, prefix: int, slots: Sequence[int]) -> None:
         self._check_live()
