@@ -161,7 +161,7 @@ class GraphRunner:
         mask = torch.full((n, window), self.neg, dtype=self.dtype, device=self.device)
         fill_mask(mask, block, chain, n)
         up = _upload(host, self.device)
-        self.cache.write_slots, self.cache.kv_len = up[1], window
+        self.cache.write_at(up[1], window)
         return self.call(ids[None], up[0][None], mask[None, None])[0]
 
     def call(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -279,7 +279,7 @@ class _Graph:
     def capture(cls, runner: GraphRunner, bucket: int, window: int) -> "_Graph":
         g = cls(runner, bucket, window)
         cache = runner.cache
-        cache.write_slots, cache.kv_len = g.slots, window
+        cache.write_at(g.slots, window)
         stream = torch.cuda.Stream(runner.device)
         stream.wait_stream(torch.cuda.current_stream(runner.device))
         with torch.cuda.stream(stream):   # warm-up off the capture (lazy inits, autotuning), as torch advises
@@ -317,7 +317,7 @@ class GraphSession:
         self._parent: list[int] = []
         self._anchor: list[int] = []    # each slot's last ancestor in the chain part (a chain slot: itself)
         self._chain = 0                 # slots [0, _chain) form a chain from slot 0
-        runner.cache.length = 0
+        runner.cache.set_length(0)
 
     def __len__(self) -> int:
         return len(self._pos)
@@ -353,7 +353,7 @@ class GraphSession:
         self._pos += pos
         self._parent += parents
         self._anchor += anchors
-        run.cache.length = len(self)
+        run.cache.set_length(len(self))
         if chain_call:
             self._chain = len(self)
         return logits[-keep:] if keep else logits
@@ -392,7 +392,7 @@ class GraphSession:
         below = prefix - 1 if prefix - 1 < self._chain else self._anchor[prefix - 1]
         self._anchor = self._anchor[:prefix] + [s if s < self._chain else below
                                                 for s in range(prefix, len(self))]
-        self.runner.cache.length = len(self)
+        self.runner.cache.set_length(len(self))
 
     def crop(self, length: int) -> None:
         self._check_live()
@@ -400,7 +400,7 @@ class GraphSession:
             raise ValueError(f"crop: length {length} outside 0..{len(self)}")
         del self._pos[length:], self._parent[length:], self._anchor[length:]
         self._chain = min(self._chain, length)
-        self.runner.cache.length = length
+        self.runner.cache.set_length(length)
 
     def _anchors(self, parents: list[int]) -> list[int]:
         """Each new token's last ancestor below ``_chain`` (-1: none); it sees the chain up to there."""
