@@ -119,13 +119,12 @@ def warm_up(runner: GraphRunner, progress: ProgressFn | None = None, trees: Sequ
 def _first_call(runner: GraphRunner) -> None:
     """The compiled forward's first call (the compile), eagerly at a scratch slot; a failure leaves the
     uncompiled forward in place before any graph is captured."""
-    dev, cache = runner.device, runner.cache
-    cache.write_slots = torch.arange(runner.capacity, runner.capacity + 1, device=dev)   # scratch: nobody reads it
-    cache.kv_len = MIN_WINDOW
+    dev, keys = runner.device, min(MIN_WINDOW, runner.capacity)
+    runner.cache.write_at(torch.arange(runner.capacity, runner.capacity + 1, device=dev), keys)   # a scratch slot
     zeros = torch.zeros(1, 1, dtype=torch.long, device=dev)
     try:
         with torch.inference_mode():
-            runner.call(zeros, zeros, torch.zeros(1, 1, 1, MIN_WINDOW, dtype=runner.dtype, device=dev))
+            runner.call(zeros, zeros, torch.zeros(1, 1, 1, keys, dtype=runner.dtype, device=dev))
     except Exception as exc:   # noqa: BLE001 - any compile failure: the model's own forward runs instead
         runner.uncompile(exc)
 

@@ -213,7 +213,7 @@ class DraftProgram:
                 f0, f1 = a - 1, e - 1
                 ids = b.tokens[plan.fwd_nodes[f0:f1]]
                 keys = window if base is None else base + f1
-                run.cache.write_slots, run.cache.kv_len = slots[f0:f1], keys
+                run.cache.write_at(slots[f0:f1], keys)
                 logits = run.call(ids[None], pos[None, f0:f1], mask[f0:f1, :keys][None, None])[0]
                 b.q[a:e].copy_(self._probs(logits))
             rows = b.q[a:e]                                                # [m, V]

@@ -374,7 +374,7 @@ class GraphSession:
         self._pos += new_positions(self._pos, parents)
         self._parent += parents
         self._anchor += anchors
-        self.runner.cache.length = len(self)
+        self.runner.cache.set_length(len(self))
         self.runner.forward_calls += forwards
         if chain_call:
             self._chain = len(self)
