@@ -22,7 +22,7 @@ from ..runners.hf.convert import ensure_converted
 from ..runners.hf.kernels import check_scheme
 from ..runners.hf.loading import (EMBEDDED_NAME, ModelLoadError, load_runner, load_tokenizer,  # noqa: F401
                                   resolve_device, resolve_draft_quant, resolve_dtype)
-from ..runners.hf.capture import warm_up_pair   # (after loading: graphs are captured once a pair is loaded)
+from ..runners.hf.capture import warm_up_pair
 
 #: The runtimes a pair can be loaded on (``--backend``, ``SEQUOIA_BACKEND``): both models on Hugging Face
 #: (torch), both on llama.cpp (GGUF files), or "mixed": the Hugging Face target with the draft on llama.cpp.
