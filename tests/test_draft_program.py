@@ -198,3 +198,43 @@ def test_a_failed_capture_is_said_and_decoding_goes_on(graph_pairs, monkeypatch,
     assert any(e.startswith("('draft program'") for e in status.errors) and len(status.errors) > 1
     assert "failed" in status.line() and "the level-by-level draft run instead" in caplog.text
     assert "eager forwards run instead" in caplog.text
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@cuda
+def test_the_captured_program_on_cuda():
+    """Captured: the T = 0 tree equals the levels'; at T > 0 each node's q_token is its parent's q at its token
+    (the q the walk verifies against); the engine keeps greedy equality and the sampled joint."""
+    model = perturbed(tiny_model(0), 0.5, 1).cuda()
+    proposer = make_method("sequoia", budget=24, depth=5)
+    drafts = {}
+    for programs in (False, True):
+        runner = GraphRunner(model, "d", INFO, programs=programs)
+        warm_up(runner, trees=[proposer.tree])
+        drafter = Drafter(runner, SamplingConfig(), 48)
+        drafter.begin(PROMPT)
+        draft = proposer.propose(drafter, torch.Generator("cuda").manual_seed(0))
+        drafts[programs] = draft.read(torch.cat([draft.token_ids.double(), draft.q_token_ids.double()]).tolist())
+    assert runner.program_graph_count >= 1 and not runner.capture_errors
+    assert capture_status(runner).state == "captured"
+    assert drafts[True].tokens == drafts[False].tokens
+    drafter = Drafter(runner, SamplingConfig(temperature=1.0), 48)
+    drafter.begin(PROMPT)
+    d = proposer.propose(drafter, torch.Generator("cuda").manual_seed(0))
+    tokens, q_tok = d.token_ids.tolist(), d.q_token_ids.tolist()
+    for v in range(1, proposer.tree.n_nodes):
+        assert q_tok[v] == pytest.approx(d.q[proposer.tree.parents[v]][tokens[v]].item(), rel=1e-6)
+    target = tiny_model(0).cuda()
+    pair = SimpleNamespace(**{**vars(_pair(model, target)), "device": torch.device("cuda")})
+    ref = target.generate(torch.tensor([PROMPT], device="cuda"), max_new_tokens=30, do_sample=False,
+                          eos_token_id=None, pad_token_id=0)[0, len(PROMPT):].tolist()
+    records = list(SpeculativeEngine(pair).generate(PROMPT, proposer, GenerationConfig(max_new_tokens=30)))
+    assert [t for r in records for t in r.new_tokens] == ref
+    pair8 = _pair(tiny_model(3, vocab=8, init=0.2).cuda(), tiny_model(0, vocab=8, init=0.2).cuda())
+    pair8.device = torch.device("cuda")
+    sampling = SamplingConfig(temperature=1.0)
+    counts, firsts = empirical_joint(pair8, make_method("sequoia", budget=6, depth=3), sampling, [1, 5, 3], 1000)
+    assert joint_pvalue(counts, exact_joint(pair8.target, [1, 5, 3], sampling, firsts)) > 1e-6
