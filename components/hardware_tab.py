@@ -22,6 +22,7 @@ import torch
 from sequoia.core.optimizer import choose_tree, predict
 from sequoia.core.request import MethodSpec
 from sequoia.core.tree import Tree
+from sequoia.runners.hf.capture import capture_status
 from sequoia.runners.hf.graph_runner import GraphRunner
 from sequoia.runners.hf.loading import GRAPHS
 from sequoia.runtime.finder import ProfileChoice, cache_profile, find_profile
@@ -111,8 +112,7 @@ def runner_curves(ctx: AppContext) -> runners_view.RunnerCurves:
 
 def cache_note(pair) -> str:
     """The graph runners' slot caches and captured graphs ("" when the pair runs eagerly)."""
-    parts = [f"{role} {r.capacity} slots ({r.cache.nbytes / 2**20:.0f} MiB), {r.graph_count} graphs captured"
-             + (f", {len(r.capture_errors)} capture failures (eager there)" if r.capture_errors else "")
+    parts = [f"{role} {r.capacity} slots ({r.cache.nbytes / 2**20:.0f} MiB); {capture_status(r).line()}"
              for role, r in (("target", pair.target), ("draft", pair.draft)) if isinstance(r, GraphRunner)]
     return ("Graph runner slot caches: " + "; ".join(parts) + ".") if parts else ""
 

@@ -1,7 +1,7 @@
 """The GPU check: is Sequoia lossless on this device, and what does it cost at real shapes?  No download.
 
     python scripts/gpu_check.py --out DIR [--device cuda|cpu] [--compile] [--skip-costs] [--skip-correctness]
-                                [--skip-host]
+                                [--skip-host] [--skip-draft] [--skip-draft-compile]
 
 (a) correctness on tiny fp32 models, on the graph runner (CUDA graphs over a slot cache) and the eager one:
 greedy equality of every method with the target's greedy ``generate``, a tree's logits against each node's
@@ -10,7 +10,9 @@ chain, graph replay against eager, the chi-square of a sampled joint and of a br
 count, the hardware profile, the optimizer's choice under each shipped acceptance vector, engine steps
 against the prediction, and baselines (target alone on graphs, HF ``generate`` eager; ``--compile``: with a
 static cache and torch.compile); (c) host work per engine step (the step minus its forwards, with the torch
-operators and scalar reads outside them) for DP trees of 55 and 127 nodes at T=0 and T=1 on tiny models.  Writes DIR/gpu_check.json and DIR/gpu_check.md (after each part, so a run
+operators and scalar reads outside them) for DP trees of 55 and 127 nodes at T=0 and T=1 on tiny models; (d) the
+draft alone at the 0.5B shapes: a static tree's whole draft as one graph against one replay per level, and the
+compiled draft's cold and warm start (child processes, fresh inductor caches).  Writes DIR/gpu_check.json and DIR/gpu_check.md (after each part, so a run
 cut short keeps what it did).  ``--device cpu`` runs the same on tiny stand-in shapes in seconds.
 """
 
@@ -31,6 +33,7 @@ import transformers  # noqa: E402
 from sequoia._meta import write_json  # noqa: E402
 from sequoia.tools.gpucheck.correctness import check_correctness  # noqa: E402
 from sequoia.tools.gpucheck.costs import check_costs  # noqa: E402
+from sequoia.tools.gpucheck.draft import check_draft  # noqa: E402
 from sequoia.tools.gpucheck.host import check_host  # noqa: E402
 from sequoia.tools.gpucheck.models import CPU_DRAFT, CPU_TARGET, DRAFT_05B, TARGET_7B, TARGET_15B  # noqa: E402
 from sequoia.tools.gpucheck.report import markdown  # noqa: E402
@@ -67,6 +70,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--skip-correctness", action="store_true")
     ap.add_argument("--skip-costs", action="store_true")
     ap.add_argument("--skip-host", action="store_true")
+    ap.add_argument("--skip-draft", action="store_true")
+    ap.add_argument("--skip-draft-compile", action="store_true", help="part (d) without the compiled starts")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -104,6 +109,13 @@ def main(argv: list[str]) -> int:
         t1 = time.perf_counter()
         result["host"] = check_host(device, new_tokens=args.new_tokens, log=log)
         result["host"]["seconds"] = time.perf_counter() - t1
+        save()
+    if not args.skip_draft:
+        log("(d) the draft alone: one graph for the whole tree against one per level; compiled starts")
+        t1 = time.perf_counter()
+        result["draft"] = check_draft(device, args.ctx, args.repeats or (20 if cuda else 3), log=log,
+                                      compile_check=not args.skip_draft_compile)
+        result["draft"]["seconds"] = time.perf_counter() - t1
         save()
     result["seconds"] = time.perf_counter() - t0
     save()

@@ -577,3 +577,16 @@ def test_a_near_tie_within_the_kernel_gap_is_one_explanation_for_all_rows():
     assert "token 50" in text and "Where the outputs part" not in text
     both = divergence_view.markdown([*ties, wrong])
     assert both.count("**broken**") == 1 and both.count("Identical up to a kernel near-tie") == 1
+
+
+def test_the_cache_note_says_each_graph_runners_capture_status():
+    from types import SimpleNamespace
+
+    from components.hardware_tab import cache_note
+    from conftest import tiny_model
+    from sequoia.runners.base import RunnerInfo
+    from sequoia.runners.hf.graph_runner import GraphRunner
+
+    runner = GraphRunner(tiny_model(0), "d", RunnerInfo(runtime="hf", weights="fp32", device="cpu"))
+    note = cache_note(SimpleNamespace(target=runner, draft=object()))
+    assert note.startswith("Graph runner slot caches: target ") and "CUDA graphs need a CUDA device" in note

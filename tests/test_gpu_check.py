@@ -30,6 +30,11 @@ def test_gpu_check_runs_on_cpu_and_writes_json_and_markdown(tmp_path):
     assert {"55 nodes, T=1", "127 nodes, T=0", "127 nodes, T=1"} <= set(host)
     assert all(r["host_ms"] > 0 and r["forward_ms"] > 0 for r in host.values())
     assert host["127 nodes, T=1"]["scalar_reads"] == 0   # the sampled step reads back once, with .tolist()
+    draft = result["draft"]   # (d): the whole-tree program against the levels, and the compiled starts
+    assert {"T=0, program", "T=0, levels", "T=1, program", "T=1, levels"} == set(draft["uncompiled"]["rows"])
+    assert all(r["level_ms"] > 0 for r in draft["uncompiled"]["rows"].values())
+    assert draft["compile"]["unavailable"] == "not on CUDA"   # what runs instead is said, the children still run
+    assert draft["compile"]["warm"]["timings"]["levels"] == draft["uncompiled"]["levels"] > 0
     page = (out / "gpu_check.md").read_text()
     assert "greedy output = target's greedy generate" in page and "Projected Sequoia" in page
-    assert "Host work per engine step" in page
+    assert "Host work per engine step" in page and "(d) The draft alone" in page and "Compiling: unavailable" in page

@@ -97,6 +97,12 @@ class Tree:
             out[d].append(i)
         return tuple(tuple(x) for x in out)
 
+    @cached_property
+    def drafted_levels(self) -> tuple[tuple[int, ...], ...]:
+        """Nodes with children, level by level: what a drafter forwards (the root's q comes from the context)
+        and draws children for; the leaves' level, having none, is not listed."""
+        return tuple(ps for ps in (tuple(v for v in level if self.children[v]) for level in self.levels) if ps)
+
     def path(self, node: int) -> tuple[int, ...]:
         """Root-to-node indices, root included."""
         out = [node]

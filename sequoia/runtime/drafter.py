@@ -167,6 +167,17 @@ class Drafter:
             self._slots[v] = start + j
         return self.probs(logits)
 
+    def run_program(self, tree: Tree, mode: str, generator) -> Draft | None:
+        """The whole static ``tree`` drafted by the runner's draft program (every level's forward and draws in
+        one run, one graph replay on CUDA), left on the device; None: the runner has no program for it."""
+        make = getattr(self.runner, "draft_program", None)
+        program = make(tree, mode, self.sampling, self.vocab_size) if make is not None else None
+        out = program.run(self.session, self.root_q, self.root_token, generator, self.sampling) if program else None
+        if out is None:
+            return None
+        self._slots.update(out.slots)
+        return Draft(tree=tree, tokens=[], q=out.q, q_token=[], token_ids=out.tokens, q_token_ids=out.q_token)
+
     @property
     def on_device(self) -> bool:
         """The draft runner takes device token tensors: a static tree grows without reading back each level."""
@@ -206,8 +217,9 @@ class StaticTreeProposer(Proposer):
         return self.tree.n_nodes
 
     def propose(self, drafter: Drafter, generator) -> Draft:
-        if drafter.on_device:
-            return _grow_on_device(self, drafter, generator)
+        if drafter.on_device:   # the whole tree as one program where the runner has one, else level by level
+            draft = drafter.run_program(self.tree, self.mode, generator)
+            return draft if draft is not None else _grow_on_device(self, drafter, generator)
         tree = self.tree
         tokens = [drafter.root_token] + [0] * tree.size
         q: dict[int, torch.Tensor] = {0: drafter.root_q}
@@ -274,14 +286,8 @@ def _grow_on_device(proposer: StaticTreeProposer, drafter: Drafter, generator) -
 
 
 def _parents_by_level(tree: Tree) -> list[list[int]]:
-    """Nodes with children, level by level (levels with none end the list)."""
-    out = []
-    for level in tree.levels[:-1]:
-        parents = [v for v in level if tree.children[v]]
-        if not parents:
-            break
-        out.append(parents)
-    return out
+    """Nodes with children, level by level (:attr:`Tree.drafted_levels`)."""
+    return [list(level) for level in tree.drafted_levels]
 
 
 def _assign_children(tree, parents, drawn, q, tokens, q_token) -> None:

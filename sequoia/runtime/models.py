@@ -22,6 +22,7 @@ from ..runners.hf.convert import ensure_converted, tokenizer_from_gguf
 from ..runners.hf.kernels import check_scheme
 from ..runners.hf.loading import (EMBEDDED_NAME, ModelLoadError, load_runner, load_tokenizer,  # noqa: F401
                                   resolve_device, resolve_draft_quant, resolve_dtype)
+from ..runners.hf.capture import warm_up_pair
 
 #: The runtimes a pair can be loaded on (``--backend``, ``SEQUOIA_BACKEND``): both models on Hugging Face
 #: (torch), both on llama.cpp (GGUF files), or "mixed": the Hugging Face target with the draft on llama.cpp.
@@ -187,8 +188,9 @@ def _load_hf_pair(draft, target, device, dtype, draft_int8, cache_dir, progress,
     names = {"draft": _display_name(draft, "draft") + (f" ({dq})" if dq != "none" else ""),
              "target": _display_name(target, "target") + (f" ({tq})" if tq != "none" else "")}
     report(0.88, "loading the target")
+    compiled = Path(cache_dir) if cache_dir is not None else default_cache_dir()   # the draft's compile artifacts
     target_runner = load_runner(paths["target"], names["target"], dev, dt, tq, "target", blocked_weights, plain,
-                                graphs)
+                                graphs, cache_dir=compiled)
     if gguf_draft is not None:
         dq, draft_dt, draft_runner, names["draft"] = "none", torch.float32, gguf_draft, gguf_draft.name
     else:
@@ -197,8 +199,9 @@ def _load_hf_pair(draft, target, device, dtype, draft_int8, cache_dir, progress,
         # fp32 target: the draft's precision affects speed and acceptance, never the output distribution.
         draft_dt = torch.bfloat16 if dq != "none" else dt
         draft_runner = load_runner(paths["draft"], names["draft"], dev, draft_dt, dq, "draft", blocked_weights,
-                                   plain, graphs)
+                                   plain, graphs, cache_dir=compiled)
     check_tokenizers_match(draft_tok, tok, draft_runner, target_runner)
+    warm_up_pair(draft_runner, target_runner, lambda f, d: report(0.96 + 0.04 * f, d))
     report(1.0, "models ready")
     return ModelPair(
         draft=draft_runner, target=target_runner, tokenizer=tok,

@@ -22,11 +22,18 @@ transformers causal LM with full attention runs here.  Off CUDA (and for a
 forward longer than the largest bucket, e.g. a prompt) the same cache and masks
 run eagerly: the CPU tests of this runner test everything but the capture.
 
+A static tree's whole draft runs as one more captured graph
+(:meth:`GraphRunner.draft_program`, :mod:`sequoia.runners.hf.draft_program`).
+Graphs are captured before serving by :func:`sequoia.runners.hf.capture.warm_up`
+(``load_pair`` calls it); :attr:`GraphRunner.capture_status` says what was
+captured, what failed and what runs instead, for the page and the log.
+
 One cache per runner: a new session takes it over and the older one is refused.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from dataclasses import replace
 from collections.abc import Sequence
@@ -35,12 +42,18 @@ import numpy as np
 import torch
 
 from ..base import RunnerInfo, check_forward_args, check_keep_args, check_path, new_positions, upload
+from ...core.config import SamplingConfig
+from ...core.tree import Tree
+from .compile_cache import CompilePlan, compile_forward, failed
+from .draft_program import DraftProgram, SamplingShape, program_key
 from .slot_cache import SlotCache, slot_bytes
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)   # new-token counts a graph is captured for
 MIN_WINDOW = 256                           # smallest key window a forward attends to
 CACHE_SHARE = 0.25                         # most of the device's free memory one runner's cache may take
 _SHAPES = 512                              # tree shapes whose ancestor blocks stay cached
+_PROGRAMS = 8                              # draft programs (tree, sampling shape) kept with their graphs
+log = logging.getLogger("sequoia")
 
 
 def bucket_of(n: int, buckets: Sequence[int] = BUCKETS) -> int | None:
@@ -76,11 +89,14 @@ class GraphRunner:
     device_tokens = True          # forward accepts a device tensor of token ids (a draft level stays on the GPU)
 
     def __init__(self, model, name: str, info: RunnerInfo, capacity: int | None = None,
-                 graphs: bool | None = None, buckets: Sequence[int] = BUCKETS, compile: bool = False) -> None:
+                 graphs: bool | None = None, buckets: Sequence[int] = BUCKETS,
+                 compile: bool | CompilePlan = False, programs: bool = True) -> None:
         self.model, self.name, self.info = model, name, info
         # compile: inductor fuses the forward's many small kernels (norms, rotary, activations) before the
         # graphs are captured; a graph of a small model replays ~40 kernels a layer and is bound by their count.
-        self._forward = torch.compile(model) if compile else model
+        # A CompilePlan with artifacts persists the compile (compile_cache); True compiles without persisting.
+        plan = compile if isinstance(compile, CompilePlan) else CompilePlan(bool(compile), "not asked")
+        self._forward, self.compile_status = compile_forward(model, plan)
         self.device = next(model.parameters()).device
         self.dtype = getattr(model, "dtype", torch.float32)
         self.vocab_size = int(model.config.vocab_size)
@@ -107,10 +123,18 @@ class GraphRunner:
         self.capture_errors: dict[tuple[int, int], str] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
         self._owner = None
+        self.programs = programs          # False: a static tree's levels replay one graph each
+        self._programs: OrderedDict[tuple, DraftProgram] = OrderedDict()
+        self.capture_seconds: float | None = None   # the warm-up's, once it ran (capture.warm_up)
 
     @property
     def config(self):
         return self.model.config
+
+    def uncompile(self, exc: BaseException) -> None:
+        """The compiled forward failed: run the model's own from here on (graphs are captured after this)."""
+        self._forward = self.model
+        self.compile_status = failed(self.compile_status, exc)
 
     def session(self) -> "GraphSession":
         self._owner = GraphSession(self)
@@ -150,11 +174,51 @@ class GraphRunner:
         try:
             graph = _Graph.capture(self, bucket, window)
         except Exception as exc:   # noqa: BLE001 - any capture failure falls back to eager, said on the runner
-            self.capture_errors[(bucket, window)] = f"{type(exc).__name__}: {str(exc)[:200]}"
             torch.cuda.synchronize(self.device)
+            self.note_capture_error((bucket, window), f"{type(exc).__name__}: {str(exc)[:200]}")
             return None
         self._graphs[(bucket, window)] = graph
         return graph
+
+    def capture(self, bucket: int, window: int) -> bool:
+        """Capture the forward of ``bucket`` rows over ``window`` keys now (a warm-up); False: it failed."""
+        key = (bucket, window)
+        return key in self._graphs or (key not in self.capture_errors and self._capture(bucket, window) is not None)
+
+    def note_capture_error(self, key: tuple, message: str) -> None:
+        """A capture failed: kept for ``capture_status`` (the Hardware tab) and logged with what runs instead."""
+        self.capture_errors[key] = message
+        instead = "the level-by-level draft" if key and key[0] == "draft program" else "eager forwards"
+        log.warning("%s: capturing %s failed (%s); %s run instead", self.name, key, message, instead)
+
+    @property
+    def graph_pool(self):
+        """The memory pool every graph of this runner is captured into."""
+        return self._pool
+
+    def window_for(self, length: int) -> int:
+        """The key window a forward reaching ``length`` slots attends to on graphs."""
+        return window_of(length, self.capacity)
+
+    def draft_program(self, tree: Tree, mode: str, sampling: SamplingConfig, vocab: int) -> DraftProgram | None:
+        """The whole draft of static ``tree`` as one program (one graph per window on CUDA); None: none runs
+        it here (programs off, children drawn with replacement, or its capture failed)."""
+        key = program_key(tree, mode, sampling, vocab) if self.programs and tree.size else None
+        if key is None:
+            return None
+        program = self._programs.get(key)
+        if program is None:
+            program = DraftProgram(self, tree, key[1], SamplingShape.of(sampling), vocab)
+            self._programs[key] = program
+            if len(self._programs) > _PROGRAMS:
+                self._programs.popitem(last=False)
+        else:
+            self._programs.move_to_end(key)
+        return None if program.failed else program
+
+    @property
+    def program_graph_count(self) -> int:
+        return sum(len(p.graphs) for p in self._programs.values())
 
     def tree_block(self, rel_parents: tuple[int, ...], rows: int) -> torch.Tensor:
         """:func:`ancestor_block` on the device, cached per tree shape.  # [rows, m] bool"""
@@ -293,6 +357,27 @@ class GraphSession:
         if chain_call:
             self._chain = len(self)
         return logits[-keep:] if keep else logits
+
+    def root_position(self) -> int | None:
+        """The last slot's position when the session is one chain (a tree hung off it sees every slot);
+        else None."""
+        return self._pos[-1] if self._pos and self._chain == len(self) else None
+
+    def note_forwarded(self, parents: Sequence[int], forwards: int) -> None:
+        """Slots a draft program wrote in ``forwards`` level forwards (parents as in ``forward``): the
+        bookkeeping of those forwards, without running them."""
+        self._check_live()
+        start = len(self)
+        parents = check_forward_args(start, parents, parents, 0)
+        chain_call = self._chain == start and all(p == start + i - 1 for i, p in enumerate(parents))
+        anchors = list(range(start, start + len(parents))) if chain_call else self._anchors(parents)
+        self._pos += new_positions(self._pos, parents)
+        self._parent += parents
+        self._anchor += anchors
+        self.runner.cache.set_length(len(self))
+        self.runner.forward_calls += forwards
+        if chain_call:
+            self._chain = len(self)
 
     def keep(self, prefix: int, slots: Sequence[int]) -> None:
         self._check_live()

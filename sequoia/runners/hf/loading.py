@@ -21,6 +21,7 @@ from ..base import RunnerInfo
 from .attention import use_few_query_attention
 from .cpu import MULTI_ROW_BLOCKED, cpu_facts, single_row_kernel
 from .kernels import block_weights, check_scheme, default_draft_scheme, describe, quantize_weights
+from .compile_cache import CompilePlan
 from .graph_runner import GraphRunner
 from .lean import draft_forward, model_forward
 from .runner import HFRunner
@@ -42,28 +43,35 @@ class ModelLoadError(RuntimeError):
 
 def load_runner(name_or_path: str | Path, display: str, device: torch.device, dtype: torch.dtype,
                 quant: str = "none", role: str = "target", blocked_weights: bool = True,
-                plain: bool = False, graphs: bool | None = None) -> HFRunner | GraphRunner:
+                plain: bool = False, graphs: bool | None = None, compile: bool | None = None,
+                cache_dir: str | Path | None = None) -> HFRunner | GraphRunner:
     """A model as a runner.  ``role`` "draft" takes the lean forward where the model allows it; ``plain``
     (forced on CUDA) keeps the model's own forward and torch's own kernels; ``graphs`` (default: on CUDA)
-    runs it on :class:`~sequoia.runners.hf.graph_runner.GraphRunner` (static cache, CUDA graphs)."""
+    runs it on :class:`~sequoia.runners.hf.graph_runner.GraphRunner` (static cache, CUDA graphs);
+    ``compile`` and ``cache_dir`` as in :func:`wrap_model`."""
     if (plain or device.type != "cpu") and quant != "none":
         raise ValueError(f"a {quant} model needs the CPU kernels; plain (GPU-path) runners take quant='none'")
     model = quantize_weights(load_model(name_or_path, device, dtype), check_scheme(quant), dtype)
-    return wrap_model(model, display, role, plain, quant, blocked_weights, graphs)
+    return wrap_model(model, display, role, plain, quant, blocked_weights, graphs, compile, cache_dir)
 
 
 def wrap_model(model, name: str = "", role: str = "target", plain: bool = True, quant: str = "none",
-               blocked_weights: bool = False, graphs: bool | None = None) -> HFRunner | GraphRunner:
+               blocked_weights: bool = False, graphs: bool | None = None, compile: bool | None = None,
+               cache_dir: str | Path | None = None) -> HFRunner | GraphRunner:
     """A runner over a model already in memory.  ``plain`` (the default here, and always off the CPU): the
     model's own forward with a tree mask and torch's own kernels; else the CPU choices :func:`load_runner`
     makes (few-query attention, blocked weights, the lean draft forward, the one-row kernel).  On CUDA
     ``graphs`` (None: yes) takes the graph runner; False keeps the eager runner (e.g. ZeroGPU, where the
-    GPU is attached per call and captured graphs would not outlive it)."""
+    GPU is attached per call and captured graphs would not outlive it).  On the graph runner ``compile``
+    (None: the draft wherever compilation is available) compiles the forward before capture, with its
+    artifacts kept under ``cache_dir`` (:mod:`~sequoia.runners.hf.compile_cache`; None: not kept)."""
     device = next(model.parameters()).device
     dtype = getattr(model, "dtype", torch.float32)
     if device.type == "cuda" and graphs is not False:
         info = _info(model, device, quant, GRAPHS, GRAPHS)
-        return GraphRunner(model, name, RunnerInfo(**{**info.__dict__, "kernels": "cuda graphs"}))
+        plan = compile_plan(device, role, compile, cache_dir)
+        kernels = ("compiled, " if plan.enabled else "") + "cuda graphs"
+        return GraphRunner(model, name, RunnerInfo(**{**info.__dict__, "kernels": kernels}), compile=plan)
     if plain or device.type != "cpu":
         return HFRunner(model, name, _info(model, device, quant, "", ""))
     blocked = block_weights(model) if blocked_weights else False
@@ -72,6 +80,18 @@ def wrap_model(model, name: str = "", role: str = "target", plain: bool = True, 
     forward = draft_forward(model) if role == "draft" else model_forward
     info = _info(model, device, quant, one_row, MULTI_ROW_BLOCKED if blocked else "")
     return HFRunner(model, name, info, forward_fn=forward, single_row_kernel=one_row)
+
+
+def compile_plan(device: torch.device, role: str, compile: bool | None,
+                 cache_dir: str | Path | None) -> CompilePlan:
+    """Whether a graph runner compiles its forward: by default the draft's (the launch-bound one) wherever
+    compilation is available; an explicit True or False decides."""
+    if compile is False or (compile is None and role != "draft"):
+        return CompilePlan(False, "not asked" if compile is False else "only the draft is compiled by default")
+    plan = CompilePlan.for_draft(device, cache_dir)
+    if compile and not plan.enabled:
+        raise ValueError(f"compile=True: {plan.reason}")
+    return plan
 
 
 def _info(model, device: torch.device, quant: str, one_row: str, many_row: str) -> RunnerInfo:

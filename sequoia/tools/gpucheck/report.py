@@ -17,6 +17,8 @@ def markdown(result: dict) -> str:
         lines += _costs(result["costs"])
     if "host" in result:
         lines += _host(result["host"])
+    if "draft" in result:
+        lines += _draft(result["draft"])
     return "\n".join(lines) + "\n"
 
 
@@ -100,6 +102,28 @@ def _host(h: dict) -> list[str]:
         out.append(f"| {name} | {r['step_ms']:.2f} | {r['forward_ms']:.2f} | **{r['host_ms']:.2f}** | "
                    f"{r['draft_host_ms']:.2f} | {r['verify_host_ms']:.2f} | {r['other_ms']:.2f} | "
                    f"{r['ops_outside_forwards']:.0f} | {r['scalar_reads']:.0f} |")
+    return out + [""]
+
+
+def _draft(d: dict) -> list[str]:
+    out = ["", f"## (d) The draft alone: {d.get('draft')}, {d.get('tree')} (code T=0 DP tree)", "",
+           f"Uncompiled runner: {d.get('capture')}.", "",
+           "Median ms of one draft (the root's forward excluded): the whole tree as one program (one graph replay "
+           "on CUDA) against one replay per level with sampling and inputs eager between.", "",
+           "| forward | sampling, draft | draft ms | ms a level |", "|---|---|---|---|"]
+    c = d.get("compile", {})
+    for what, timed in (("uncompiled", d.get("uncompiled")), ("compiled", c.get("warm", {}).get("timings"))):
+        label = what if what == "uncompiled" or not c.get("unavailable") else "uncompiled (child process)"
+        for name, r in (timed or {}).get("rows", {}).items():
+            out.append(f"| {label} | {name} | {r['draft_ms']:.2f} | **{r['level_ms']:.2f}** |")
+    if c:
+        out += ["", f"Compiling: {'unavailable (' + c['unavailable'] + ')' if c.get('unavailable') else c.get('key')}.",
+                "", "| start | warm-up s (compile + captures) | compile | process s |", "|---|---|---|---|"]
+        for start in ("cold", "warm"):
+            r = c.get(start)
+            if r is not None:
+                out.append(f"| {start} | failed: {r['error']} | | |" if "error" in r else
+                           f"| {start} | {r['warm_up_s']:.1f} | {r['compile']} | {r['process_s']:.1f} |")
     return out + [""]
 
 
