@@ -8,8 +8,9 @@ greedy equality of every method with the target's greedy ``generate``, a tree's 
 chain, graph replay against eager, the chi-square of a sampled joint and of a broken residual (must fail);
 (b) costs with random bf16 weights at the embedded pair's shapes and a 7B target's: forwards by new-token
 count, the hardware profile, the optimizer's choice under each shipped acceptance vector, engine steps
-against the prediction, and baselines (target alone on graphs, HF ``generate`` eager; ``--compile``: with a
-static cache and torch.compile); (c) host work per engine step (the step minus its forwards, with the torch
+against the prediction, and baselines (sequoia/tools/gpucheck/baselines.py: target alone on graphs, HF
+``generate`` eager; ``--compile``: the compiled graph target alone, HF ``generate`` with a static cache, and with
+a static cache and torch.compile; a baseline that fails is a row with its error); (c) host work per engine step (the step minus its forwards, with the torch
 operators and scalar reads outside them) for DP trees of 55 and 127 nodes at T=0 and T=1 on tiny models.  Writes DIR/gpu_check.json and DIR/gpu_check.md (after each part, so a run
 cut short keeps what it did).  ``--device cpu`` runs the same on tiny stand-in shapes in seconds.
 """
@@ -60,7 +61,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--ctx", type=int, default=128, help="cached tokens before timed forwards")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--targets", default="1.5b,7b", help="target shapes on CUDA: 1.5b, 7b")
-    ap.add_argument("--compile", action="store_true", help="also time HF generate with torch.compile (slow)")
+    ap.add_argument("--compile", action="store_true", help="also the compiled baselines (slow: minutes of compilation each)")
     ap.add_argument("--compile-runners", action="store_true",
                     help="part (b) with graph runners whose forwards are compiled (inductor) before capture")
     ap.add_argument("--quick", action="store_true", help="one prompt and one sampled rule in part (a)")
