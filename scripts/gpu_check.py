@@ -1,7 +1,7 @@
 """The GPU check: is Sequoia lossless on this device, and what does it cost at real shapes?  No download.
 
     python scripts/gpu_check.py --out DIR [--device cuda|cpu] [--compile] [--skip-costs] [--skip-correctness]
-                                [--skip-host]
+                                [--skip-host] [--skip-capture]
 
 (a) correctness on tiny fp32 models, on the graph runner (CUDA graphs over a slot cache) and the eager one:
 greedy equality of every method with the target's greedy ``generate``, a tree's logits against each node's
@@ -9,10 +9,13 @@ chain, graph replay against eager, the chi-square of a sampled joint and of a br
 (b) costs with random bf16 weights at the embedded pair's shapes and a 7B target's: forwards by new-token
 count, the hardware profile, the optimizer's choice under each shipped acceptance vector, engine steps
 against the prediction, and baselines (sequoia/tools/gpucheck/baselines.py: target alone on graphs, HF
-``generate`` eager; ``--compile``: the compiled graph target alone, HF ``generate`` with a static cache, and with
-a static cache and torch.compile; a baseline that fails is a row with its error); (c) host work per engine step (the step minus its forwards, with the torch
-operators and scalar reads outside them) for DP trees of 55 and 127 nodes at T=0 and T=1 on tiny models.  Writes DIR/gpu_check.json and DIR/gpu_check.md (after each part, so a run
-cut short keeps what it did).  ``--device cpu`` runs the same on tiny stand-in shapes in seconds.
+``generate`` eager; ``--compile``: the compiled graph target alone, HF ``generate`` with a static cache, and
+with a static cache and torch.compile; a baseline that fails is a row with its error); (c) host work per
+engine step (the step minus its forwards, with the torch operators and scalar reads outside them) for DP
+trees of 55 and 127 nodes at T=0 and T=1 on tiny models; (d) the capture time of one CUDA graph per bucket on
+fresh runners (what a ZeroGPU call pays before replaying, sequoia/runtime/gpu_call.py).  Writes
+DIR/gpu_check.json and DIR/gpu_check.md (after each part, so a run cut short keeps what it did).
+``--device cpu`` runs the same on tiny stand-in shapes in seconds.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain s
 import transformers  # noqa: E402
 
 from sequoia._meta import write_json  # noqa: E402
+from sequoia.tools.gpucheck.capture import capture_markdown, check_capture  # noqa: E402
 from sequoia.tools.gpucheck.correctness import check_correctness  # noqa: E402
 from sequoia.tools.gpucheck.costs import check_costs  # noqa: E402
 from sequoia.tools.gpucheck.host import check_host  # noqa: E402
@@ -68,6 +72,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--skip-correctness", action="store_true")
     ap.add_argument("--skip-costs", action="store_true")
     ap.add_argument("--skip-host", action="store_true")
+    ap.add_argument("--skip-capture", action="store_true")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -80,7 +85,7 @@ def main(argv: list[str]) -> int:
 
     def save() -> None:
         write_json(out_dir / "gpu_check.json", result)
-        (out_dir / "gpu_check.md").write_text(markdown(result))
+        (out_dir / "gpu_check.md").write_text(markdown(result) + capture_markdown(result.get("capture")))
 
     t0 = time.perf_counter()
     if not args.skip_correctness:
@@ -105,6 +110,11 @@ def main(argv: list[str]) -> int:
         t1 = time.perf_counter()
         result["host"] = check_host(device, new_tokens=args.new_tokens, log=log)
         result["host"]["seconds"] = time.perf_counter() - t1
+        save()
+    if not args.skip_capture:
+        log("(d) capture time per CUDA graph, fresh runners" if cuda else "(d) capture time, tiny shapes (CPU)")
+        result["capture"] = check_capture(device, torch.bfloat16, [DRAFT_05B, TARGET_15B] if cuda else [CPU_DRAFT],
+                                          args.ctx, log=log)
         save()
     result["seconds"] = time.perf_counter() - t0
     save()

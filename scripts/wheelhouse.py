@@ -79,7 +79,12 @@ for k in $(seq 1 {n_parts}); do [ -d {out_name}/part$k ] || {{ echo "part $k of 
 mkdir -p {out_name}/joined
 for first in $(ls {out_name}/part*/*.whl.000 2>/dev/null); do
   name=$(basename "$first" .000)
-  cat $(ls {out_name}/part*/"$name".[0-9][0-9][0-9] | sort -t. -k3) > {out_name}/joined/"$name"
+  : > {out_name}/joined/"$name"
+  i=0
+  while piece=$(ls {out_name}/part*/"$name".$(printf %03d $i) 2>/dev/null); do
+    cat "$piece" >> {out_name}/joined/"$name"
+    i=$((i + 1))
+  done
 done
 python -m pip install --no-index {links} --find-links {out_name}/joined --target .pydeps \\
     --upgrade {" ".join(repr(p) for p in PACKAGES)}

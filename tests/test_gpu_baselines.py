@@ -46,3 +46,15 @@ def test_target_baselines_lists_every_row_and_keeps_going_past_a_failure(monkeyp
     for label in (baselines.ROW_EAGER, baselines.ROW_STATIC, baselines.ROW_STATIC_COMPILE):
         assert rows[label] == {"error": "OutOfMemoryError: CUDA out of memory"}
     assert any("CUDA out of memory" in s for s in said)
+
+
+def test_capture_times_per_bucket_on_cpu_and_their_section():
+    from sequoia.tools.gpucheck.capture import capture_markdown, capture_times
+    from sequoia.tools.gpucheck.models import runner
+
+    rn = runner(tiny_model(0, torch.device("cpu")), "graph", "tiny")
+    rows = capture_times(rn, ctx=8, buckets=(1, 4), replays=1)
+    assert set(rows) == {1, 4} and all(r["capture_s"] >= 0 and r["replay_ms"] > 0 for r in rows.values())
+    page = capture_markdown({"graphs": False, "shapes": {"tiny": {"buckets": rows, "mean_capture_s": 0.0}}})
+    assert "Off CUDA: eager" in page and "| tiny | 4 |" in page
+    assert capture_markdown(None) == ""
