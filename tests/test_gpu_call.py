@@ -83,3 +83,12 @@ def test_spaces_decorator_passes_through_outside_spaces(monkeypatch):
 
     monkeypatch.setattr(serving, "spaces", spaces)
     assert not serving.zerogpu() and serving.on_gpu(work, lambda n: 30) is work
+
+
+def test_the_duration_covers_the_target_alone_too():
+    prof = _profile(20.0)          # the target alone: 10 ms a token here
+    plan = gpu_call.plan_call(1000, prof, DEFAULT_ENTRY.values, capture=gpu_call.CaptureCost(1e3, True, "slow"))
+    alone_s = 1000 * 0.010
+    assert not plan.capture and plan.eager_s < alone_s       # the tree is faster per token, yet the call is
+    assert plan.duration_s >= gpu_call.BASE_S + gpu_call.MARGIN * alone_s   # long enough for the target alone
+    assert "target alone" in plan.reason

@@ -9,8 +9,9 @@ the call's steps save more than the captures cost (:func:`capture_pays`).
 
 The duration asked for is the expected time of the request (its new tokens over
 the expected tokens per step, times the step time of the mode chosen, plus the
-captures), with a margin and a fixed part for moving the weights and the prompt's
-forward, clamped to what ZeroGPU grants one call (:func:`plan_call`).
+captures; or the target alone's time when that is longer), with a margin and a
+fixed part for moving the weights and the prompt's forward, clamped to what
+ZeroGPU grants one call (:func:`plan_call`).
 
 Two numbers here are not measured on ZeroGPU's card (RTX Pro 6000 Blackwell,
 sm_120): the capture time per graph (:data:`CAPTURE_NOT_MEASURED`) and the eager
@@ -23,6 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..core.cost import draft_widths
 from ..core.optimizer import choose_tree
 from ..core.profile import HardwareProfile
 from ..runners.hf.graph_runner import BUCKETS, bucket_of, window_of
@@ -94,16 +96,22 @@ def plan_call(new_tokens: int, profile: HardwareProfile | None, acceptance, cont
     choice = choose_tree(acceptance, profile)
     steps = math.ceil(new_tokens / max(choice.expected_tokens, 1.0)) * n_runs
     eager_step = choice.cost.total_ms / 1e3
-    widths = tuple(len(level) for level in choice.tree.levels) if choice.budget else ()
+    widths = tuple(draft_widths(choice.tree)) if choice.budget else ()
     graphs = graphs_needed(widths, choice.tree.n_nodes, context, new_tokens)
     graphs_s = graphs * capture.per_graph_s + steps * eager_step / eager_over_graph
     eager_s = steps * eager_step
     take = capture_pays(steps, eager_step, eager_step / eager_over_graph, graphs, capture.per_graph_s)
+    # The request's method may be slower than the profile's tree (the target alone: one token a step), and a
+    # call that outlives its duration is cut off: price the slower of the two.
+    alone_s = new_tokens * n_runs * (float(profile.target(1)) + profile.step_overhead_ms) / 1e3
+    worst = max(graphs_s, graphs * capture.per_graph_s + alone_s / eager_over_graph) if take else \
+        max(eager_s, alone_s)
     unmeasured = [] if capture.measured else [f"capture time {capture.source}"]
     unmeasured.append(f"eager/graph ratio {eager_over_graph} (H100, not measured on this card)")
-    reason = (f"{steps} steps: eager {eager_s:.1f} s, with {graphs} graphs captured {graphs_s:.1f} s, so "
-              f"{'capture' if take else 'eager'}; " + "; ".join(unmeasured))
-    return CallPlan(_clamp(BASE_S + MARGIN * min(eager_s, graphs_s)), take, steps, graphs, eager_s, graphs_s, reason)
+    reason = (f"{steps} steps of the profile's tree: eager {eager_s:.1f} s, with {graphs} graphs captured "
+              f"{graphs_s:.1f} s, so {'capture' if take else 'eager'}; priced at {worst:.1f} s (the slower of "
+              "that tree and the target alone); " + "; ".join(unmeasured))
+    return CallPlan(_clamp(BASE_S + MARGIN * worst), take, steps, graphs, eager_s, graphs_s, reason)
 
 
 def _clamp(seconds: float) -> int:
