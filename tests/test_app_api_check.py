@@ -30,6 +30,9 @@ def test_the_verdict_needs_both_ratios_within_the_tolerance(check):
     records = [{"draft_s": 1.0, "verify_s": 0.0, "other_s": 0.0}] * 2 + \
         [{"draft_s": 0.001, "verify_s": 0.002, "other_s": 0.0}] * 3
     assert check.step_ms(records) == pytest.approx(3.0)    # the first two steps are left out
+    slow_page = check.compare(direct, direct, 0.10, {"ms_per_token": 20.0}, {"ms_per_token": 12.0})
+    assert not slow_page["passed"]                           # the Live tab held the engine back
+    assert not check.compare(direct, direct, 0.10, {"ms_per_token": 12.0}, {"ms_per_token": 0.0})["passed"]
 
 
 @pytest.mark.slow
@@ -44,6 +47,7 @@ def test_the_check_runs_on_cpu_with_tiny_models_and_writes_json_and_markdown(che
         row = result["temperatures"][t]
         assert row["api"]["steps"] >= 1 and row["api"]["tokens"] == row["direct"]["tokens"]  # same request
         assert row["api"]["step_ms"] > 0 and row["direct"]["wall_ms_per_step"] > 0
+        assert row["stream"]["frames"] >= 1 and row["ratios"]["live_ms_per_token"] > 0   # the Live tab's stream
     assert result["temperatures"]["0.0"]["api"]["steps"] == result["temperatures"]["0.0"]["direct"]["steps"]
     page = (out / "app_api_check.md").read_text()
-    assert "step ms: API / direct" in page and "within 10000%" in page
+    assert "step ms: API / direct" in page and "Live tab ms per token" in page and "within 10000%" in page
