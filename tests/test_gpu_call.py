@@ -53,7 +53,7 @@ def test_plan_grows_with_the_request_and_captures_only_when_it_pays():
 
 def test_without_a_profile_the_flat_rate_applies():
     plan = gpu_call.plan_call(100, None, DEFAULT_ENTRY.values, n_runs=2)
-    assert not plan.capture and plan.duration_s == int(gpu_call.BASE_S + gpu_call.PER_TOKEN_S * 200)
+    assert not plan.capture and plan.duration_s == int(gpu_call.FLAT_BASE_S + gpu_call.PER_TOKEN_S * 200)
     with pytest.raises(ValueError, match="new_tokens"):
         gpu_call.plan_call(-1, None, DEFAULT_ENTRY.values)
 

@@ -47,8 +47,9 @@ EAGER_OVER_GRAPH = 4.4
 #: Seconds every call asks for beyond its steps (moving the weights onto the card, the prompt's forward), the
 #: margin on the steps' expected time, and ZeroGPU's bounds on one call.
 BASE_S, MARGIN, MIN_S, MAX_S = 15.0, 1.5, 20, 300
-#: Seconds per new token when no profile prices the steps (the former flat rule).
-PER_TOKEN_S = 0.15
+#: Without a profile to price the steps: a fixed part and seconds per new token (a generous flat rule, not
+#: measured on ZeroGPU).
+FLAT_BASE_S, PER_TOKEN_S = 20.0, 0.15
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def plan_call(new_tokens: int, profile: HardwareProfile | None, acceptance, cont
         raise ValueError(f"new_tokens must be a non-negative integer and n_runs >= 1, got {new_tokens!r}, {n_runs!r}")
     if profile is None:
         seconds = PER_TOKEN_S * new_tokens * n_runs
-        return CallPlan(_clamp(BASE_S + seconds), False, 0, 0, seconds, math.inf,
+        return CallPlan(_clamp(FLAT_BASE_S + seconds), False, 0, 0, seconds, math.inf,
                         f"no hardware profile yet: {PER_TOKEN_S} s a token, eager")
     choice = choose_tree(acceptance, profile)
     steps = math.ceil(new_tokens / max(choice.expected_tokens, 1.0)) * n_runs
