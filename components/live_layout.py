@@ -88,9 +88,9 @@ def _outputs_column() -> SimpleNamespace:
     return v
 
 
-def _gpu_seconds(scale: int):
-    """ZeroGPU's duration for a Live handler: ``scale`` decodes of the request's new tokens."""
-    return lambda *values: serving.gpu_seconds(DecodeInputs.from_page(*values).max_new_tokens) * scale
+def _gpu_seconds(ctx: AppContext, scale: int):
+    """ZeroGPU's duration for a Live handler: ``scale`` decodes of the request's new tokens, priced by the profile."""
+    return lambda *values: serving.gpu_seconds(DecodeInputs.from_page(*values).max_new_tokens, scale, ctx.profile)
 
 
 def _handlers(ctx: AppContext):
@@ -106,8 +106,8 @@ def _handlers(ctx: AppContext):
         yield from decode_stream(exact, inputs)
 
     # serving.on_gpu: ZeroGPU only
-    return (serving.on_gpu(page_handler(functools.partial(decode_stream, ctx)), _gpu_seconds(1)),
-            serving.on_gpu(page_handler(exact_stream), _gpu_seconds(2)))
+    return (serving.on_gpu(page_handler(functools.partial(decode_stream, ctx)), _gpu_seconds(ctx, 1)),
+            serving.on_gpu(page_handler(exact_stream), _gpu_seconds(ctx, 2)))
 
 
 def _wire(ctx: AppContext, c: SimpleNamespace, v: SimpleNamespace) -> None:

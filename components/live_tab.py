@@ -28,7 +28,7 @@ from . import inspector_view, serving, stats_view, target_rate, text_view, tree_
 from .context import AppContext
 from .decode_inputs import DecodeInputs, api_signature
 from .runtimes_here import fastest_elsewhere
-from .frames import FRAME_S, Throttle
+from .frames import FRAME_S, Throttle, paced
 from .validation import EngineInputs
 
 #: The method the page opens on: the tree the machine's profile prices as best, per step.
@@ -199,13 +199,13 @@ def decode_stream(ctx: AppContext, inputs: DecodeInputs):
 
 def _stream_views(session: LiveSession, steps: Iterator[StepRecord]):
     """The views, at most every FRAME_S (the tree and statistics less often); the last step in full."""
-    frame, tree, stats = Throttle(FRAME_S), Throttle(_TREE_EVERY_S), Throttle(_STATS_EVERY_S)
+    tree, stats = Throttle(_TREE_EVERY_S), Throttle(_STATS_EVERY_S)
     shown = None  # the step whose tree is on screen
-    for rec in steps:
-        session.records.append(rec)
-        now = time.monotonic()
-        if not frame.due(now, rec.finished):
-            continue  # the engine keeps going; a Stop waits at most one frame
+    for batch in paced(steps, FRAME_S):   # the engine runs ahead in a worker thread (components.frames)
+        if not batch.items:
+            continue
+        session.records.extend(batch.items)
+        rec, now = session.records[-1], time.monotonic()
         new_tree = tree.due(now, rec.finished)
         if new_tree:
             shown = len(session.records) - 1
@@ -232,7 +232,8 @@ def decode_api_fn(ctx: AppContext):
         records = serving.drain(run_decode(ctx, validation.engine_inputs(ctx, req)), stop)
         return generated_text(ctx, records), [r.to_dict() for r in records]
 
-    gpu_work = serving.on_gpu(work, lambda stop, inputs: serving.gpu_seconds(inputs.max_new_tokens))
+    gpu_work = serving.on_gpu(work, lambda stop, inputs: serving.gpu_seconds(inputs.max_new_tokens,
+                                                                              profile=ctx.profile))
 
     async def decode(*values, **named):
         """Generate with one method; returns the text and one JSON object per step.

@@ -15,8 +15,9 @@ cannot run many decodes at once.
 Model-free work runs in the app's lanes (:mod:`components.lanes`).
 
 **ZeroGPU.**  Where the ``spaces`` package reports ZeroGPU, :func:`on_gpu`
-wraps the model work in ``spaces.GPU(duration=...)`` sized from the request;
-elsewhere it returns the work unchanged.
+wraps the model work in ``spaces.GPU(duration=...)`` sized from the request and
+the card's hardware profile (:func:`gpu_seconds`); elsewhere it returns the work
+unchanged (the ``spaces`` package's own decorator also passes through outside Spaces).
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ from collections.abc import Callable, Iterator
 from contextlib import closing
 from typing import TypeVar
 
+from sequoia.core.profile import HardwareProfile
+from sequoia.runtime.finder import DEFAULT_ENTRY
+from sequoia.runtime.gpu_call import plan_call
+
 try:  # only on Hugging Face Spaces; nothing else here needs it
     import spaces  # type: ignore[import-not-found]
 except ImportError:
@@ -34,9 +39,8 @@ except ImportError:
 
 T = TypeVar("T")
 
-#: Seconds of GPU a ZeroGPU call asks for: a fixed part (moving the weights, the prefill) plus a part per
-#: new token and method, capped at what ZeroGPU grants one call.
-ZEROGPU_BASE_S, ZEROGPU_PER_TOKEN_S, ZEROGPU_MAX_S = 20.0, 0.15, 300
+#: The vector a call's duration is priced with when the request gives none (the page's default: code, T=0).
+DEFAULT_ACCEPTANCE = DEFAULT_ENTRY.values
 
 
 # ------------------------------------------------------------------ cancellation
@@ -78,13 +82,17 @@ def zerogpu() -> bool:
     return bool(getattr(getattr(config, "Config", None), "zero_gpu", False))
 
 
-def gpu_seconds(max_new_tokens, n_methods: int = 1) -> int:
-    """GPU seconds to ask ZeroGPU for: a fixed part plus a part per new token and method, capped."""
+def gpu_seconds(max_new_tokens, n_methods: int = 1, profile: HardwareProfile | None = None,
+                acceptance=None) -> int:
+    """GPU seconds to ask ZeroGPU for: the request's expected time under this card's hardware profile (the
+    tree it chooses, eager or with graphs captured in the call, :func:`sequoia.runtime.gpu_call.plan_call`), or
+    a flat rate per token without one."""
     try:
-        n = int(max_new_tokens)
+        n = max(int(max_new_tokens), 0)
     except (TypeError, ValueError):
         n = 0
-    return int(min(ZEROGPU_MAX_S, ZEROGPU_BASE_S + ZEROGPU_PER_TOKEN_S * max(n, 0) * n_methods))
+    return plan_call(n, profile, DEFAULT_ACCEPTANCE if acceptance is None else acceptance,
+                     n_runs=max(int(n_methods), 1)).duration_s
 
 
 def on_gpu(work: Callable[..., T], duration: Callable[..., int]) -> Callable[..., T]:

@@ -2,17 +2,20 @@
 
     python scripts/gpu_check.py --out DIR [--device cuda|cpu] [--compile] [--skip-costs] [--skip-correctness]
                                 [--skip-host] [--skip-draft] [--skip-draft-compile]
+                                [--skip-capture]
 
 (a) correctness on tiny fp32 models, on the graph runner (CUDA graphs over a slot cache) and the eager one:
 greedy equality of every method with the target's greedy ``generate``, a tree's logits against each node's
 chain, graph replay against eager, the chi-square of a sampled joint and of a broken residual (must fail);
 (b) costs with random bf16 weights at the embedded pair's shapes and a 7B target's: forwards by new-token
 count, the hardware profile, the optimizer's choice under each shipped acceptance vector, engine steps
-against the prediction, and baselines (target alone on graphs, HF ``generate`` eager; ``--compile``: with a
-static cache and torch.compile); (c) host work per engine step (the step minus its forwards, with the torch
+against the prediction, and baselines (sequoia/tools/gpucheck/baselines.py: target alone on graphs, HF ``generate`` eager;
+``--compile``: the compiled graph target alone, HF ``generate`` with a static cache, and with a static cache and
+torch.compile; a baseline that fails is a row with its error); (c) host work per engine step (the step minus its forwards, with the torch
 operators and scalar reads outside them) for DP trees of 55 and 127 nodes at T=0 and T=1 on tiny models; (d) the
 draft alone at the 0.5B shapes: a static tree's whole draft as one graph against one replay per level, and the
-compiled draft's cold and warm start (child processes, fresh inductor caches).  Writes DIR/gpu_check.json and DIR/gpu_check.md (after each part, so a run
+compiled draft's cold and warm start (child processes, fresh inductor caches).  (e) the capture time of one CUDA graph per bucket on fresh runners (what a ZeroGPU call pays before replaying,
+sequoia/runtime/gpu_call.py).  Writes DIR/gpu_check.json and DIR/gpu_check.md (after each part, so a run
 cut short keeps what it did).  ``--device cpu`` runs the same on tiny stand-in shapes in seconds.
 """
 
@@ -31,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain s
 import transformers  # noqa: E402
 
 from sequoia._meta import write_json  # noqa: E402
+from sequoia.tools.gpucheck.capture import capture_markdown, check_capture  # noqa: E402
 from sequoia.tools.gpucheck.correctness import check_correctness  # noqa: E402
 from sequoia.tools.gpucheck.costs import check_costs  # noqa: E402
 from sequoia.tools.gpucheck.draft import check_draft  # noqa: E402
@@ -63,7 +67,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--ctx", type=int, default=128, help="cached tokens before timed forwards")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--targets", default="1.5b,7b", help="target shapes on CUDA: 1.5b, 7b")
-    ap.add_argument("--compile", action="store_true", help="also time HF generate with torch.compile (slow)")
+    ap.add_argument("--compile", action="store_true", help="also the compiled baselines (slow: minutes of compilation each)")
     ap.add_argument("--compile-runners", action="store_true",
                     help="part (b) with graph runners whose forwards are compiled (inductor) before capture")
     ap.add_argument("--quick", action="store_true", help="one prompt and one sampled rule in part (a)")
@@ -72,6 +76,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--skip-host", action="store_true")
     ap.add_argument("--skip-draft", action="store_true")
     ap.add_argument("--skip-draft-compile", action="store_true", help="part (d) without the compiled starts")
+    ap.add_argument("--skip-capture", action="store_true")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -84,7 +89,7 @@ def main(argv: list[str]) -> int:
 
     def save() -> None:
         write_json(out_dir / "gpu_check.json", result)
-        (out_dir / "gpu_check.md").write_text(markdown(result))
+        (out_dir / "gpu_check.md").write_text(markdown(result) + capture_markdown(result.get("capture")))
 
     t0 = time.perf_counter()
     if not args.skip_correctness:
@@ -116,6 +121,11 @@ def main(argv: list[str]) -> int:
         result["draft"] = check_draft(device, args.ctx, args.repeats or (20 if cuda else 3), log=log,
                                       compile_check=not args.skip_draft_compile)
         result["draft"]["seconds"] = time.perf_counter() - t1
+        save()
+    if not args.skip_capture:
+        log("(e) capture time per CUDA graph, fresh runners" if cuda else "(e) capture time, tiny shapes (CPU)")
+        result["capture"] = check_capture(device, torch.bfloat16, [DRAFT_05B, TARGET_15B] if cuda else [CPU_DRAFT],
+                                          args.ctx, log=log)
         save()
     result["seconds"] = time.perf_counter() - t0
     save()

@@ -26,6 +26,11 @@ def test_gpu_check_runs_on_cpu_and_writes_json_and_markdown(tmp_path):
     assert c["distribution"]["broken_residual_p"] < c["distribution"]["alpha"]   # the foil is caught
     target = next(iter(result["costs"]["targets"].values()))
     assert target["engine"]["ar"]["step_ms"] > 0 and target["profile"]["target_ms"]
+    rows = target["baselines"]            # sequoia/tools/gpucheck/baselines.py; a failing one carries its error
+    assert {"graph target alone (engine ar)", "HF generate, eager"} <= set(rows)
+    assert all("tokens_per_s" in r or "error" in r for r in rows.values())
+    capture = next(iter(result["capture"]["shapes"].values()))
+    assert set(capture["buckets"]) == {"1", "2", "4", "8", "16", "32", "64", "128"} and capture["mean_capture_s"] >= 0
     host = result["host"]["rows"]
     assert {"55 nodes, T=1", "127 nodes, T=0", "127 nodes, T=1"} <= set(host)
     assert all(r["host_ms"] > 0 and r["forward_ms"] > 0 for r in host.values())
@@ -38,3 +43,4 @@ def test_gpu_check_runs_on_cpu_and_writes_json_and_markdown(tmp_path):
     page = (out / "gpu_check.md").read_text()
     assert "greedy output = target's greedy generate" in page and "Projected Sequoia" in page
     assert "Host work per engine step" in page and "(d) The draft alone" in page and "Compiling: unavailable" in page
+    assert "(e) Capture time per CUDA graph" in page

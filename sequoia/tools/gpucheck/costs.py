@@ -5,9 +5,9 @@ tokens after ``ctx`` cached ones on the graph runner and the eager one; the
 project's hardware profile measured on the graph runner; the optimizer's choice
 under each shipped acceptance vector; engine steps timed end to end against the
 profile's prediction (the target alone and the tree chosen for code at T=0); and
-what a user would run instead: the target alone on the graph runner, HF
-``generate`` eager, and (``compile``) HF ``generate`` with a static cache and
-``torch.compile(mode="reduce-overhead")``.  Projected Sequoia tokens/s is the
+what a user would run instead (:mod:`.baselines`: the target alone on graphs, HF
+``generate`` eager, and with ``compile`` the compiled graph target alone and HF
+``generate`` with a static cache and torch.compile).  Projected Sequoia tokens/s is the
 chosen tree's expected tokens per step (shipped acceptance vector: random
 weights accept nothing) over the measured step time.
 """
@@ -27,6 +27,7 @@ from ...runtime.drafter import StaticTreeProposer
 from ...runtime.engine import SpeculativeEngine, sync
 from ...runtime.finder import find_acceptance, list_acceptance
 from ...runtime.profiling import measure_profile
+from .baselines import target_baselines
 from .models import Shape, pair_of, random_model, runner
 
 NS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -77,33 +78,6 @@ def engine_steps(pair, tree: Tree, ctx: int, new_tokens: int, name: str) -> dict
         "other_ms": statistics.median(1e3 * r.other_s for r in timed),
         "tokens_per_step": sum(len(r.new_tokens) for r in timed) / len(timed),
     }
-
-
-def hf_generate(model, ctx: int, new_tokens: int, compile_static: bool = False) -> dict:
-    """Tokens/s of HF ``generate`` (greedy, eager; or static cache + torch.compile reduce-overhead)."""
-    device = next(model.parameters()).device
-    ids = torch.randint(min(model.config.vocab_size, 151936), (1, ctx), generator=torch.Generator().manual_seed(2))
-    ids = ids.to(device)
-    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
-    original = model.forward
-    try:
-        if compile_static:
-            kwargs["cache_implementation"] = "static"
-            model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
-        t0 = time.perf_counter()
-        model.generate(ids, **kwargs)          # warm-up (and compilation)
-        warm_s = time.perf_counter() - t0
-        sync(device)
-        t0 = time.perf_counter()
-        model.generate(ids, **kwargs)
-        sync(device)
-        seconds = time.perf_counter() - t0
-        return {"tokens_per_s": new_tokens / seconds, "ms_per_token": 1e3 * seconds / new_tokens,
-                "first_run_s": warm_s}
-    except Exception as exc:  # noqa: BLE001 - a baseline that fails is a row with its error, not a crash
-        return {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-    finally:
-        model.forward = original
 
 
 def check_costs(device: torch.device, dtype: torch.dtype, draft_shape: Shape, targets: list[Shape], ctx: int,
@@ -177,14 +151,11 @@ def _one_target(model, draft_graph, shape: Shape, ctx, new_tokens, repeats, comp
         f"{measured:.2f} ms/step, predicted {res['engine']['predicted_sequoia_step_ms'] or 0:.2f}; projected "
         f"{res['projection']['sequoia_tokens_per_s']:.0f} tok/s = {res['projection']['speedup']:.2f}x")
     saved()
-    res["baselines"] = {"graph target alone (engine ar)": {"tokens_per_s": 1e3 / ar["step_ms"],
-                                                           "ms_per_token": ar["step_ms"]},
-                        "HF generate, eager": hf_generate(model, ctx, new_tokens)}
+    res["baselines"] = target_baselines(
+        model, shape.name, ctx, new_tokens, ar["step_ms"], compile_static, log=log,
+        alone=lambda target: engine_steps(pair_of(draft_graph, target, shape.name), Tree.root_only(), ctx,
+                                          new_tokens, "ar"))
     saved()
-    if compile_static:
-        res["baselines"]["HF generate, static cache + torch.compile"] = hf_generate(model, ctx, new_tokens, True)
-    for name, b in res["baselines"].items():
-        log(f"  baseline {name}: " + (f"{b['tokens_per_s']:.1f} tok/s" if "tokens_per_s" in b else b["error"]))
     return res
 
 
