@@ -470,7 +470,9 @@ def test_live_tab_records_checks_and_feeds_the_inspector(tiny_app_pair, tmp_path
     # After the run the target alone was measured on its prompt: the ratio says so, and is cached.
     assert "the latter measured on this prompt" in outs[-1][3] and len(ctx.target_rates) == 1
     html, note = live_tab.first_frame("say <hi>")
-    assert "say &lt;hi&gt;" in html and "drafting" in html
+    assert "say &lt;hi&gt;" in html and "reading the prompt" in html and "drafting" in note
+    html, note = live_tab.first_frame("hi", "ar")   # the target alone drafts nothing
+    assert "the target reads the prompt" in html and "drafting" not in html and "draft" not in note.lower()
 
 
 def test_the_vector_follows_the_temperature_and_the_prompt_kind():
