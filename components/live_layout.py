@@ -16,13 +16,15 @@ from sequoia.core.request import METHOD_OF_LABEL
 from . import serving, stats_view, text_view
 from .acceptance_choice import acceptance_catalogue, default_acceptance_label, follow_temperature
 from .context import LIGHT_WORK, MODEL_WORK, AppContext
-from .decode_inputs import PAGE_FIELDS, DecodeInputs, page_handler, with_parameters
+from .decode_inputs import PAGE_FIELDS, DecodeInputs, page_handler
 from .divergence_view import LOADING as EXACT_LOADING
 from .live_tab import (DEFAULT_METHOD, DEFAULT_NEW_TOKENS, GUIDED, GUIDED_LABEL, HOW_TO_READ, NO_NODE, START_HERE,
                        LiveSession, budget_help, checked_first_frame, decode_api_fn, decode_stream, inspect_choices,
                        inspect_node, show_step, stop_views)
 
 
+#: The input after the page's fields in the Live handlers: the session state (Stop reads it, live_tab.stop_views).
+SESSION = ("session",)
 #: Runs in the browser when the guided example starts: the text, summary and tree to the top of the window.
 SCROLL_TO_OUTPUT = "() => { document.getElementById('sq-text')?.scrollIntoView({block: 'start'}); }"
 
@@ -102,25 +104,28 @@ def _outputs_column() -> SimpleNamespace:
 
 
 def _gpu_seconds(scale: int):
-    """ZeroGPU's duration for a Live handler: ``scale`` decodes of the request's new tokens."""
-    return lambda *values: serving.gpu_seconds(DecodeInputs.from_page(*values).max_new_tokens) * scale
+    """ZeroGPU's duration for a Live handler (the page's fields, then the session): ``scale`` decodes of the
+    request's new tokens."""
+    return lambda *values: serving.gpu_seconds(DecodeInputs.from_page(*values[:-1]).max_new_tokens) * scale
 
 
 def _handlers(ctx: AppContext):
     """The decode and exact-mode stream handlers, with the page's named parameters (a refusal before the queue
     names the input it is about, components.validation)."""
-    def exact_stream(inputs: DecodeInputs):
+    def exact_stream(inputs: DecodeInputs, session: LiveSession | None):
+        if session is not None and session.waiting and session.stopped:
+            return   # stopped in the queue: Stop's handler drew the page
         if not ctx.exact_loaded:  # first use: the float32 target loads (components/extra_runners.py)
             yield gr.skip(), gr.skip(), gr.skip(), EXACT_LOADING, gr.skip(), gr.skip()
         try:
             exact = ctx.exact_context()
         except ValueError as exc:  # e.g. refused by the memory budget: the message says what to free
             raise gr.Error(str(exc), title="Cannot load exact mode") from None
-        yield from decode_stream(exact, inputs)
+        yield from decode_stream(exact, inputs, session)
 
-    # serving.on_gpu: ZeroGPU only
-    return (serving.on_gpu(page_handler(functools.partial(decode_stream, ctx)), _gpu_seconds(1)),
-            serving.on_gpu(page_handler(exact_stream), _gpu_seconds(2)))
+    # The page's fields, then its session state; serving.on_gpu: ZeroGPU only
+    return (serving.on_gpu(page_handler(functools.partial(decode_stream, ctx), SESSION), _gpu_seconds(1)),
+            serving.on_gpu(page_handler(exact_stream, SESSION), _gpu_seconds(2)))
 
 
 def _wire(ctx: AppContext, c: SimpleNamespace, v: SimpleNamespace) -> None:
@@ -130,26 +135,29 @@ def _wire(ctx: AppContext, c: SimpleNamespace, v: SimpleNamespace) -> None:
     # The first frame comes from a light event outside the model queue, so it shows at once (even while
     # another visitor's decode holds the model); it also leaves a session in the state for Stop to find.
     first = (v.text, v.summary_md, v.session)
-    frame = with_parameters((*PAGE_FIELDS, "session"), lambda *values: checked_first_frame(
-        ctx, DecodeInputs.from_page(*values[:-1]), values[-1]))
-    c.go_btn.click(frame, [*inputs, v.session], first, api_visibility="private", show_progress="hidden",
+    frame = page_handler(functools.partial(checked_first_frame, ctx), SESSION)
+    with_state = [*inputs, v.session]
+    c.go_btn.click(frame, with_state, first, api_visibility="private", show_progress="hidden",
                    concurrency_limit=None)
-    event = c.go_btn.click(handler, inputs, outputs, api_name="decode_stream", **MODEL_WORK)
-    guided_run = _wire_guided(ctx, c, v, frame, handler, inputs, outputs)
-    exact_event = c.exact_btn.click(exact_handler, inputs, outputs, api_visibility="private", **MODEL_WORK)
-    # Stop: its own handler settles every output at once and sets the flag the engine reads between steps;
-    # cancelling closes the handler's generator at its next frame, and with it the engine's (decode_stream).
+    # No progress overlay on the outputs: the first frame says what the run does, and after Stop the outputs
+    # must read as settled while the step in flight ends (it cannot be cut).
+    runs = dict(show_progress="hidden", **MODEL_WORK)
+    event = c.go_btn.click(handler, with_state, outputs, api_name="decode_stream", **runs)
+    guided_run = _wire_guided(ctx, c, v, frame, handler, with_state, outputs)
+    c.exact_btn.click(frame, with_state, first, api_visibility="private", show_progress="hidden",
+                      concurrency_limit=None)
+    exact_event = c.exact_btn.click(exact_handler, with_state, outputs, api_visibility="private", **runs)
+    # Stop: its own handler settles every output at once and sets the flag the run reads (live_tab.stop_views).
     # Light work: it must never wait behind the decode it stops.
     c.stop_btn.click(stop_views, v.session, [v.text, v.tree, v.stats, v.summary_md, v.step, v.node, v.inspect_fig,
                                             v.explain], api_visibility="private", show_progress="hidden",
                      concurrency_limit=None)
-    c.stop_btn.click(None, None, None, cancels=[event, guided_run, exact_event], api_visibility="private")
     _wire_inspector(v, (event, guided_run, exact_event))
     gr.api(decode_api_fn(ctx), api_name="decode", **MODEL_WORK)
     follow_temperature(c.temperature, c.acceptance, ctx.assets_dir)
 
 
-def _wire_guided(ctx, c, v, frame, handler, inputs, outputs):
+def _wire_guided(ctx, c, v, frame, handler, with_state, outputs):
     """The guided example: fill the fields, show the first frame, decode."""
     fields = [getattr(c, name) for name in GUIDED] + [c.acceptance]   # GUIDED's keys are PAGE_FIELDS names
     # The vector measured nearest the example's temperature, as moving the slider by hand would pick.
@@ -160,9 +168,9 @@ def _wire_guided(ctx, c, v, frame, handler, inputs, outputs):
     c.guided_btn.click(None, None, None, js=SCROLL_TO_OUTPUT, api_visibility="private")
     guided = c.guided_btn.click(lambda: [*guided_values, guided_vector if guided_vector in c.choices else gr.skip()],
                                 None, fields, api_visibility="private", concurrency_limit=None)
-    guided = guided.then(frame, [*inputs, v.session], [v.text, v.summary_md, v.session], api_visibility="private",
+    guided = guided.then(frame, with_state, [v.text, v.summary_md, v.session], api_visibility="private",
                          show_progress="hidden", concurrency_limit=None)
-    return guided.then(handler, inputs, outputs, api_visibility="private", **MODEL_WORK)
+    return guided.then(handler, with_state, outputs, api_visibility="private", show_progress="hidden", **MODEL_WORK)
 
 
 def _wire_inspector(v, runs) -> None:

@@ -77,7 +77,7 @@ class LiveSession:
     # Stop's handler reads these on the very object the run fills (gr.State keeps it by reference):
     waiting: bool = False             # the first frame is on the page and its run has not started yet
     running: bool = False             # the run's handler has started and not ended
-    stopped: bool = False             # Stop was pressed: the engine ends after its current step
+    stopped: bool = False             # Stop was pressed: the engine ends after its current step (or never starts)
 
 
 def budget_help() -> str:
@@ -163,13 +163,15 @@ def stop_views(session: LiveSession | None):
     """Stop's handler: (text, tree, stats, summary, slider, node, inspector figure, inspector words), settled
     at once from the steps done so far, however long the step in flight takes.
 
-    It also sets the stop flag the run's engine reads between steps.  Gradio's ``cancels`` then closes the run
-    at its next frame (components.live_layout), but leaves the outputs as the run last drew them: during the
-    first step, that was the first frame's "reading the prompt…".  Pressed with no run on, it changes nothing.
+    It also sets the stop flag the run reads: the engine ends after the step in flight (a step cannot be cut),
+    and a run still waiting in the queue never starts (decode_stream).  Why not Gradio's ``cancels``: a cancelled
+    event leaves the outputs as the run last drew them (during the first step, the first frame's "reading the
+    prompt…", for good), and one cancelled while its step computed ended with a red "Error" on every output.
+    Pressed with no run on, Stop changes nothing.
     """
     if session is None or not (session.running or session.waiting):
         return (gr.skip(),) * 8
-    session.stopped, session.waiting = True, False
+    session.stopped = True
     recs = session.records
     last = len(recs) - 1 if recs else None
     node, inspect_fig, words = inspect_choices(last or 0, session)
@@ -222,19 +224,24 @@ def _slider(n_records: int) -> gr.Slider:
                      interactive=n_records > 1)
 
 
-def decode_stream(ctx: AppContext, inputs: DecodeInputs):
+def decode_stream(ctx: AppContext, inputs: DecodeInputs, session: LiveSession | None = None):
     """Generator handler of the Live tab's inputs (the acceptance a catalogue label): yields (html, tree, stats,
     summary, slider, session) as steps arrive.
 
     The request was parsed by the validator before it queued; this call gets that parse back
     (components.validation) and builds the proposer once.
 
-    The session goes into ``gr.State`` before anything slow, so Stop finds it (stop_views) from the first
-    step on; the engine reads its stop flag between steps.  Stop (or a closed page) also closes this generator
-    at a ``yield``; ``closing`` then closes the engine's generator at once, which frees its KV caches instead
-    of leaving them to the garbage collector.
+    ``session``: the page's, as its first frame left it (checked_first_frame): this run's, which Stop may have
+    stopped while the run waited in the queue (then nothing runs).  Otherwise (an API call, exact mode's
+    stream) a new one goes into ``gr.State`` before anything slow.  The engine reads its stop flag between
+    steps; a closed page closes this generator at a ``yield``, and ``closing`` then closes the engine's at once,
+    which frees its KV caches instead of leaving them to the garbage collector.
     """
-    session = LiveSession(prompt=inputs.prompt, running=True)
+    if session is not None and session.waiting and session.stopped:
+        return   # stopped in the queue: Stop's handler drew the page
+    if session is None or not session.waiting:
+        session = LiveSession(prompt=inputs.prompt)
+    session.waiting, session.running = False, True
     try:
         yield (gr.skip(),) * 5 + (session,)
         yield from _run(ctx, inputs, session)

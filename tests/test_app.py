@@ -168,6 +168,13 @@ def test_the_first_frame_says_what_the_first_step_does(ctx):
     # a refused request, or a click while this page's run is on, leaves the page as it is
     assert live_tab.checked_first_frame(ctx, replace(inputs, temperature=5), None) == (gr.skip(),) * 3
     assert live_tab.checked_first_frame(ctx, inputs, live_tab.LiveSession(running=True)) == (gr.skip(),) * 3
+    # Stop while the run waits in the queue: Stop's handler settles the page and the run never starts
+    _, _, waiting = live_tab.checked_first_frame(ctx, inputs, None)
+    assert live_tab.stop_views(waiting)[3].startswith("**Stopped** before the first step")
+    assert list(live_tab.decode_stream(ctx, inputs, waiting)) == [] and not waiting.records
+    # not stopped: the run takes the first frame's session (the one Stop would find)
+    _, _, waiting = live_tab.checked_first_frame(ctx, inputs, None)
+    assert list(live_tab.decode_stream(ctx, inputs, waiting))[0][-1] is waiting and len(waiting.records) == 8
 
 
 def test_decode_stream_yields_as_steps_arrive(ctx, monkeypatch):
