@@ -40,12 +40,12 @@ DEFAULT_NEW_TOKENS = 128
 #: with llama.cpp's costs there (docs/benchmarks.md, "AVX2 only: llama.cpp runtime"; the runtime such a machine
 #: serves on): one target token 86 ms, 8 rows 593 ms, 16 rows 692; the draft 34 ms a level of one row, 59 of two.
 #: Budget 12, depth 5 verifies 13 rows (~650 ms) after five draft levels of one to three rows (~300 ms): ~1 s a
-#: step for ~2.5 tokens at T=0.6 (its DP tree expects 5.2 on the measured vector; an unseen prompt takes fewer).
-#: 48 tokens = ~19 steps = ~20 s, plus the prompt's forward (~2 s): ~22 s idle, ~50 s at the 2.2x slowdown
-#: measured there beside another job (5.1 tokens/s for the target alone against 11.7).  The first frame of
-#: steps comes after the prompt's forward and one step: ~3 s.  The earlier 32/6 at 128 tokens took 324-362 s on
-#: the Hugging Face runtime, where no tree can fit a minute on AVX2 (a 16-token bf16 forward costs ~11 tokens').
-#: The tree still branches: the root and two of its descendants have two children each.
+#: step.  Measured on the embedded pair (llama.cpp, one thread, CPU time, Zen 4): 48 tokens in 12 steps (4.0 a
+#: step), 14.7 s, the first step 0.7 s; the target alone 5.8 s.  Scaled to AVX2 with two threads (single rows
+#: ~1.2x, tree rows ~1.35x these): ~20 s, the first step ~1 s; ~45 s at the 2.2x slowdown measured there beside
+#: another job.  Budget 32, depth 6 at 128 tokens took 38 s here (~50 s there idle) and 324-362 s on the Hugging
+#: Face runtime, where no tree fits a minute on AVX2 (a 16-token bf16 forward costs ~11 tokens').  The tree
+#: still branches: the root and two of its descendants have two children each.
 GUIDED = dict(prompt="Write a Python function fizzbuzz(n) that returns the FizzBuzz strings for 1..n.",
               method="Sequoia (budget & depth)", budget=12, depth=5, temperature=0.6, max_new_tokens=48, seed=0)
 GUIDED_LABEL = "▶ Guided example: a code prompt at T=0.6, 48 tokens (the tree branches)"
