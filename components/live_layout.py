@@ -114,7 +114,8 @@ def _handlers(ctx: AppContext):
     names the input it is about, components.validation)."""
     def exact_stream(inputs: DecodeInputs, session: LiveSession | None):
         if session is not None and session.waiting and session.stopped:
-            return   # stopped in the queue: Stop's handler drew the page
+            yield (gr.skip(),) * 6   # stopped in the queue: Stop's handler drew the page
+            return
         if not ctx.exact_loaded:  # first use: the float32 target loads (components/extra_runners.py)
             yield gr.skip(), gr.skip(), gr.skip(), EXACT_LOADING, gr.skip(), gr.skip()
         try:

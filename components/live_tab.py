@@ -238,7 +238,8 @@ def decode_stream(ctx: AppContext, inputs: DecodeInputs, session: LiveSession | 
     which frees its KV caches instead of leaving them to the garbage collector.
     """
     if session is not None and session.waiting and session.stopped:
-        return   # stopped in the queue: Stop's handler drew the page
+        yield (gr.skip(),) * 6   # stopped in the queue: Stop's handler drew the page (a generator that
+        return                   # yields nothing would blank every output)
     if session is None or not session.waiting:
         session = LiveSession(prompt=inputs.prompt)
     session.waiting, session.running = False, True

@@ -171,7 +171,7 @@ def test_the_first_frame_says_what_the_first_step_does(ctx):
     # Stop while the run waits in the queue: Stop's handler settles the page and the run never starts
     _, _, waiting = live_tab.checked_first_frame(ctx, inputs, None)
     assert live_tab.stop_views(waiting)[3].startswith("**Stopped** before the first step")
-    assert list(live_tab.decode_stream(ctx, inputs, waiting)) == [] and not waiting.records
+    assert list(live_tab.decode_stream(ctx, inputs, waiting)) == [(gr.skip(),) * 6] and not waiting.records
     # not stopped: the run takes the first frame's session (the one Stop would find)
     _, _, waiting = live_tab.checked_first_frame(ctx, inputs, None)
     assert list(live_tab.decode_stream(ctx, inputs, waiting))[0][-1] is waiting and len(waiting.records) == 8
