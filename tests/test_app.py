@@ -145,6 +145,7 @@ def test_stop_ends_the_run_within_a_step_and_its_views_say_so(ctx, monkeypatch):
     assert len(session.records) == 1 and not session.running
     assert "**Stopped** after" in rest[-1][3]
 
+    monkeypatch.setattr(live_tab, "FRAME_S", 0.0)   # one frame a step: Stop comes after the third
     stream = live_tab.decode_stream(ctx, inputs)
     session = next(stream)[-1]
     for _ in range(3):
