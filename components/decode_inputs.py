@@ -73,15 +73,17 @@ def with_parameters(names: Sequence[str], fn: Callable[..., T]) -> Callable[...,
     return handler
 
 
-def page_handler(fn: Callable[[DecodeInputs], T]) -> Callable[..., T]:
-    """``fn(inputs)`` as a handler of the Live tab's widgets (:data:`PAGE_FIELDS`, in order)."""
+def page_handler(fn: Callable[..., T], extra: Sequence[str] = ()) -> Callable[..., T]:
+    """``fn(inputs, *rest)`` as a handler of the Live tab's widgets (:data:`PAGE_FIELDS`, in order) followed by
+    inputs named ``extra`` (e.g. the page's session state), passed on as ``rest``."""
+    n = len(PAGE_FIELDS)
     if inspect.isgeneratorfunction(fn):
         def call(*values):
-            yield from fn(DecodeInputs.from_page(*values))
+            yield from fn(DecodeInputs.from_page(*values[:n]), *values[n:])
     else:
         def call(*values):
-            return fn(DecodeInputs.from_page(*values))
-    return with_parameters(PAGE_FIELDS, call)
+            return fn(DecodeInputs.from_page(*values[:n]), *values[n:])
+    return with_parameters((*PAGE_FIELDS, *extra), call)
 
 
 def compare_handler(fn: Callable[[DecodeInputs, list[str]], T], method: str) -> Callable[..., T]:

@@ -84,6 +84,10 @@ def _chance(c: NodeCheck) -> float:
     return 1.0 if c.q_token <= 0 else min(1.0, c.p_token / c.q_token)
 
 
+#: Characters of a token in a tick label: eight labels side by side fit the Live tab's column at 1280 px.
+TICK_CHARS = 8
+
+
 def figure(record: StepRecord, node: int) -> go.Figure:
     """Bars of p, q (and the residual) over the parent's top tokens, per tested sibling, and u vs p/q."""
     check = _check(record, node)
@@ -96,7 +100,7 @@ def figure(record: StepRecord, node: int) -> go.Figure:
         rule = "min(1, p/1)" if copied(record, c.node) else "min(1, p/q)"
         titles += [_row_title(record, c), "" if bonus else (f"u vs {rule}" if c.u is not None else "T=0: argmax")]
     fig = make_subplots(rows=len(rows), cols=2, column_widths=[0.8, 0.2], subplot_titles=titles,
-                        horizontal_spacing=0.08, vertical_spacing=min(0.12, 0.5 / len(rows)))
+                        horizontal_spacing=0.08, vertical_spacing=min(0.15, 0.5 / len(rows)))
     for r, c in enumerate(rows, start=1):
         _bars(fig, c, _token(record, c), r, first=r == 1, tested=not bonus)
         if not bonus:
@@ -111,12 +115,15 @@ def _lay_out(fig: go.Figure, headline: str, n_rows: int) -> None:
     height = 170 + 210 * n_rows
     fig.update_layout(height=height, barmode="group", plot_bgcolor="white",
                       margin=dict(l=40, r=70, t=BADGE_PX + 70, b=90),
-                      legend=dict(orientation="h", y=-0.08, yanchor="top", x=0, xanchor="left"),
+                      legend=dict(orientation="h", yref="container", y=0, yanchor="bottom", x=0, xanchor="left"),
                       title=dict(text=headline, x=0.01, y=1 - BADGE_PX / height, yanchor="top"))
     for ann in fig.layout.annotations:
         if ann.xref == "paper" and ann.yref == "paper" and ann.text and ann.x < 0.5:  # the left column's titles
             ann.update(x=0.0, xanchor="left", font=dict(size=12))
     fig.update_yaxes(range=[0, 1.05], gridcolor="#eee")
+    # Level labels of two short lines: Plotly tilted the long one-line labels, and the first ran into the row
+    # title below it (or off the left edge), unreadable.
+    fig.update_xaxes(tickangle=0, tickfont=dict(size=10), automargin=True)
 
 
 def _row_title(record: StepRecord, c: NodeCheck) -> str:
@@ -133,8 +140,9 @@ def _token(record: StepRecord, c: NodeCheck) -> int:
 
 
 def _bars(fig: go.Figure, c: NodeCheck, token: int, row: int, first: bool, tested: bool = True) -> None:
-    names = [escape_token(t, 10) if t else str(i) for t, i in zip(c.top_texts or [""] * len(c.top_ids), c.top_ids)]
-    x = [f"{n} ({i})" for n, i in zip(names, c.top_ids)]  # ids keep two tokens with the same text apart
+    names = [escape_token(t, TICK_CHARS) if t else str(i)
+             for t, i in zip(c.top_texts or [""] * len(c.top_ids), c.top_ids)]
+    x = [f"{n}<br>({i})" for n, i in zip(names, c.top_ids)]  # ids keep two tokens with the same text apart
     series = [("target p", c.top_p, _P)]
     if c.top_q:
         series.append(("draft q", c.top_q, _Q))

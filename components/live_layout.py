@@ -10,26 +10,39 @@ from types import SimpleNamespace
 
 import gradio as gr
 
+from sequoia.core.config import MAX_DEPTH
 from sequoia.core.request import METHOD_OF_LABEL
 
-from . import serving, stats_view, text_view, validation
+from . import serving, stats_view, text_view
 from .acceptance_choice import acceptance_catalogue, default_acceptance_label, follow_temperature
 from .context import LIGHT_WORK, MODEL_WORK, AppContext
 from .decode_inputs import PAGE_FIELDS, DecodeInputs, page_handler
 from .divergence_view import LOADING as EXACT_LOADING
-from .live_tab import (DEFAULT_METHOD, DEFAULT_NEW_TOKENS, GUIDED, HOW_TO_READ, NO_NODE, START_HERE,
+from .live_tab import (DEFAULT_METHOD, DEFAULT_NEW_TOKENS, GUIDED, GUIDED_LABEL, HOW_TO_READ, NO_NODE, START_HERE,
                        LiveSession, budget_help, checked_first_frame, decode_api_fn, decode_stream, inspect_choices,
-                       inspect_node, show_step)
+                       inspect_node, show_step, stop_views)
+
+
+#: The input after the page's fields in the Live handlers: the session state (Stop reads it, live_tab.stop_views).
+SESSION = ("session",)
+#: Runs in the browser when the guided example starts: the text, summary and tree to the top of the window.
+SCROLL_TO_OUTPUT = "() => { document.getElementById('sq-text')?.scrollIntoView({block: 'start'}); }"
 
 
 def build(ctx: AppContext) -> None:
     """Lay out the tab inside the current ``gr.Blocks`` and wire its events."""
-    gr.Markdown(START_HERE, elem_id="sq-start")
+    # The guided example first, beside where to begin: above the fold at 1280x720 (under the controls it was
+    # below the fold even at 1440x900).
+    with gr.Row(equal_height=True, elem_id="sq-start-row"):
+        gr.Markdown(START_HERE, elem_id="sq-start")
+        guided_btn = gr.Button(GUIDED_LABEL, variant="primary", size="sm", elem_id="sq-guided", scale=0,
+                               min_width=260)
     with gr.Accordion("How to read this", open=False):
         gr.Markdown(HOW_TO_READ)
     with gr.Row():
         with gr.Column(scale=1, min_width=300):
             c = _controls(ctx)
+            c.guided_btn = guided_btn
         with gr.Column(scale=2):
             v = _outputs_column()
     v.stats = gr.Plot(label="Statistics", elem_id="sq-stats")
@@ -47,13 +60,17 @@ def _controls(ctx: AppContext) -> SimpleNamespace:
     c.chat = gr.Checkbox(value=True, label="apply the chat template")
     c.method = gr.Dropdown(list(METHOD_OF_LABEL), value=DEFAULT_METHOD, label="Method")
     with gr.Row():
-        c.budget = gr.Slider(1, cap, value=min(32, cap), step=1, label="budget (draft tokens / step)")
-        c.depth = gr.Slider(1, 32, value=8, step=1, label="depth")
+        # Number boxes, not sliders: a slider sets 100000 to its maximum and 0 to its minimum in the browser,
+        # and the decode ran with a value nobody asked for; here the request check refuses it beside the field.
+        c.budget = gr.Number(min(32, cap), precision=0, label=f"budget (draft tokens / step, 1..{cap})",
+                             elem_id="sq-budget")
+        c.depth = gr.Number(8, precision=0, label=f"depth (1..{MAX_DEPTH})", elem_id="sq-depth")
     gr.Markdown(budget_help())
     with gr.Row():
         # A number box, not a slider: a slider's box sets -1 to 0 on its own and the decode ran at T=0;
         # here the request check refuses it beside the field and nothing runs.
-        c.temperature = gr.Number(0, step=0.05, label="temperature (0 = greedy)", elem_id="sq-temperature")
+        c.temperature = gr.Number(0, step=0.05, label=f"temperature (0 = greedy, at most {ctx.limits.max_temperature:g})",
+                                  elem_id="sq-temperature")
         c.top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p")
     with gr.Row():
         # A number box, not a slider: a slider clamps 100000 to its maximum silently, while the
@@ -69,8 +86,6 @@ def _controls(ctx: AppContext) -> SimpleNamespace:
         c.stop_btn = gr.Button("Stop", variant="stop")
     c.exact_btn = gr.Button("Decode in exact mode (float32 target: at T=0 exactly the target alone's text)",
                             size="sm", elem_id="sq-exact")
-    c.guided_btn = gr.Button("▶ Guided example: a code prompt at T=0.6 (the tree branches)", size="sm",
-                             elem_id="sq-guided")
     return c
 
 
@@ -89,25 +104,30 @@ def _outputs_column() -> SimpleNamespace:
 
 
 def _gpu_seconds(ctx: AppContext, scale: int):
-    """ZeroGPU's duration for a Live handler: ``scale`` decodes of the request's new tokens, priced by the profile."""
-    return lambda *values: serving.gpu_seconds(DecodeInputs.from_page(*values).max_new_tokens, scale, ctx.profile)
+    """ZeroGPU's duration for a Live handler (the page's fields, then the session): ``scale`` decodes of the
+    request's new tokens, priced by the profile."""
+    return lambda *values: serving.gpu_seconds(DecodeInputs.from_page(*values[:-1]).max_new_tokens, scale,
+                                               ctx.profile)
 
 
 def _handlers(ctx: AppContext):
     """The decode and exact-mode stream handlers, with the page's named parameters (a refusal before the queue
     names the input it is about, components.validation)."""
-    def exact_stream(inputs: DecodeInputs):
+    def exact_stream(inputs: DecodeInputs, session: LiveSession | None):
+        if session is not None and session.waiting and session.stopped:
+            yield (gr.skip(),) * 6   # stopped in the queue: Stop's handler drew the page
+            return
         if not ctx.exact_loaded:  # first use: the float32 target loads (components/extra_runners.py)
             yield gr.skip(), gr.skip(), gr.skip(), EXACT_LOADING, gr.skip(), gr.skip()
         try:
             exact = ctx.exact_context()
         except ValueError as exc:  # e.g. refused by the memory budget: the message says what to free
             raise gr.Error(str(exc), title="Cannot load exact mode") from None
-        yield from decode_stream(exact, inputs)
+        yield from decode_stream(exact, inputs, session)
 
-    # serving.on_gpu: ZeroGPU only
-    return (serving.on_gpu(page_handler(functools.partial(decode_stream, ctx)), _gpu_seconds(ctx, 1)),
-            serving.on_gpu(page_handler(exact_stream), _gpu_seconds(ctx, 2)))
+    # The page's fields, then its session state; serving.on_gpu: ZeroGPU only
+    return (serving.on_gpu(page_handler(functools.partial(decode_stream, ctx), SESSION), _gpu_seconds(ctx, 1)),
+            serving.on_gpu(page_handler(exact_stream, SESSION), _gpu_seconds(ctx, 2)))
 
 
 def _wire(ctx: AppContext, c: SimpleNamespace, v: SimpleNamespace) -> None:
@@ -115,33 +135,44 @@ def _wire(ctx: AppContext, c: SimpleNamespace, v: SimpleNamespace) -> None:
     inputs = [getattr(c, name) for name in PAGE_FIELDS]
     outputs = [v.text, v.tree, v.stats, v.summary_md, v.step, v.session]
     # The first frame comes from a light event outside the model queue, so it shows at once (even while
-    # another visitor's decode holds the model).
-    frame = page_handler(functools.partial(checked_first_frame, ctx))
-    c.go_btn.click(frame, inputs, [v.text, v.summary_md], api_visibility="private", show_progress="hidden",
+    # another visitor's decode holds the model); it also leaves a session in the state for Stop to find.
+    first = (v.text, v.summary_md, v.session)
+    frame = page_handler(functools.partial(checked_first_frame, ctx), SESSION)
+    with_state = [*inputs, v.session]
+    c.go_btn.click(frame, with_state, first, api_visibility="private", show_progress="hidden",
                    concurrency_limit=None)
-    event = c.go_btn.click(handler, inputs, outputs, api_name="decode_stream", **MODEL_WORK)
-    guided_run = _wire_guided(ctx, c, v, frame, handler, inputs, outputs)
-    # Cancelling closes the handler's generator, and with it the engine's (see decode_stream).
-    exact_event = c.exact_btn.click(exact_handler, inputs, outputs, api_visibility="private", **MODEL_WORK)
-    c.stop_btn.click(None, None, None, cancels=[event, guided_run, exact_event], api_visibility="private")
+    # No progress overlay on the outputs: the first frame says what the run does, and after Stop the outputs
+    # must read as settled while the step in flight ends (it cannot be cut).
+    runs = dict(show_progress="hidden", **MODEL_WORK)
+    event = c.go_btn.click(handler, with_state, outputs, api_name="decode_stream", **runs)
+    guided_run = _wire_guided(ctx, c, v, frame, handler, with_state, outputs)
+    c.exact_btn.click(frame, with_state, first, api_visibility="private", show_progress="hidden",
+                      concurrency_limit=None)
+    exact_event = c.exact_btn.click(exact_handler, with_state, outputs, api_visibility="private", **runs)
+    # Stop: its own handler settles every output at once and sets the flag the run reads (live_tab.stop_views).
+    # Light work: it must never wait behind the decode it stops.
+    c.stop_btn.click(stop_views, v.session, [v.text, v.tree, v.stats, v.summary_md, v.step, v.node, v.inspect_fig,
+                                            v.explain], api_visibility="private", show_progress="hidden",
+                     concurrency_limit=None)
     _wire_inspector(v, (event, guided_run, exact_event))
     gr.api(decode_api_fn(ctx), api_name="decode", **MODEL_WORK)
     follow_temperature(c.temperature, c.acceptance, ctx.assets_dir)
-    for slider, name in ((c.budget, "budget"), (c.depth, "depth")):
-        validation.say_when_clamped(slider, name)
 
 
-def _wire_guided(ctx, c, v, frame, handler, inputs, outputs):
+def _wire_guided(ctx, c, v, frame, handler, with_state, outputs):
     """The guided example: fill the fields, show the first frame, decode."""
     fields = [getattr(c, name) for name in GUIDED] + [c.acceptance]   # GUIDED's keys are PAGE_FIELDS names
     # The vector measured nearest the example's temperature, as moving the slider by hand would pick.
     guided_vector = default_acceptance_label("code", GUIDED["temperature"], ctx.assets_dir)
-    guided_values = [min(value, c.new_cap) if name == "max_new_tokens" else value for name, value in GUIDED.items()]
+    caps = {"max_new_tokens": c.new_cap, "budget": ctx.budget_cap()}
+    guided_values = [min(value, caps[name]) if name in caps else value for name, value in GUIDED.items()]
+    # Bring the output into view: the button sits above the controls, the text beside and under them.
+    c.guided_btn.click(None, None, None, js=SCROLL_TO_OUTPUT, api_visibility="private")
     guided = c.guided_btn.click(lambda: [*guided_values, guided_vector if guided_vector in c.choices else gr.skip()],
                                 None, fields, api_visibility="private", concurrency_limit=None)
-    guided = guided.then(frame, inputs, [v.text, v.summary_md], api_visibility="private",
+    guided = guided.then(frame, with_state, [v.text, v.summary_md, v.session], api_visibility="private",
                          show_progress="hidden", concurrency_limit=None)
-    return guided.then(handler, inputs, outputs, api_visibility="private", **MODEL_WORK)
+    return guided.then(handler, with_state, outputs, api_visibility="private", show_progress="hidden", **MODEL_WORK)
 
 
 def _wire_inspector(v, runs) -> None:

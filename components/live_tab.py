@@ -12,7 +12,7 @@ tab parse the same way); the handler receives that parse and builds the proposer
 # No ``from __future__ import annotations`` here: gradio reads handler annotations.
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import closing
 from dataclasses import dataclass, field, replace
 
@@ -35,12 +35,22 @@ from .validation import EngineInputs
 DEFAULT_METHOD = "Sequoia (dynamic)"
 #: Long enough that the rate is the method's, not the first step's (the prompt's forward and warm caches).
 DEFAULT_NEW_TOKENS = 128
-#: The one-click example: a code prompt whose trees visibly branch when sampling at T=0.6.
+#: The one-click example: a code prompt whose trees visibly branch when sampling at T=0.6, sized to show a
+#: frame at once (the first frame's event) and end within a minute on a 2-vCPU AVX2-only CPU.  The arithmetic,
+#: with llama.cpp's costs there (docs/benchmarks.md, "AVX2 only: llama.cpp runtime"; the runtime such a machine
+#: serves on): one target token 86 ms, 8 rows 593 ms, 16 rows 692; the draft 34 ms a level of one row, 59 of two.
+#: Budget 12, depth 5 verifies 13 rows (~650 ms) after five draft levels of one to three rows (~300 ms): ~1 s a
+#: step.  Measured on the embedded pair (llama.cpp, one thread, CPU time, Zen 4): 48 tokens in 12 steps (4.0 a
+#: step), 14.7 s, the first step 0.7 s; the target alone 5.8 s.  Scaled to AVX2 with two threads (single rows
+#: ~1.2x, tree rows ~1.35x these): ~20 s, the first step ~1 s; ~45 s at the 2.2x slowdown measured there beside
+#: another job.  Budget 32, depth 6 at 128 tokens took 38 s here (~50 s there idle) and 324-362 s on the Hugging
+#: Face runtime, where no tree fits a minute on AVX2 (a 16-token bf16 forward costs ~11 tokens').  The tree
+#: still branches: the root and two of its descendants have two children each.
 GUIDED = dict(prompt="Write a Python function fizzbuzz(n) that returns the FizzBuzz strings for 1..n.",
-              method="Sequoia (budget & depth)", budget=32, depth=6, temperature=0.6,
-              max_new_tokens=DEFAULT_NEW_TOKENS, seed=0)
+              method="Sequoia (budget & depth)", budget=12, depth=5, temperature=0.6, max_new_tokens=48, seed=0)
+GUIDED_LABEL = "▶ Guided example: a code prompt at T=0.6, 48 tokens (the tree branches)"
 #: Always on screen above the tab: where to begin.
-START_HERE = ("**Start here:** press **▶ Guided example** (under Decode) to watch a code prompt decode, then read "
+START_HERE = ("**Start here:** press **▶ Guided example** (beside this) to watch a code prompt decode, then read "
               "top to bottom: the coloured text, the line under it (how much faster than the target alone, and why), "
               "the tree of the step on the slider, and the inspector under it. *How to read this* explains each piece.")
 HOW_TO_READ = """\
@@ -64,6 +74,10 @@ class LiveSession:
     rate: target_rate.TargetRate | None = None   # the target alone's rate, measured or predicted (it says which)
     itself: bool = False              # this run is the target alone: its own reference (1.00×)
     elsewhere: str = ""               # the fastest configuration measured here, when another one (see context)
+    # Stop's handler reads these on the very object the run fills (gr.State keeps it by reference):
+    waiting: bool = False             # the first frame is on the page and its run has not started yet
+    running: bool = False             # the run's handler has started and not ended
+    stopped: bool = False             # Stop was pressed: the engine ends after its current step (or never starts)
 
 
 def budget_help() -> str:
@@ -82,10 +96,12 @@ def generated_text(ctx: AppContext, records: list[StepRecord]) -> str:
     return ctx.pair().tokenizer.decode(ids, skip_special_tokens=True)
 
 
-def run_decode(ctx: AppContext, req: EngineInputs) -> Iterator[StepRecord]:
-    """The engine's step stream for a parsed request's engine inputs, with the token texts the views show."""
+def run_decode(ctx: AppContext, req: EngineInputs,
+               should_stop: Callable[[], bool] | None = None) -> Iterator[StepRecord]:
+    """The engine's step stream for a parsed request's engine inputs, with the token texts the views show;
+    ``should_stop()`` is read after every step (Stop)."""
     return generate_with_texts(ctx.engine(), ctx.pair().tokenizer, req.prompt_ids, req.proposer, req.config,
-                               inspect=req.inspect)
+                               should_stop=should_stop, inspect=req.inspect)
 
 
 # ------------------------------------------------------------------ handlers
@@ -101,26 +117,67 @@ def _views(session: LiveSession, selected: int | None, stats: bool, tree: bool =
 
 
 def summary(session: LiveSession) -> str:
-    """The statistics line plus this run's speed against the target alone (predicted by the profile)."""
+    """The statistics line plus this run's speed against the target alone (predicted by the profile), and
+    that it was stopped, when it was."""
+    if session.stopped and not session.records:
+        return "**Stopped** before the first step finished: nothing was generated."
     md = stats_view.summary_markdown(session.records)
     line = stats_view.speedup_markdown(session.records, session.rate, session.itself)
-    return md + ("  \n" + line if line else "") + ("  \n" + session.elsewhere if session.elsewhere else "")
+    md += ("  \n" + line if line else "") + ("  \n" + session.elsewhere if session.elsewhere else "")
+    return md + ("  \n" + stopped_line(session.records) if session.stopped else "")
 
 
-def first_frame(prompt: str) -> tuple[str, str]:
-    """What the page shows the moment Decode is pressed: the prompt and a note, before any step is done."""
-    return (text_view.html_view([], prompt=prompt or "", waiting="drafting the first step…"),
-            "*Drafting and verifying the first step…*")
+def stopped_line(records: list[StepRecord]) -> str:
+    """What the summary says of a run Stop ended (records: the steps it completed)."""
+    if records[-1].finished:   # Stop came while the target alone was being measured
+        return "**Stopped** while measuring the target alone: the run itself had finished."
+    n = sum(len(r.new_tokens) for r in records)
+    return f"**Stopped** after {n} tokens ({len(records)} target calls): the run ended at your Stop."
 
 
-def checked_first_frame(ctx: AppContext, inputs: DecodeInputs):
-    """The first frame of a request the server will take; a refused one (the validator says why beside its
-    field) leaves the last good output in place, with no placeholder waiting for a run that never starts."""
+def first_frame(prompt: str, method: str = "") -> tuple[str, str]:
+    """What the page shows the moment Decode is pressed (``method``: the engine's name): the prompt and what
+    the first step does, before it is done.  The target alone drafts nothing, so its note says so."""
+    if method == "ar":
+        waiting, note = "the target reads the prompt…", "*The target alone reads the prompt and draws the first token…*"
+    else:
+        waiting, note = "reading the prompt…", "*Reading the prompt, then drafting and verifying the first step…*"
+    return text_view.html_view([], prompt=prompt or "", waiting=waiting), note
+
+
+def checked_first_frame(ctx: AppContext, inputs: DecodeInputs, session: LiveSession | None):
+    """(text, summary, session): the first frame of a request the server will take, and a session that Stop
+    finds before the run starts (it may wait behind another visitor's).  A refused one (the validator says
+    why beside its field) leaves the last good output in place, with no placeholder waiting for a run that
+    never starts; so does a click while this page's run is on (the Decode button's event ignores it)."""
+    if session is not None and session.running:
+        return gr.skip(), gr.skip(), gr.skip()
     try:
-        validation.page_request(ctx, inputs)   # remembered: the validator's and the handler's parse reuse it
+        req = validation.page_request(ctx, inputs)   # remembered: the validator's and the handler's parse reuse it
     except ValueError:
-        return gr.skip(), gr.skip()
-    return first_frame(inputs.prompt)
+        return gr.skip(), gr.skip(), gr.skip()
+    return (*first_frame(inputs.prompt, req.method.name), LiveSession(prompt=inputs.prompt, waiting=True))
+
+
+def stop_views(session: LiveSession | None):
+    """Stop's handler: (text, tree, stats, summary, slider, node, inspector figure, inspector words), settled
+    at once from the steps done so far, however long the step in flight takes.
+
+    It also sets the stop flag the run reads: the engine ends after the step in flight (a step cannot be cut),
+    and a run still waiting in the queue never starts (decode_stream).  Why not Gradio's ``cancels``: a cancelled
+    event leaves the outputs as the run last drew them (during the first step, the first frame's "reading the
+    prompt…", for good), and one cancelled while its step computed ended with a red "Error" on every output.
+    Pressed with no run on, Stop changes nothing.
+    """
+    if session is None or not (session.running or session.waiting):
+        return (gr.skip(),) * 8
+    session.stopped = True
+    recs = session.records
+    last = len(recs) - 1 if recs else None
+    node, inspect_fig, words = inspect_choices(last or 0, session)
+    return (text_view.html_view(recs, prompt=session.prompt, selected_step=last),
+            tree_view.figure(recs[last]) if recs else None, stats_view.figure(recs), summary(session),
+            _slider(len(recs)), node, inspect_fig, words)
 
 
 def _elsewhere(ctx: AppContext, acceptance, method: str) -> str:
@@ -149,13 +206,14 @@ def _measure_alone(ctx: AppContext, req, job: EngineInputs, session: LiveSession
         if rate is not None:
             ctx.target_rates.put(key, rate)
         return
-    if session.rate is not None and session.rate.measured or len(session.records) < 2:
+    if session.rate is not None and session.rate.measured or len(session.records) < 2 or session.stopped:
         return
     yield (gr.skip(),) * 3 + (summary(session) + "  \n*Measuring the target alone on this prompt (once)…*",
                               gr.skip(), session)
     alone = validation.engine_inputs(ctx, req.for_method("Target alone"))
-    rate = target_rate.probe(lambda config: run_decode(ctx, replace(alone, config=config)), job.config)
-    if rate is not None:
+    rate = target_rate.probe(lambda config: run_decode(ctx, replace(alone, config=config), lambda: session.stopped),
+                             job.config)
+    if rate is not None and not session.stopped:
         ctx.target_rates.put(key, rate)
         session.rate = rate
     yield (gr.skip(),) * 3 + (summary(session), gr.skip(), session)
@@ -166,16 +224,33 @@ def _slider(n_records: int) -> gr.Slider:
                      interactive=n_records > 1)
 
 
-def decode_stream(ctx: AppContext, inputs: DecodeInputs):
+def decode_stream(ctx: AppContext, inputs: DecodeInputs, session: LiveSession | None = None):
     """Generator handler of the Live tab's inputs (the acceptance a catalogue label): yields (html, tree, stats,
     summary, slider, session) as steps arrive.
 
     The request was parsed by the validator before it queued; this call gets that parse back
     (components.validation) and builds the proposer once.
 
-    Stop (or a closed page) closes this generator at a ``yield``; ``closing`` then closes the engine's
-    generator at once, which frees its KV caches instead of leaving them to the garbage collector.
+    ``session``: the page's, as its first frame left it (checked_first_frame): this run's, which Stop may have
+    stopped while the run waited in the queue (then nothing runs).  Otherwise (an API call, exact mode's
+    stream) a new one goes into ``gr.State`` before anything slow.  The engine reads its stop flag between
+    steps; a closed page closes this generator at a ``yield``, and ``closing`` then closes the engine's at once,
+    which frees its KV caches instead of leaving them to the garbage collector.
     """
+    if session is not None and session.waiting and session.stopped:
+        yield (gr.skip(),) * 6   # stopped in the queue: Stop's handler drew the page (a generator that
+        return                   # yields nothing would blank every output)
+    if session is None or not session.waiting:
+        session = LiveSession(prompt=inputs.prompt)
+    session.waiting, session.running = False, True
+    try:
+        yield (gr.skip(),) * 5 + (session,)
+        yield from _run(ctx, inputs, session)
+    finally:
+        session.running = False
+
+
+def _run(ctx: AppContext, inputs: DecodeInputs, session: LiveSession):
     try:
         req = validation.page_request(ctx, inputs)
         job = validation.engine_inputs(ctx, req)
@@ -183,10 +258,10 @@ def decode_stream(ctx: AppContext, inputs: DecodeInputs):
         raise gr.Error(str(exc), title="Cannot decode") from None
     if job.note:
         gr.Warning(job.note)
-    session = LiveSession(prompt=inputs.prompt, rate=_known_rate(ctx, job), itself=req.method.name == "ar",
-                          elsewhere=_elsewhere(ctx, req.acceptance, req.method.name))
+    session.rate, session.itself = _known_rate(ctx, job), req.method.name == "ar"
+    session.elsewhere = _elsewhere(ctx, req.acceptance, req.method.name)
     try:
-        with closing(run_decode(ctx, replace(job, inspect=True))) as steps:
+        with closing(run_decode(ctx, replace(job, inspect=True), lambda: session.stopped)) as steps:
             yield from _stream_views(session, steps)
         yield from _measure_alone(ctx, req, job, session)
     except (ValueError, RuntimeError) as exc:
@@ -206,6 +281,8 @@ def _stream_views(session: LiveSession, steps: Iterator[StepRecord]):
             continue
         session.records.extend(batch.items)
         rec, now = session.records[-1], time.monotonic()
+        if session.stopped:
+            break   # the engine ends too (it checks the flag between steps); the frame on screen is the one Stop drew
         new_tree = tree.due(now, rec.finished)
         if new_tree:
             shown = len(session.records) - 1

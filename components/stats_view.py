@@ -29,6 +29,8 @@ _TITLES = ("tokens per step", "tokens per step over the run", "acceptance by dep
            "acceptance by child rank", "tokens / s (cumulative)", "time per step")
 _STEP_AXES = ((1, 2), (2, 2), (2, 3))  # (row, col) of the panels whose x axis is the step
 _SOURCE_TITLES = ("committed tokens by source, per step", "", "cumulative, by source")
+#: What the acceptance panels of a target-alone run say instead of bars.
+NOTHING_DRAFTED = "the target alone drafts nothing"
 #: (series name, colour) of the by-source panels: accepted drafts, accepted copies, the bonus.
 SOURCES = (("draft model", COLORS["accepted"]), ("copied from the context", "#8c564b"), ("bonus", COLORS["bonus"]))
 
@@ -54,7 +56,7 @@ def figure(records: Sequence[StepRecord]) -> go.Figure:
     s = summarize(records)
     steps = [r.step for r in records]
     _tokens_panels(fig, s, steps)
-    _acceptance_panels(fig, s)
+    _acceptance_panels(fig, s, records)
     _time_panels(fig, s, records)
     if copies:
         _source_panels(fig, records)
@@ -107,13 +109,15 @@ def _tokens_panels(fig: go.Figure, s: RunStats, steps: list[int]) -> None:
                          hovertemplate="%{x} tokens: %{y} steps<extra></extra>"), row=1, col=1)
     fig.add_trace(go.Scatter(x=steps, y=list(s.series_new), mode="lines+markers", name="tokens/step",
                              line=dict(color=COLORS["accepted"]), showlegend=False), row=1, col=2)
-    fig.add_hline(y=s.tokens_per_step, line_dash="dot", line_color="#555", row=1, col=2,
-                  annotation_text=f"mean {s.tokens_per_step:.2f}", annotation_position="top left")
+    # The mean in the panel's title: written on the plot, its label sat on the line and the axis' ticks.
+    fig.add_hline(y=s.tokens_per_step, line_dash="dot", line_color="#555", row=1, col=2)
+    fig.update_annotations(selector=dict(text=_TITLES[1]),
+                           text=f"{_TITLES[1]}<br><sup>mean {s.tokens_per_step:.2f} (dotted)</sup>")
     fig.update_xaxes(title_text="tokens committed", dtick=1, row=1, col=1)
     fig.update_xaxes(title_text="step", row=1, col=2)
 
 
-def _acceptance_panels(fig: go.Figure, s: RunStats) -> None:
+def _acceptance_panels(fig: go.Figure, s: RunStats, records: Sequence[StepRecord]) -> None:
     depth = s.accept_by_depth
     fig.add_trace(go.Bar(x=list(range(1, len(depth) + 1)), y=list(depth), name="by depth",
                          marker_color="#1f77b4", showlegend=False,
@@ -127,6 +131,14 @@ def _acceptance_panels(fig: go.Figure, s: RunStats) -> None:
     fig.update_xaxes(title_text="child rank k (p_k)", dtick=1, row=2, col=1)
     fig.update_yaxes(range=[0, 1.05], row=1, col=3)
     fig.update_yaxes(range=[0, 1.05], row=2, col=1)
+    if not depth:   # nothing drafted: say why the two panels are empty, rather than leave bare axes
+        note = NOTHING_DRAFTED if all(r.method == "ar" for r in records) else "no step drafted a token"
+        for row, col in ((1, 3), (2, 1)):
+            axes = fig.get_subplot(row, col)
+            fig.add_annotation(text=note, x=sum(axes.xaxis.domain) / 2, y=sum(axes.yaxis.domain) / 2, xref="paper",
+                               yref="paper", xanchor="center", yanchor="middle", showarrow=False,
+                               font=dict(size=13, color="#666"))
+            fig.update_xaxes(showticklabels=False, row=row, col=col)
 
 
 def _time_panels(fig: go.Figure, s: RunStats, records: Sequence[StepRecord]) -> None:

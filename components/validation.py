@@ -41,7 +41,7 @@ from .memo import RequestMemo, raw_key
 #: Fields of each endpoint's inputs, in order (None: an input the request parser does not read).
 INPUT_FIELDS = {
     "decode": API_FIELDS,
-    "decode_stream": PAGE_FIELDS,
+    "decode_stream": (*PAGE_FIELDS, None),     # then the page's session state
     "compare": ("prompt", "budget", "depth", "temperature", "top_p", "max_new_tokens", "seed", None),
     "compare_stream": (*COMPARE_FIELDS[:-1], None),
     "dp": ("acceptance", "budget", "depth"),
@@ -158,8 +158,8 @@ def validators(ctx: AppContext) -> dict[str, Callable[..., list[dict]]]:
     def decode(*values, **named):
         return answer(API_FIELDS, lambda: decode_request(ctx, *values, **named))
 
-    def decode_stream(inputs: DecodeInputs):
-        return answer(PAGE_FIELDS, lambda: page_request(ctx, inputs))
+    def decode_stream(inputs: DecodeInputs, session=None):   # session: the page's state, not the request's
+        return answer(INPUT_FIELDS["decode_stream"], lambda: page_request(ctx, inputs))
 
     def compare(prompt, budget=32, depth=8, temperature=0.0, top_p=1.0, max_new_tokens=64, seed=0,
                 include_hf=True):
@@ -173,8 +173,9 @@ def validators(ctx: AppContext) -> dict[str, Callable[..., list[dict]]]:
         return answer(INPUT_FIELDS["dp"], lambda: dp_request(ctx.lanes.dp_requests, acceptance, budget, depth))
 
     stream = compare_handler(compare_stream, COMPARE_METHOD)
-    return {"decode": api_signature(decode, list), "decode_stream": page_handler(decode_stream), "compare": compare,
-            "compare_stream": stream, "compare_full": stream, "dp": dp}   # compare_full: Compare's full run
+    return {"decode": api_signature(decode, list), "decode_stream": page_handler(decode_stream, ("session",)),
+            "compare": compare, "compare_stream": stream, "compare_full": stream,   # compare_full: Compare's full run
+            "dp": dp}
 
 
 def attach_validators(demo: gr.Blocks, ctx: AppContext) -> list[str]:

@@ -3,6 +3,7 @@
 import asyncio
 import threading
 import time
+from dataclasses import replace
 
 import gradio as gr
 import pytest
@@ -113,8 +114,8 @@ def test_failed_load_is_shown_and_the_dp_explorer_still_works(tmp_path, lanes):
 def test_stopping_a_decode_closes_the_engine_generator(ctx, monkeypatch):
     closed, real = [], live_tab.run_decode
 
-    def spy(ctx, req):
-        gen = real(ctx, req)
+    def spy(ctx, req, should_stop=None):
+        gen = real(ctx, req, should_stop)
         try:
             yield from gen
         finally:
@@ -123,10 +124,58 @@ def test_stopping_a_decode_closes_the_engine_generator(ctx, monkeypatch):
     monkeypatch.setattr(live_tab, "run_decode", spy)
     inputs = DecodeInputs.from_page("def f(x):", "Chain", 4, 4, 0.0, 1.0, 200, 0, CODE, True)
     stream = live_tab.decode_stream(ctx, inputs)
-    next(stream)
+    next(stream)   # the session, into the state before anything runs
+    next(stream)   # the first step
     assert closed == []
     stream.close()  # what Gradio does on Stop
     assert closed == [True]
+
+
+def test_stop_ends_the_run_within_a_step_and_its_views_say_so(ctx, monkeypatch):
+    """Issue 37: Stop's own handler settles every output from the steps done so far (also before the first),
+    and the engine, reading the flag between steps, ends after the step in flight."""
+    inputs = DecodeInputs.from_page("def f(x):", "Chain", 4, 4, 0.0, 1.0, 200, 0, CODE, True)
+    stream = live_tab.decode_stream(ctx, inputs)
+    session = next(stream)[-1]
+    assert session.running and not session.records
+    text, tree, stats, summary, slider, node, fig, words = live_tab.stop_views(session)   # in the first step
+    assert summary.startswith("**Stopped** before the first step") and "def f(x):" in text and tree is None
+    assert "reading the prompt" not in text and node.choices == []
+    rest = list(stream)   # the engine's generator ends after the step in flight: no run to 200 tokens
+    assert len(session.records) == 1 and not session.running
+    assert "**Stopped** after" in rest[-1][3]
+
+    monkeypatch.setattr(live_tab, "FRAME_S", 0.0)   # one frame a step: Stop comes after the third
+    stream = live_tab.decode_stream(ctx, inputs)
+    session = next(stream)[-1]
+    for _ in range(3):
+        next(stream)
+    text, tree, stats, summary, slider, node, fig, words = live_tab.stop_views(session)   # a later Stop
+    n = sum(len(r.new_tokens) for r in session.records)
+    assert f"**Stopped** after {n} tokens" in summary and tree is not None and node.value is not None
+    list(stream)
+    assert sum(len(r.new_tokens) for r in session.records) == n and not session.running
+    # Pressed with no run on, Stop changes nothing.
+    assert live_tab.stop_views(session) == (gr.skip(),) * 8
+    assert live_tab.stop_views(live_tab.LiveSession()) == (gr.skip(),) * 8
+
+
+def test_the_first_frame_says_what_the_first_step_does(ctx):
+    inputs = DecodeInputs.from_page("def f(x):", "Target alone", 4, 4, 0.0, 1.0, 8, 0, CODE, True)
+    text, summary, session = live_tab.checked_first_frame(ctx, inputs, None)
+    assert "draft" not in summary.lower() and "target alone" in summary and session.waiting
+    text, summary, _ = live_tab.checked_first_frame(ctx, replace(inputs, method="Chain"), None)
+    assert "drafting and verifying the first step" in summary
+    # a refused request, or a click while this page's run is on, leaves the page as it is
+    assert live_tab.checked_first_frame(ctx, replace(inputs, temperature=5), None) == (gr.skip(),) * 3
+    assert live_tab.checked_first_frame(ctx, inputs, live_tab.LiveSession(running=True)) == (gr.skip(),) * 3
+    # Stop while the run waits in the queue: Stop's handler settles the page and the run never starts
+    _, _, waiting = live_tab.checked_first_frame(ctx, inputs, None)
+    assert live_tab.stop_views(waiting)[3].startswith("**Stopped** before the first step")
+    assert list(live_tab.decode_stream(ctx, inputs, waiting)) == [(gr.skip(),) * 6] and not waiting.records
+    # not stopped: the run takes the first frame's session (the one Stop would find)
+    _, _, waiting = live_tab.checked_first_frame(ctx, inputs, None)
+    assert list(live_tab.decode_stream(ctx, inputs, waiting))[0][-1] is waiting and len(waiting.records) == 8
 
 
 def test_decode_stream_yields_as_steps_arrive(ctx, monkeypatch):
@@ -150,6 +199,9 @@ def test_decode_stream_yields_as_steps_arrive(ctx, monkeypatch):
     (dict(prompt="   "), "prompt is empty"),
     (dict(budget=500), "above this server's cap of 24"),
     (dict(temperature=-1), "temperature"),
+    (dict(temperature=5), "temperature must be in 0..2"),
+    (dict(depth=0), "depth must be a whole number in 1..64"),
+    (dict(budget=100000), "budget 100000 is above this server's cap of 24"),
     (dict(top_p=0), "top-p"),
     (dict(max_new=0), "max new tokens"),
     (dict(seed=1.5), "seed"),

@@ -168,6 +168,18 @@ def test_stats_figure_panels():
     assert fig.layout.xaxis2.dtick == 1 and fig.layout.xaxis6.dtick == 1  # short run: whole steps only
 
 
+def test_stats_mean_sits_in_the_title_and_a_target_alone_run_says_why_acceptance_is_empty():
+    """Issue 37: the "mean" label overlapped its line; empty acceptance plots of a target-alone run had no note."""
+    fig = stats_view.figure(_run())
+    texts = [a.text for a in fig.layout.annotations]
+    assert not any(t.startswith("mean") for t in texts) and any("mean 2.67 (dotted)" in t for t in texts)
+    assert stats_view.NOTHING_DRAFTED not in texts
+    alone = [replace(StepRecord.fake(Tree((-1,)), (0,), step=i), method="ar") for i in range(4)]
+    notes = [a for a in stats_view.figure(alone).layout.annotations if a.text == stats_view.NOTHING_DRAFTED]
+    # one in each acceptance panel: by depth (top right), by rank (bottom left)
+    assert len(notes) == 2 and notes[0].x > 0.6 and notes[0].y > 0.5 and notes[1].x < 0.4 and notes[1].y < 0.5
+
+
 def test_stats_empty_and_summary():
     fig = stats_view.figure([])
     assert len(fig.data) == 0 and fig.layout.annotations[-1].text == "no steps yet"
@@ -455,6 +467,30 @@ def test_tree_height_is_capped_and_long_titles_wrap():
     assert wrapped.replace("<br>", " · ") == title
 
 
+def test_a_two_line_tree_title_starts_below_the_badge():
+    """Issue 37: Plotly lifts a title of several lines, and its first line sat half under the "Speculated tree"
+    badge; the figure anchors it lower by that lift (the browser test measures the result)."""
+    one = tree_view.figure(StepRecord.fake(TREE, (0, 1, 5)))
+    two = tree_view.figure(StepRecord.fake(TREE, (0, 1, 5)), overlay=False)
+    two.update_layout(title_text="")   # the same tree, a title of two lines
+    tree_view._style(two, {0: (0, 0), 1: (1, -3)}, "step 1 · Sequoia · " + "x" * 70)
+    assert "<br>" in two.layout.title.text and "<br>" not in one.layout.title.text
+    px = lambda fig: (1 - fig.layout.title.y) * fig.layout.height   # noqa: E731 (the anchor, px from the top)
+    assert px(one) == pytest.approx(tree_view.BADGE_PX)
+    assert px(two) == pytest.approx(tree_view.BADGE_PX + tree_view.TITLE_LIFT_PX)
+    assert two.layout.margin.t >= px(two) + 2 * 18   # both lines above the plot
+
+
+def test_inspector_tick_labels_stay_level_and_short():
+    """Issue 37: long one-line labels were tilted, and the first ran into the next row's title."""
+    rec = _checked()
+    long = replace(rec.checks[0], top_texts=("ĠFizzBuzzFizzBuzz", "b", "c", '"'))
+    fig = inspector_view.figure(replace(rec, checks=(long,) + rec.checks[1:]), 2)
+    first = fig.data[0].x[0]
+    assert first.endswith("<br>(101)") and len(first.split("<br>")[0]) <= inspector_view.TICK_CHARS + 1
+    assert fig.layout.xaxis.tickangle == 0 and fig.layout.xaxis.automargin
+
+
 # ------------------------------------------------------------------ inspector
 def _checked():
     """root -> 1, 2, 3: child 1 rejected, child 2 accepted; node 2 has one child (6) rejected; bonus."""
@@ -527,7 +563,9 @@ def test_live_tab_records_checks_and_feeds_the_inspector(tiny_app_pair, tmp_path
     # After the run the target alone was measured on its prompt: the ratio says so, and is cached.
     assert "the latter measured on this prompt" in outs[-1][3] and len(ctx.target_rates) == 1
     html, note = live_tab.first_frame("say <hi>")
-    assert "say &lt;hi&gt;" in html and "drafting" in html
+    assert "say &lt;hi&gt;" in html and "reading the prompt" in html and "drafting" in note
+    html, note = live_tab.first_frame("hi", "ar")   # the target alone drafts nothing
+    assert "the target reads the prompt" in html and "drafting" not in html and "draft" not in note.lower()
 
 
 def test_the_vector_follows_the_temperature_and_the_prompt_kind():

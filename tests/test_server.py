@@ -129,6 +129,47 @@ def test_validators_refuse_bad_requests_with_the_handlers_message(ctx, demo):
     assert {"decode", "decode_stream", "compare", "compare_stream", "compare_full", "dp"} <= guarded
 
 
+#: Issue 37: inputs the page used to clamp and run, each refused naming its field (index in /decode's inputs).
+OUT_OF_RANGE = [("temperature", 4, 5.0, "temperature must be in 0..2"),
+                ("budget", 2, 100000, "budget 100000 is above this server's cap of 24"),
+                ("depth", 3, 0, "depth must be a whole number in 1..64, got 0")]
+
+
+def test_out_of_range_inputs_are_refused_naming_the_field(ctx):
+    checks = validation.validators(ctx)
+    for _, i, value, message in OUT_OF_RANGE:
+        api = ["hi", "chain", 4, 4, 0.6, 1.0, 8, 0, True, ""]
+        api[i] = value
+        answers = checks["decode"](*api)
+        assert [j for j, v in enumerate(answers) if not v["is_valid"]] == [i] and answers[i]["message"].startswith(message)
+        page = ["hi", "Chain", 4, 4, 0.6, 1.0, 8, 0, CODE, True]
+        page[i] = value
+        answers = checks["decode_stream"](*page)
+        assert [j for j, v in enumerate(answers) if not v["is_valid"]] == [i] and answers[i]["message"].startswith(message)
+    assert all(v["is_valid"] for v in checks["decode"]("hi", "chain", 4, 4, 2.0, 1.0, 8, 0, True, ""))  # the page's max
+
+
+def test_the_decode_api_refuses_out_of_range_inputs_before_anything_runs(tiny_app_pair, tmp_path, lanes, monkeypatch):
+    from gradio_client import Client
+
+    from components import live_tab
+
+    runs = []
+    monkeypatch.setattr(live_tab, "run_decode", lambda *a, **k: runs.append(1) or iter(()))
+    demo = app.build_demo(tiny_app_pair, assets_dir=tmp_path, max_budget=24, lanes=lanes)
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        client = Client(url, verbose=False)
+        for name, i, value, message in OUT_OF_RANGE:
+            args = ["hi", "chain", 4, 4, 0.6, 1.0, 8, 0, True, ""]
+            args[i] = value
+            with pytest.raises(Exception, match=f"{name}: {message}"):
+                client.predict(*args, api_name="/decode")
+        assert runs == []
+    finally:
+        demo.close()
+
+
 def test_server_wide_profile_is_refused_without_the_owner_switch(ctx):
     from components import hardware_tab
 

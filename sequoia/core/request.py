@@ -53,6 +53,9 @@ from .tree import MAX_TREE_SIZE
 SEED_MAX = 2 ** 63 - 1
 #: Characters per token no tokenizer reaches on average: a longer prompt is refused before tokenizing it.
 CHARS_PER_TOKEN_CAP = 32
+#: Highest temperature a request may ask by default: past ~2 a 150k-token vocabulary's flattened softmax
+#: draws mostly noise (T=5 on the embedded pair decoded gibberish), and the draft's agreement with it is nil.
+MAX_TEMPERATURE = 2.0
 
 
 # ------------------------------------------------------------------ the method registry
@@ -182,8 +185,11 @@ class Limits:
     max_new_tokens: int = 256              # per decode request
     max_prompt_tokens: int = 4096
     device: str = "cpu"
+    max_temperature: float = MAX_TEMPERATURE
 
     def __post_init__(self) -> None:
+        if not 0 < self.max_temperature <= 100:
+            raise ValueError(f"max_temperature must be in (0, 100], got {self.max_temperature}")
         if not 1 <= self.budget_cap <= MAX_TREE_SIZE:
             raise ValueError(f"budget_cap must be in 1..{MAX_TREE_SIZE}, got {self.budget_cap}")
         if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS or not 1 <= self.max_prompt_tokens <= MAX_PROMPT_TOKENS:
@@ -267,10 +273,10 @@ def _new_tokens(value: Any, limits: Limits) -> int:
     return n
 
 
-def _temperature(value: Any) -> float:
+def _temperature(value: Any, limits: Limits) -> float:
     t = real("temperature", value)
-    if not 0 <= t <= 100:
-        raise ValueError(f"temperature must be in 0..100 (0 = greedy), got {t:g}")
+    if not 0 <= t <= limits.max_temperature:
+        raise ValueError(f"temperature must be in 0..{limits.max_temperature:g} (0 = greedy), got {t:g}")
     return t
 
 
@@ -309,7 +315,7 @@ def parse_decode(prompt: Any, method: Any, budget: Any, depth: Any, temperature:
     name = e.check("method", resolve_method, method)
     b = e.check("budget", _budget, budget, limits)
     d = e.check("depth", whole, "depth", depth, 1, MAX_DEPTH)
-    t = e.check("temperature", _temperature, temperature)
+    t = e.check("temperature", _temperature, temperature, limits)
     p = e.check("top_p", _top_p, top_p)
     n = e.check("max_new_tokens", _new_tokens, max_new_tokens, limits)
     s = e.check("seed", whole, "seed", seed, 0, SEED_MAX)
