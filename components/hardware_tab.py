@@ -28,7 +28,7 @@ from sequoia.runners.hf.loading import GRAPHS
 from sequoia.runtime.finder import ProfileChoice, cache_profile, find_profile
 from sequoia.runtime.fingerprint import machine_fingerprint
 from sequoia.runtime.profiling import measure_profile
-from sequoia.runtime.runtime_choice import display_name
+from sequoia.core.runtimes import display_name
 from sequoia.runtime.timing import run_method, warmup
 
 from . import dp_view, hardware_view, runners_view, runtime_view, validation

@@ -22,7 +22,7 @@ from sequoia.runtime import finder
 from sequoia.runtime.finder import ProfileChoice
 from sequoia.runtime.fingerprint import machine_fingerprint
 from sequoia.runtime.models import ModelPair
-from sequoia.runtime.runtime_choice import RuntimeDecision
+from sequoia.core.runtimes import RuntimeDecision
 
 from .load_status import LoadStatus
 

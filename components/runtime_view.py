@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import html
 
-from sequoia.runtime.runtime_choice import NOT_MEASURED, RuntimeDecision, RuntimeEstimate, display_name
+from sequoia.core.runtimes import NOT_MEASURED, RuntimeDecision, RuntimeEstimate, display_name
 
 
 def banner_html(decision: RuntimeDecision | None) -> str:

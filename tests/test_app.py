@@ -153,8 +153,10 @@ def test_stop_ends_the_run_within_a_step_and_its_views_say_so(ctx, monkeypatch):
     text, tree, stats, summary, slider, node, fig, words = live_tab.stop_views(session)   # a later Stop
     n = sum(len(r.new_tokens) for r in session.records)
     assert f"**Stopped** after {n} tokens" in summary and tree is not None and node.value is not None
-    list(stream)
-    assert sum(len(r.new_tokens) for r in session.records) == n and not session.running
+    rest = list(stream)   # the engine runs ahead in a worker thread (frames.paced): the steps it had done show too
+    total = sum(len(r.new_tokens) for r in session.records)
+    assert n <= total < 200 and not session.running
+    assert not rest or f"**Stopped** after {total} tokens" in rest[-1][3]
     # Pressed with no run on, Stop changes nothing.
     assert live_tab.stop_views(session) == (gr.skip(),) * 8
     assert live_tab.stop_views(live_tab.LiveSession()) == (gr.skip(),) * 8

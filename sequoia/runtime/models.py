@@ -16,6 +16,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from ..core.config import MAX_PROMPT_TOKENS
+from ..core.runtimes import BACKENDS  # noqa: F401  (the runtimes load_pair takes; callers import it from here too)
 from ..runners.base import Runner
 from ..runners.embedded import EMBEDDED, ProgressFn, converted_dir, default_cache_dir, ensure_gguf, is_converted
 from ..runners.hf.convert import ensure_converted, tokenizer_from_gguf
@@ -24,9 +25,6 @@ from ..runners.hf.loading import (EMBEDDED_NAME, ModelLoadError, load_runner, lo
                                   resolve_device, resolve_draft_quant, resolve_dtype)
 from ..runners.hf.capture import warm_up_pair
 
-#: The runtimes a pair can be loaded on (``--backend``, ``SEQUOIA_BACKEND``): both models on Hugging Face
-#: (torch), both on llama.cpp (GGUF files), or "mixed": the Hugging Face target with the draft on llama.cpp.
-BACKENDS = ("hf", "llamacpp", "mixed")
 #: The weight type of the embedded draft on the "mixed" runtime: llama.cpp requantizes the shipped Q4_K_M once
 #: (its one-token step on 2 Zen 4 cores: 12.5 ms, against 18.5 for Q4_K_M and 24 for torch's int4 draft).
 MIXED_DRAFT_TYPE = "Q4_0"

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -32,102 +32,16 @@ from .._meta import ASSETS
 from ..core.fingerprint import Fingerprint
 from ..core.optimizer import choose_tree
 from ..core.profile import HardwareProfile
+from ..core.runtimes import (BACKENDS, FoundProfile, Machine, RuntimeDecision, RuntimeEstimate,  # noqa: F401
+                             display_name)
 from ..runners.hf.cpu import cpu_facts
 from ..runners.hf.kernels import default_draft_scheme
 from ..runners.hf.loading import EMBEDDED_NAME, resolve_device, resolve_dtype
 from .finder import find_acceptance, find_profile
 from .fingerprint import expected_fingerprint
-from .models import BACKENDS
 
-#: CPU flags that give torch bf16 matrix kernels (oneDNN); without them a bf16 matmul runs ATen's fallback.
-BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 #: The largest tree and depth the choice considers (the Hardware tab's defaults).
 MAX_BUDGET, MAX_DEPTH = 128, 12
-NOT_MEASURED = "not measured here"
-_NAMES = {"hf": "Hugging Face (torch)", "llamacpp": "llama.cpp", "mixed": "mixed (torch target, llama.cpp draft)"}
-
-
-@dataclass(frozen=True)
-class Machine:
-    """What the choice depends on besides the profiles."""
-
-    device_kind: str                     # "cpu" or "cuda": where the pair would load
-    cpu_features: tuple[str, ...]        # as the fingerprint names them (sequoia.core.fingerprint.CPU_FEATURES)
-    llamacpp_installed: bool             # llama-cpp-python imports
-    fixed_by_models: str = ""            # the runtime the model names leave ("" : the embedded pair, any)
-
-    @property
-    def bf16_kernels(self) -> bool:
-        return any(flag in self.cpu_features for flag in BF16_FLAGS)
-
-
-@dataclass(frozen=True)
-class FoundProfile:
-    """A runtime's profile on this machine and where it comes from ("cached", "shipped", "in use", ...)."""
-
-    profile: HardwareProfile
-    source: str
-
-
-@dataclass(frozen=True)
-class RuntimeEstimate:
-    """One runtime on this machine: installed or not, and its predicted decode rate where measured."""
-
-    backend: str                         # one of BACKENDS
-    installed: bool
-    tokens_per_s: float | None = None    # the best method's predicted rate (None: not measured here)
-    alone_tokens_per_s: float | None = None   # the target alone's
-    method: str = ""                     # "target alone" or "Sequoia n=7 d=7" (the best method)
-    source: str = ""                     # where its costs come from
-    models: str = ""                     # how its models are stored, e.g. "target Q4_K_M, draft Q4_K_M"
-
-    @property
-    def measured(self) -> bool:
-        return self.tokens_per_s is not None
-
-    @property
-    def rate_text(self) -> str:
-        return f"{self.tokens_per_s:.1f} tokens/s" if self.tokens_per_s is not None else NOT_MEASURED
-
-
-@dataclass(frozen=True)
-class RuntimeDecision:
-    """The runtime to serve on, why (one sentence), and every runtime's estimate beside it."""
-
-    backend: str
-    reason: str
-    runtimes: tuple[RuntimeEstimate, ...]
-    explicit: bool = False               # named by SEQUOIA_BACKEND / --backend rather than chosen
-    machine: Machine | None = None       # what it was decided for (None: built by hand)
-
-    def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-
-    def estimate(self, backend: str) -> RuntimeEstimate | None:
-        return next((r for r in self.runtimes if r.backend == backend), None)
-
-    def fastest(self) -> RuntimeEstimate | None:
-        """The installed runtime with the highest predicted rate (None: none is measured here)."""
-        measured = [r for r in self.runtimes if r.installed and r.measured]
-        return max(measured, key=lambda r: r.tokens_per_s, default=None)
-
-    def overridden(self, backend: str, by: str) -> RuntimeDecision:
-        """This decision with ``backend`` named explicitly by ``by`` (e.g. "SEQUOIA_BACKEND"); ValueError for an
-        unknown one, naming ``by``."""
-        if backend not in BACKENDS:
-            raise ValueError(f"{by}={backend!r} is not a runtime; use one of {', '.join(BACKENDS)}")
-        return replace(self, backend=backend, explicit=True,
-                       reason=f"{by}={backend} names it (the measured choice here: {display_name(self.backend)})")
-
-    def summary(self) -> str:
-        """One line for the console and the page: the runtime and why."""
-        how = "named" if self.explicit else "chosen"
-        return f"runtime: {display_name(self.backend)} ({how}: {self.reason})"
-
-
-def display_name(backend: str) -> str:
-    return _NAMES.get(backend, backend)
 
 
 # ------------------------------------------------------------------------------------------- the rule
