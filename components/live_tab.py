@@ -24,7 +24,7 @@ from sequoia.runtime.dynamic import MAX_DEPTH
 from sequoia.runtime.finder import DEFAULT_ENTRY
 from sequoia.runtime.texts import generate_with_texts
 
-from . import inspector_view, serving, stats_view, target_rate, text_view, tree_view, validation
+from . import inspector_view, no_tree_view, serving, stats_view, target_rate, text_view, tree_view, validation
 from .context import AppContext
 from .decode_inputs import DecodeInputs, api_signature
 from .runtimes_here import fastest_elsewhere
@@ -64,6 +64,7 @@ class LiveSession:
     rate: target_rate.TargetRate | None = None   # the target alone's rate, measured or predicted (it says which)
     itself: bool = False              # this run is the target alone: its own reference (1.00×)
     elsewhere: str = ""               # the fastest configuration measured here, when another one (see context)
+    no_tree: str = ""                 # why this automatic method draws no tree here (components.no_tree_view)
 
 
 def budget_help() -> str:
@@ -104,7 +105,8 @@ def summary(session: LiveSession) -> str:
     """The statistics line plus this run's speed against the target alone (predicted by the profile)."""
     md = stats_view.summary_markdown(session.records)
     line = stats_view.speedup_markdown(session.records, session.rate, session.itself)
-    return md + ("  \n" + line if line else "") + ("  \n" + session.elsewhere if session.elsewhere else "")
+    extra = [x for x in (line, session.no_tree, session.elsewhere) if x]
+    return md + "".join("  \n" + x for x in extra)
 
 
 def first_frame(prompt: str) -> tuple[str, str]:
@@ -181,10 +183,11 @@ def decode_stream(ctx: AppContext, inputs: DecodeInputs):
         job = validation.engine_inputs(ctx, req)
     except ValueError as exc:
         raise gr.Error(str(exc), title="Cannot decode") from None
-    if job.note:
+    no_tree = no_tree_view.explain(ctx.profile, req.method.name, job.proposer)   # said in the summary instead
+    if job.note and not no_tree:
         gr.Warning(job.note)
     session = LiveSession(prompt=inputs.prompt, rate=_known_rate(ctx, job), itself=req.method.name == "ar",
-                          elsewhere=_elsewhere(ctx, req.acceptance, req.method.name))
+                          elsewhere=_elsewhere(ctx, req.acceptance, req.method.name), no_tree=no_tree)
     try:
         with closing(run_decode(ctx, replace(job, inspect=True))) as steps:
             yield from _stream_views(session, steps)
