@@ -10,9 +10,11 @@ import pytest
 from test_engine import PROMPT, _hf_greedy
 
 from sequoia.core.config import GenerationConfig
+from sequoia.core.ngram import NgramIndex
 from sequoia.core.profile import HardwareProfile
 from sequoia.runtime.engine import SpeculativeEngine
 from sequoia.runtime.methods import make_method
+from sequoia.runtime.ngram_proposer import copies_can_pay
 
 AUTOMATIC = ("sequoia-dynamic", "sequoia-ngram", "sequoia-auto")
 #: Verifying n tokens costs n plain steps (a compute-bound CPU): no tree pays, whatever the draft.
@@ -69,3 +71,14 @@ def test_once_the_price_gate_declines_its_plain_steps_run_no_draft(tiny_pairs, t
     # plain steps (a lagging step and a judged one each): 9.  Judged on three steps a level, sequoia-auto
     # drafted in 19 steps of 60 and the dynamic methods in 11.
     assert drafting <= 10, f"{drafting} drafting steps of {len(records)}"
+
+
+@pytest.mark.parametrize("method", ["ngram", "sequoia-ngram"])
+def test_where_no_copy_can_pay_nothing_is_looked_up(tiny_pairs, monkeypatch, method):
+    looked = []
+    lookup = NgramIndex.lookup
+    monkeypatch.setattr(NgramIndex, "lookup", lambda self, *a, **k: looked.append(1) or lookup(self, *a, **k))
+    proposer = make_method(method, budget=8, depth=4, profile=LINEAR)
+    _, records, forwards = _generate(tiny_pairs["noisy"], proposer, 16)
+    assert not looked and sum(forwards) == 0 and all(r.tree.size == 0 for r in records)
+    assert copies_can_pay(FLAT, 8) and not copies_can_pay(LINEAR, 8)

@@ -123,7 +123,7 @@ class DynamicTreeProposer(Proposer):
         self.profile = self._measured.at_context(bucket)
         self._priced_at = bucket
         self._static_cache.clear()
-        for name in ("can_pay", "gate_prior", "tree"):   # cached from the old prices
+        for name in ("can_pay", "gate_prior", "tree", "copies_can_pay"):   # cached from the old prices
             self.__dict__.pop(name, None)
 
     # ------------------------------------------------------------------ engine hooks
@@ -145,9 +145,10 @@ class DynamicTreeProposer(Proposer):
             self._price.start()
 
     def _restart_gate(self) -> None:
-        tokens, ms = self.gate_prior
         self._gate = PredictedGate()
-        self._gate.observe(tokens, ms, self._paying_rate)
+        if self.can_pay:   # else the gate is never asked (_predicted_draft): no DP for its prior
+            tokens, ms = self.gate_prior
+            self._gate.observe(tokens, ms, self._paying_rate)
 
     @property
     def _paying_rate(self) -> float:
