@@ -122,8 +122,9 @@ class NgramDynamicProposer(DynamicTreeProposer):
 
     @cached_property
     def copies_can_pay(self) -> bool:
-        """Whether copies alone could pay at these prices (cleared with can_pay when the context's prices change)."""
-        return copies_can_pay(self.profile, self.settings.budget)
+        """Whether copies alone could beat the target alone by ``min_gain`` at these prices, as :attr:`can_pay` asks
+        of the draft (a smaller gain is within the cost model's error); cleared with it when the prices change."""
+        return copies_can_pay(self.profile, self.settings.budget, self.min_gain)
 
     def observe(self, record: StepRecord) -> None:
         super().observe(record)

@@ -106,12 +106,13 @@ def copies_alone(trie: NgramTrie, profile: HardwareProfile, settings: NgramSetti
     return chosen, (1.0 + sum(f[v] for v in chosen)) / cost.step_ms(profile, (), len(chosen) + 1)
 
 
-def copies_can_pay(profile: HardwareProfile, budget: int) -> bool:
-    """Whether :func:`choose_copies` could choose any copies alone under ``profile``: some j <= ``budget`` copies,
-    each surely accepted (every estimate is at most 1), beat the root alone.  Where none can (verifying j + 1
-    tokens costs j + 1 plain steps or more, as on a compute-bound CPU), a step needs no lookup at all."""
+def copies_can_pay(profile: HardwareProfile, budget: int, min_gain: float = 0.0) -> bool:
+    """Whether copies alone could pay under ``profile``: some j <= ``budget`` copies, each surely accepted (every
+    estimate is at most 1), beat the root alone by more than ``min_gain``.  With ``min_gain`` 0 this bounds
+    :func:`choose_copies`; where none can (verifying j + 1 tokens costs about j + 1 plain steps, as on a
+    compute-bound CPU), a step needs no lookup at all."""
     one = cost.step_ms(profile, (), 1)
-    return any((1 + j) / cost.step_ms(profile, (), 1 + j) > 1.0 / one for j in range(1, budget + 1))
+    return any((1 + j) / cost.step_ms(profile, (), 1 + j) > (1.0 + min_gain) / one for j in range(1, budget + 1))
 
 
 def copies_draft(root_token: int, trie: NgramTrie, chosen: list[int]) -> Draft:
