@@ -24,13 +24,15 @@ below the target alone's times ``1 + margin``, the gate steps down one level
 failed try doubles that interval (up to ``max_probe_after``), a successful one
 resets it.  A level that loses clearly (under ``clear_loss`` times the target
 alone, beyond what single steps vary) is judged on its first measured step:
-each step at a level that does not pay costs the whole loss, and where no
-tree pays (a compute-bound CPU verifying 12 tokens for ~4 plain steps' price)
-three such steps per level and per try made the declined methods 1.8-2.1x
-slower than the target alone over 48 tokens (llama.cpp, embedded pair, one
-thread, CPU time, AVX-512-BF16 EPYC, profile from the HF runtime).  A plain step is spent to measure the target alone when none was
-measured for ``plain_every`` drafting steps (doubling after each) and the
-level is in doubt: it beats the estimate by less than ``doubt``.  Plain steps
+each step at a level that does not pay costs the whole loss.  Where trees are
+priced to pay but none does (the embedded pair on llama.cpp priced by the HF
+runtime's profile: verifying 4 tokens costs 3.5x one there; one thread, CPU
+time, AVX-512-BF16 EPYC, 48 tokens) three steps per level and per try left
+the declined methods at 1.8-2.1x the target alone's decode time, one step at
+1.5-1.7x (the rest: the draft's read of the prompt, and the tries).  A plain
+step is spent to measure the target alone when none was measured for
+``plain_every`` drafting steps (doubling after each) and the level is in
+doubt: it beats the estimate by less than ``doubt``.  Plain steps
 taken for any other reason are measurements too.  The first drafting step of
 a request, and the first after plain steps, also feeds the draft model the
 tokens it has not read; that one-off cost is left out of the evidence: such a
