@@ -113,6 +113,9 @@ class DynamicTreeProposer(Proposer):
         self._fit = PromptFit()
         self._drawn: dict[int, float] = {}       # the step being verified: drawn node -> unscaled acceptance
 
+    #: Cached properties computed from the prices (cleared when the context's prices change).
+    _PRICED = ("can_pay", "gate_prior", "tree")
+
     # ------------------------------------------------------------------ pricing by context
     def _price_at(self, context: int) -> None:
         """Price steps with the curves at ``context`` cached tokens (rounded to CONTEXT_STEP, so prices change
@@ -123,7 +126,7 @@ class DynamicTreeProposer(Proposer):
         self.profile = self._measured.at_context(bucket)
         self._priced_at = bucket
         self._static_cache.clear()
-        for name in ("can_pay", "gate_prior", "tree", "copies_can_pay"):   # cached from the old prices
+        for name in self._PRICED:   # cached from the old prices
             self.__dict__.pop(name, None)
 
     # ------------------------------------------------------------------ engine hooks

@@ -101,6 +101,8 @@ class NgramDynamicProposer(DynamicTreeProposer):
     name: str = "sequoia-ngram"
     adapt: bool = True                  # scale ``accept`` by the request's own outcomes (RequestAcceptance)
 
+    _PRICED = DynamicTreeProposer._PRICED + ("copies_can_pay",)
+
     def __post_init__(self) -> None:
         super().__post_init__()
         self._index = self.settings.index()
