@@ -24,7 +24,7 @@ from sequoia.runtime.dynamic import MAX_DEPTH
 from sequoia.runtime.finder import DEFAULT_ENTRY
 from sequoia.runtime.texts import generate_with_texts
 
-from . import inspector_view, serving, stats_view, target_rate, text_view, tree_view, validation
+from . import inspector_view, no_tree_view, serving, stats_view, target_rate, text_view, tree_view, validation
 from .context import AppContext
 from .decode_inputs import DecodeInputs, api_signature
 from .runtimes_here import fastest_elsewhere
@@ -78,6 +78,7 @@ class LiveSession:
     waiting: bool = False             # the first frame is on the page and its run has not started yet
     running: bool = False             # the run's handler has started and not ended
     stopped: bool = False             # Stop was pressed: the engine ends after its current step (or never starts)
+    no_tree: str = ""                 # why this automatic method draws no tree here (components.no_tree_view)
 
 
 def budget_help() -> str:
@@ -123,7 +124,8 @@ def summary(session: LiveSession) -> str:
         return "**Stopped** before the first step finished: nothing was generated."
     md = stats_view.summary_markdown(session.records)
     line = stats_view.speedup_markdown(session.records, session.rate, session.itself)
-    md += ("  \n" + line if line else "") + ("  \n" + session.elsewhere if session.elsewhere else "")
+    extra = [x for x in (line, session.no_tree, session.elsewhere) if x]
+    md += "".join("  \n" + x for x in extra)
     return md + ("  \n" + stopped_line(session.records) if session.stopped else "")
 
 
@@ -256,10 +258,12 @@ def _run(ctx: AppContext, inputs: DecodeInputs, session: LiveSession):
         job = validation.engine_inputs(ctx, req)
     except ValueError as exc:
         raise gr.Error(str(exc), title="Cannot decode") from None
-    if job.note:
+    no_tree = no_tree_view.explain(ctx.profile, req.method.name, job.proposer)   # said in the summary instead
+    if job.note and not no_tree:
         gr.Warning(job.note)
     session.rate, session.itself = _known_rate(ctx, job), req.method.name == "ar"
     session.elsewhere = _elsewhere(ctx, req.acceptance, req.method.name)
+    session.no_tree = no_tree
     try:
         with closing(run_decode(ctx, replace(job, inspect=True), lambda: session.stopped)) as steps:
             yield from _stream_views(session, steps)

@@ -79,6 +79,16 @@ def test_losing_trees_back_off_to_small_then_plain():
     assert "backed off to plain" in gate.reason and "0.80x" in gate.reason
 
 
+def test_a_clear_loss_is_judged_on_one_step():
+    # 2 tokens in 600 ms against 100 ms a plain step: 0.33x, far beyond what single steps vary (~15%).  The first
+    # step's verification alone (360 ms for 2 tokens: 0.56x) already loses clearly, so it counts too.
+    gate = PriceGate(FLAT)
+    decisions = _drive(gate, 7, lambda level: 600.0)
+    drafting = [d.level for d in decisions if d.level != PLAIN]
+    assert drafting == [FULL, SMALL] and gate.level == PLAIN
+    assert "0.33x" in gate.reason
+
+
 def test_probes_back_off_exponentially():
     s = PriceSettings(probe_after=2, max_probe_after=16)
     gate = PriceGate(FLAT, s)

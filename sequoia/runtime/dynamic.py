@@ -113,6 +113,9 @@ class DynamicTreeProposer(Proposer):
         self._fit = PromptFit()
         self._drawn: dict[int, float] = {}       # the step being verified: drawn node -> unscaled acceptance
 
+    #: Cached properties computed from the prices (cleared when the context's prices change).
+    _PRICED = ("can_pay", "gate_prior", "tree")
+
     # ------------------------------------------------------------------ pricing by context
     def _price_at(self, context: int) -> None:
         """Price steps with the curves at ``context`` cached tokens (rounded to CONTEXT_STEP, so prices change
@@ -123,7 +126,7 @@ class DynamicTreeProposer(Proposer):
         self.profile = self._measured.at_context(bucket)
         self._priced_at = bucket
         self._static_cache.clear()
-        for name in ("can_pay", "gate_prior", "tree"):   # cached from the old prices
+        for name in self._PRICED:   # cached from the old prices
             self.__dict__.pop(name, None)
 
     # ------------------------------------------------------------------ engine hooks
@@ -145,9 +148,10 @@ class DynamicTreeProposer(Proposer):
             self._price.start()
 
     def _restart_gate(self) -> None:
-        tokens, ms = self.gate_prior
         self._gate = PredictedGate()
-        self._gate.observe(tokens, ms, self._paying_rate)
+        if self.can_pay:   # else the gate is never asked (_predicted_draft): no DP for its prior
+            tokens, ms = self.gate_prior
+            self._gate.observe(tokens, ms, self._paying_rate)
 
     @property
     def _paying_rate(self) -> float:

@@ -35,6 +35,7 @@ only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import torch
 
@@ -45,7 +46,8 @@ from ..core.trace import DRAFT, NGRAM, ROOT, StepRecord
 from ..core.tree import Tree
 from .drafter import Draft, Drafter
 from .dynamic import DynamicTreeProposer, _Growth
-from .ngram_proposer import Accept, NgramSettings, choose_copies, copies_alone, copies_draft, pricing, trie_acceptance
+from .ngram_proposer import (Accept, NgramSettings, choose_copies, copies_alone, copies_can_pay, copies_draft, pricing,
+                             trie_acceptance)
 
 
 @dataclass
@@ -99,6 +101,8 @@ class NgramDynamicProposer(DynamicTreeProposer):
     name: str = "sequoia-ngram"
     adapt: bool = True                  # scale ``accept`` by the request's own outcomes (RequestAcceptance)
 
+    _PRICED = DynamicTreeProposer._PRICED + ("copies_can_pay",)
+
     def __post_init__(self) -> None:
         super().__post_init__()
         self._index = self.settings.index()
@@ -112,10 +116,17 @@ class NgramDynamicProposer(DynamicTreeProposer):
         self._priced = pricing(self.accept, self.adapt)
 
     def wants_draft(self) -> bool:
-        """Copies are free to find (a step without any is a plain target step anyway): only the price gate's
-        decision is taken here (its plain steps are root-only proposals); wants_draft_model asks the rest."""
+        """Copies are cheap to find (a step without any is a plain target step anyway): the price gate's decision
+        is taken here (its plain steps are root-only proposals) and wants_draft_model asks the rest; only where
+        neither the draft model nor copies can pay (:func:`copies_can_pay`) is the step plain before any lookup."""
         self._decide_price()
-        return True
+        return self._priced_plain or self.can_pay or self.copies_can_pay
+
+    @cached_property
+    def copies_can_pay(self) -> bool:
+        """Whether copies alone could beat the target alone by ``min_gain`` at these prices, as :attr:`can_pay` asks
+        of the draft (a smaller gain is within the cost model's error); cleared with it when the prices change."""
+        return copies_can_pay(self.profile, self.settings.budget, self.min_gain)
 
     def observe(self, record: StepRecord) -> None:
         super().observe(record)

@@ -106,6 +106,15 @@ def copies_alone(trie: NgramTrie, profile: HardwareProfile, settings: NgramSetti
     return chosen, (1.0 + sum(f[v] for v in chosen)) / cost.step_ms(profile, (), len(chosen) + 1)
 
 
+def copies_can_pay(profile: HardwareProfile, budget: int, min_gain: float = 0.0) -> bool:
+    """Whether copies alone could pay under ``profile``: some j <= ``budget`` copies, each surely accepted (every
+    estimate is at most 1), beat the root alone by more than ``min_gain``.  With ``min_gain`` 0 this bounds
+    :func:`choose_copies`; where none can (verifying j + 1 tokens costs about j + 1 plain steps, as on a
+    compute-bound CPU), a step needs no lookup at all."""
+    one = cost.step_ms(profile, (), 1)
+    return any((1 + j) / cost.step_ms(profile, (), 1 + j) > (1.0 + min_gain) / one for j in range(1, budget + 1))
+
+
 def copies_draft(root_token: int, trie: NgramTrie, chosen: list[int]) -> Draft:
     """A tree of copied nodes only (no q anywhere: nothing was drafted)."""
     new_of = {0: 0}
@@ -135,6 +144,7 @@ class NgramProposer(Proposer):
 
     def __post_init__(self) -> None:
         self._price = PriceGate(self.profile, self.price) if self.price is not None else None
+        self._copies_pay = copies_can_pay(self.profile, self.settings.budget)
         self.start()
 
     def start(self) -> None:
@@ -150,7 +160,10 @@ class NgramProposer(Proposer):
             self._price.observe(record)
 
     def wants_draft(self) -> bool:
-        """False while the price gate keeps to the target alone: copies verified cost more than they gave."""
+        """False while the price gate keeps to the target alone (copies verified cost more than they gave), and
+        where no copies can pay under the profile (no lookup either)."""
+        if not self._copies_pay:
+            return False
         return self._price is None or self._price.decide().level != PLAIN
 
     def wants_draft_model(self) -> bool:

@@ -22,12 +22,22 @@ below the target alone's times ``1 + margin``, the gate steps down one level
 (after measuring the target alone, if no plain step did lately).  After
 ``probe_after`` steps at a lower level it tries the level above again; each
 failed try doubles that interval (up to ``max_probe_after``), a successful one
-resets it.  A plain step is spent to measure the target alone when none was
-measured for ``plain_every`` drafting steps (doubling after each) and the
-level is in doubt: it beats the estimate by less than ``doubt``.  Plain steps
+resets it.  A level that loses clearly (under ``clear_loss`` times the target
+alone, beyond what single steps vary) is judged on its first measured step:
+each step at a level that does not pay costs the whole loss.  Where trees are
+priced to pay but none does (the embedded pair on llama.cpp priced by the HF
+runtime's profile: verifying 4 tokens costs 3.5x one there; one thread, CPU
+time, AVX-512-BF16 EPYC, 48 tokens) three steps per level and per try left
+the declined methods at 1.8-2.1x the target alone's decode time, one step at
+1.5-1.7x (the rest: the draft's read of the prompt, and the tries).  A plain
+step is spent to measure the target alone when none was measured for
+``plain_every`` drafting steps (doubling after each) and the level is in
+doubt: it beats the estimate by less than ``doubt``.  Plain steps
 taken for any other reason are measurements too.  The first drafting step of
 a request, and the first after plain steps, also feeds the draft model the
-tokens it has not read; that one-off cost is left out of the evidence.
+tokens it has not read; that one-off cost is left out of the evidence: such a
+step counts only when its verification alone (a lower bound of what the level
+costs) already loses clearly.
 
 :class:`PredictedGate` is the dynamic tree's other gate, by *predicted* costs
 (reproducible from a seed); the price gate runs beside it.
@@ -68,9 +78,10 @@ class PriceSettings:
     plain_every: int = 8          # drafting steps between measured plain steps (doubles after each)
     max_plain_every: int = 64
     doubt: float = 1.5            # measure the target alone only while drafting beats it by less than this
+    clear_loss: float = 0.67      # a level under this x the target alone is judged on one step (not noise: ~15%)
 
     def __post_init__(self) -> None:
-        for name in ("alpha", "small_fraction"):
+        for name in ("alpha", "small_fraction", "clear_loss"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and 0.0 < v <= 1.0):
                 raise ValueError(f"price gate {name} must be in (0, 1], got {v!r}")
@@ -209,10 +220,14 @@ class PriceGate:
         if self.lagging:
             # The first drafting step of a request, or after plain steps, also feeds the draft model every token
             # it has not read (the prompt: 1.2 s of the first step's 1.6 s at 779 tokens, Xeon AMX, 1 thread):
-            # a cost no later choice of tree changes, so it is not evidence of what the level costs.
+            # a cost no later choice of tree changes, so it is not evidence of what the level costs.  Its
+            # verification alone is a lower bound of the level's cost: a clear loss by that is one.
             self.lagging = False
-            return
-        self.means[level].add(1000.0 * record.total_s, record.n_new, self.settings.alpha)
+            if not self._clear_loss(1000.0 * (record.verify_s + record.other_s), record.n_new):
+                return
+            self.means[level].add(1000.0 * (record.verify_s + record.other_s), record.n_new, self.settings.alpha)
+        else:
+            self.means[level].add(1000.0 * record.total_s, record.n_new, self.settings.alpha)
         self.since_plain += 1
         self._judge()
 
@@ -229,6 +244,15 @@ class PriceGate:
         elif probe:
             self._judge()             # the verdict waited for this measurement
 
+    def _clear_loss(self, ms: float, tokens: float) -> bool:
+        """Whether a step of ``tokens`` in ``ms`` made under ``clear_loss`` times the target alone's rate."""
+        return tokens > 0 and ms > 0 and self.plain_ms() * tokens / ms < self.settings.clear_loss
+
+    def _judged(self, level: int) -> bool:
+        """Enough evidence to judge a drafting level: ``min_steps`` steps, or fewer that lose clearly."""
+        m = self.means[level]
+        return m.n >= self.settings.min_steps or (m.n > 0 and self.speedup(level) < self.settings.clear_loss)
+
     def _may_try_above(self) -> bool:
         """Time to try the level above: ``probe_after`` steps here, and a drafting level judged first (or found
         to draft nothing, as when the predicted gate skips every step: no evidence would ever come)."""
@@ -236,13 +260,12 @@ class PriceGate:
             return False
         if self.level == PLAIN:
             return True
-        judged = self.means[self.level].n >= self.settings.min_steps
-        return judged or self.steps_at_level >= self.probe_after + self.settings.min_steps
+        return self._judged(self.level) or self.steps_at_level >= self.probe_after + self.settings.min_steps
 
     def _wants_plain(self) -> bool:
         """Spend a plain step to measure the target alone: none measured lately, and drafting is in doubt on
         enough steps to judge (one slow step among fast ones made a needless plain step in 3 of 6 runs)."""
-        if not self._plain_stale() or self.means[self.level].n < self.settings.min_steps:
+        if not self._plain_stale() or not self._judged(self.level):
             return False
         return self.speedup(self.level) < self.settings.doubt
 
@@ -251,7 +274,7 @@ class PriceGate:
 
     def _judge(self) -> None:
         s, level = self.settings, self.level
-        if self.means[level].n < s.min_steps:
+        if not self._judged(level):
             return
         rate = self.speedup(level)
         if rate < 1.0 + s.margin:
