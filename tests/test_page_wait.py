@@ -1,0 +1,43 @@
+"""scripts/page_wait.py on tiny random models: the timing a class waits for cannot rot (no figure asserted)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from sequoia.tools.random_pair import make_pair
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def page_wait():
+    spec = importlib.util.spec_from_file_location("page_wait", ROOT / "scripts" / "page_wait.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["page_wait"] = module
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop("page_wait", None)
+
+
+@pytest.mark.slow
+def test_page_wait_times_start_guided_example_and_compare_default(page_wait, tmp_path, monkeypatch):
+    models = tmp_path / "models"
+    make_pair(models, "tiny", seed=0, device="cpu")
+    for name, value in {"SEQUOIA_DRAFT": models / "draft", "SEQUOIA_TARGET": models / "target",
+                        "SEQUOIA_CACHE": tmp_path / "cache", "SEQUOIA_DEVICE": "cpu"}.items():
+        monkeypatch.setenv(name, str(value))
+    out = tmp_path / "wait.json"
+    assert page_wait.main(["--json", str(out), "--timeout", "300"]) == 0
+    result = json.loads(out.read_text())
+    assert result["runtime"] == "hf" and result["start_to_ready_s"] > 0   # model folders load on hf only
+    for run in ("guided", "guided_again"):
+        assert 0 < result[run]["first_step_frame_s"] <= result[run]["total_s"] and result[run]["frames"] >= 2
+        assert "tokens in" in result[run]["summary"]
+    compare = result["compare_default"]
+    assert "Target alone" in compare["methods"] and compare["total_s"] > 0
+    assert compare["table"] and len(compare["table"]) >= len(compare["methods"]) - 1   # a row per method run
