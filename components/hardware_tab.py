@@ -135,7 +135,17 @@ def runtime_views(ctx: AppContext, acceptance, budget: int, depth: int):
               for backend, f in found.items()]
     running = ctx.pair().backend if ctx.loaded else None
     return (hardware_view.runtimes_figure(series),
-            runtime_view.runtimes_markdown(decision, running, ctx.hardware.runtime))
+            runtime_view.runtimes_markdown(decision, running, ctx.hardware.runtime, _room_gb(ctx)))
+
+
+def _room_gb(ctx: AppContext) -> float | None:
+    """The memory a restarted server would have: what it holds now plus what is free, under the owner's cap."""
+    try:
+        snap = ctx.extras.memory.snapshot()
+    except OSError:
+        return None
+    room = snap.resident + snap.available
+    return (room if snap.cap is None else min(room, snap.cap)) / 1e9
 
 
 def profile_now(ctx: AppContext, quick: bool, progress=None) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import html
 
-from sequoia.core.runtimes import NOT_MEASURED, RuntimeDecision, RuntimeEstimate, display_name
+from sequoia.core.runtimes import NOT_MEASURED, START_MEMORY_GB, RuntimeDecision, RuntimeEstimate, display_name
 
 
 def banner_html(decision: RuntimeDecision | None) -> str:
@@ -24,15 +24,35 @@ def banner_html(decision: RuntimeDecision | None) -> str:
 
 
 def runtimes_markdown(decision: RuntimeDecision, running: str | None = None,
-                      started: RuntimeDecision | None = None) -> str:
+                      started: RuntimeDecision | None = None, room_gb: float | None = None) -> str:
     """A table of every runtime (installed, how its models are stored and where its costs come from, the target
     alone and the best method's predicted rate, or "not measured here") and which is fastest.  ``decision`` is for the tab's acceptance
-    vector and limits; ``running`` the loaded pair's runtime, ``started`` the choice the server made at start."""
+    vector and limits; ``running`` the loaded pair's runtime, ``started`` the choice the server made at start,
+    ``room_gb`` the memory a restarted server would have (None: unknown): :func:`switch_lines`."""
     lines = ["| runtime | installed | target alone | best method | predicted |", "|---|---|---|---|---|"]
     lines += [_row(r, r.backend == decision.backend) for r in decision.runtimes]
     lines.append("\n" + fastest_line(decision))
     lines.append(_running_line(decision, running, started))
+    lines += switch_lines(decision, running, room_gb)
     return "\n".join(line for line in lines if line)
+
+
+def switch_lines(decision: RuntimeDecision, running: str | None, room_gb: float | None) -> list[str]:
+    """How to serve on each other installed runtime (a restart with ``SEQUOIA_BACKEND``), where its measured
+    start-up memory fits ``room_gb``; one that would not fit says so instead of being offered."""
+    lines = []
+    for r in decision.runtimes:
+        if not r.installed or r.backend == running:
+            continue
+        need = START_MEMORY_GB.get(r.backend)
+        size = f"about {need:.1f} GB after start" if need is not None else "its memory not measured here"
+        if need is not None and room_gb is not None and need > room_gb:
+            lines.append(f"- {display_name(r.backend)}: does not fit here ({size}; this server has "
+                         f"{room_gb:.1f} GB).")
+            continue
+        lines.append(f"- Serve on {display_name(r.backend)}: restart with `SEQUOIA_BACKEND={r.backend} python app.py` "
+                     f"({size}).")
+    return (["", "**The other runtimes** (one pair is served at a time):"] + lines) if lines else []
 
 
 def fastest_line(decision: RuntimeDecision) -> str:

@@ -184,6 +184,20 @@ def test_the_runtimes_table_lists_every_runtime_and_its_fastest_line_is_the_choi
     assert "Runtime: <b>Hugging Face (torch)</b>, named: SEQUOIA_BACKEND=hf" in runtime_view.banner_html(named)
 
 
+def test_the_other_runtimes_are_offered_where_their_memory_fits():
+    decision = decide(AVX2, {"hf": shipped("avx2-bf16-int8"), "llamacpp": shipped("avx2-llamacpp-q4_k_m")}, CODE)
+    md = runtime_view.runtimes_markdown(decision, running="llamacpp", started=decision, room_gb=23.5)
+    assert "- Serve on Hugging Face (torch): restart with `SEQUOIA_BACKEND=hf python app.py` (about 8.5 GB" in md
+    assert "- Serve on mixed (torch target, llama.cpp draft): restart with `SEQUOIA_BACKEND=mixed python app.py` " \
+           "(its memory not measured here)" in md
+    assert "SEQUOIA_BACKEND=llamacpp" not in md                      # the one running is not offered again
+    small = runtime_view.switch_lines(decision, "llamacpp", room_gb=6.0)
+    assert "- Hugging Face (torch): does not fit here (about 8.5 GB after start; this server has 6.0 GB)." in small
+    assert not any("SEQUOIA_BACKEND=hf" in line for line in small)
+    bare = decide(replace(AVX2, llamacpp_installed=False), {}, CODE)
+    assert runtime_view.switch_lines(bare, "hf", room_gb=23.5) == []   # nothing else installed: no section
+
+
 def test_the_chosen_bar_is_the_target_alone_where_no_tree_pays_and_measured_is_announced():
     ctx = SimpleNamespace(profile=HardwareProfile.hand_made(lambda n: 30.0 * n, lambda w: 10.0))  # no tree pays
     choice, rows = hardware_tab.predictions(ctx, CODE, 16, 4, {})
