@@ -27,6 +27,7 @@ import gradio as gr
 from components import (compare_tab, distribution_tab, dp_tab, hardware_tab, live_layout, runtime_view, status_view,
                         validation)
 from components.context import ASSETS, AppContext, LoadStatus
+from components.served_trees import served_trees
 from components.extra_runners import ExtraLoader
 from components.lanes import WorkLanes
 from sequoia.runners.embedded import default_cache_dir
@@ -162,6 +163,7 @@ def load_from_env(env: Mapping[str, str] = os.environ, progress: Callable[[float
         backend=backend_from_env(env),
         progress=progress,
         graphs=graphs_from_env(env),
+        warm_trees=served_trees(ASSETS),   # on graphs: the default trees' drafts captured before serving
     )
 
 

@@ -92,6 +92,8 @@ FULL_TOKENS = 64
 DEFAULT_METHODS = ("Target alone", "llama.cpp target alone", "Sequoia (budget & depth)", "Sequoia (auto)",
                    "Sequoia (dynamic)")
 DEFAULT_TOKENS = 32
+#: The fixed tree's budget and depth when the tab opens ("Sequoia (budget & depth)").
+DEFAULT_BUDGET, DEFAULT_DEPTH = 32, 8
 #: Tokens of the untimed warm-up run before each method's row (first-call costs then land on none of them).
 WARMUP_TOKENS = 2
 _HF_ERRORS = (ValueError, RuntimeError, NotImplementedError, TypeError)
@@ -372,8 +374,8 @@ def _controls(ctx: AppContext) -> SimpleNamespace:
     c.prompt = gr.Textbox(label="Prompt", lines=4, value="Write a Python function that reverses a linked list.")
     c.chat = gr.Checkbox(value=True, label="apply the chat template")
     with gr.Row():
-        c.budget = gr.Slider(1, cap, value=min(32, cap), step=1, label="budget")
-        c.depth = gr.Slider(1, 32, value=8, step=1, label="depth")
+        c.budget = gr.Slider(1, cap, value=min(DEFAULT_BUDGET, cap), step=1, label="budget")
+        c.depth = gr.Slider(1, 32, value=DEFAULT_DEPTH, step=1, label="depth")
     with gr.Row():
         # A number box, as on the Live tab: a slider would set -1 to 0 without a word.
         c.temperature = gr.Number(0, step=0.05, label="temperature (0 = greedy)")

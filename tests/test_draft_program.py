@@ -238,3 +238,18 @@ def test_the_captured_program_on_cuda():
     sampling = SamplingConfig(temperature=1.0)
     counts, firsts = empirical_joint(pair8, make_method("sequoia", budget=6, depth=3), sampling, [1, 5, 3], 1000)
     assert joint_pvalue(counts, exact_joint(pair8.target, [1, 5, 3], sampling, firsts)) > 1e-6
+
+
+def test_the_app_captures_its_default_trees_drafts_at_load(monkeypatch):
+    """The guided example's and Compare's fixed tree reach load_pair (the graph runner warms their draft
+    programs before serving; off graphs the warm-up is a no-op)."""
+    import app
+    import sequoia.runtime.models as models
+    from components.served_trees import served_trees
+
+    seen = {}
+    monkeypatch.setattr(models, "load_pair", lambda **kw: seen.update(kw) or "pair")
+    assert app.load_from_env({"SEQUOIA_BACKEND": "hf"}) == "pair"
+    trees = served_trees(app.ASSETS)
+    assert seen["warm_trees"] == trees and len(trees) == 2
+    assert {t.n_nodes for t in trees} == {13, 33}   # Sequoia 12/5 (guided) and 32/8 (Compare), root included

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..core.config import MAX_PROMPT_TOKENS
 from ..core.runtimes import BACKENDS  # noqa: F401  (the runtimes load_pair takes; callers import it from here too)
+from ..core.tree import Tree
 from ..runners.base import Runner
 from ..runners.embedded import EMBEDDED, ProgressFn, converted_dir, default_cache_dir, ensure_gguf, is_converted
 from ..runners.hf.convert import ensure_converted, tokenizer_from_gguf
@@ -133,7 +135,8 @@ def load_pair(draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME, device: s
               dtype: str = "auto", draft_int8: bool | None = None, cache_dir: str | Path | None = None,
               progress: ProgressFn | None = None, draft_quant: str | None = None,
               target_quant: str = "none", blocked_weights: bool = True, plain: bool = False,
-              backend: str = "hf", graphs: bool | None = None, threads: int | None = None) -> ModelPair:
+              backend: str = "hf", graphs: bool | None = None, threads: int | None = None,
+              warm_trees: Sequence[Tree] = ()) -> ModelPair:
     """Load and check a draft/target pair of Hugging Face runners.
 
     ``draft_quant`` ("none" | "int8" | "int4", see :mod:`sequoia.runners.hf.kernels`) defaults to the
@@ -151,6 +154,8 @@ def load_pair(draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME, device: s
     ``threads`` is the CPU threads of the llama.cpp runners (None: every core); torch's own are the caller's
     ``torch.set_num_threads``.  A bench timing with the process's CPU time runs both on one thread: a second
     llama.cpp thread would add its time (and its spinning while torch runs) to every step's.
+    ``warm_trees``: static trees whose whole-draft graphs the graph runner captures at load, beside every
+    forward shape (the trees a server's defaults draft), so that no first request pays their capture.
     """
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
@@ -162,11 +167,12 @@ def load_pair(draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME, device: s
         return _load_mixed_pair(draft, target, device, dtype, target_quant, cache_dir, progress, blocked_weights, plain,
                                 threads)
     return _load_hf_pair(draft, target, device, dtype, draft_int8, cache_dir, progress, draft_quant, target_quant,
-                         blocked_weights, plain, graphs=graphs)
+                         blocked_weights, plain, graphs=graphs, warm_trees=warm_trees)
 
 
 def _load_hf_pair(draft, target, device, dtype, draft_int8, cache_dir, progress, draft_quant, target_quant,
-                  blocked_weights, plain, gguf_draft: Runner | None = None, graphs: bool | None = None) -> ModelPair:
+                  blocked_weights, plain, gguf_draft: Runner | None = None, graphs: bool | None = None,
+                  warm_trees: Sequence[Tree] = ()) -> ModelPair:
     """:func:`load_pair` on the Hugging Face runtime; ``gguf_draft``: a loaded draft on llama.cpp to pair the
     target with instead (``draft`` is then only its path, and no Hugging Face draft is loaded)."""
     dev = resolve_device(device)
@@ -199,7 +205,7 @@ def _load_hf_pair(draft, target, device, dtype, draft_int8, cache_dir, progress,
         draft_runner = load_runner(paths["draft"], names["draft"], dev, draft_dt, dq, "draft", blocked_weights,
                                    plain, graphs, cache_dir=compiled)
     check_tokenizers_match(draft_tok, tok, draft_runner, target_runner)
-    warm_up_pair(draft_runner, target_runner, lambda f, d: report(0.96 + 0.04 * f, d))
+    warm_up_pair(draft_runner, target_runner, lambda f, d: report(0.96 + 0.04 * f, d), trees=warm_trees)
     report(1.0, "models ready")
     return ModelPair(
         draft=draft_runner, target=target_runner, tokenizer=tok,
