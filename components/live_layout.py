@@ -139,16 +139,17 @@ def _wire(ctx: AppContext, c: SimpleNamespace, v: SimpleNamespace) -> None:
     first = (v.text, v.summary_md, v.session)
     frame = page_handler(functools.partial(checked_first_frame, ctx), SESSION)
     with_state = [*inputs, v.session]
-    c.go_btn.click(frame, with_state, first, api_visibility="private", show_progress="hidden",
-                   concurrency_limit=None)
+    # The run follows its first frame (``then``), never beside it: it gets the session the frame left, and the
+    # frame's answer cannot land after a refusal and clear the validator's message from the fields.
     # No progress overlay on the outputs: the first frame says what the run does, and after Stop the outputs
     # must read as settled while the step in flight ends (it cannot be cut).
     runs = dict(show_progress="hidden", **MODEL_WORK)
-    event = c.go_btn.click(handler, with_state, outputs, api_name="decode_stream", **runs)
+    event = c.go_btn.click(frame, with_state, first, api_visibility="private", show_progress="hidden",
+                           concurrency_limit=None).then(handler, with_state, outputs, api_name="decode_stream", **runs)
     guided_run = _wire_guided(ctx, c, v, frame, handler, with_state, outputs)
-    c.exact_btn.click(frame, with_state, first, api_visibility="private", show_progress="hidden",
-                      concurrency_limit=None)
-    exact_event = c.exact_btn.click(exact_handler, with_state, outputs, api_visibility="private", **runs)
+    exact_event = c.exact_btn.click(frame, with_state, first, api_visibility="private", show_progress="hidden",
+                                    concurrency_limit=None).then(exact_handler, with_state, outputs,
+                                                                 api_visibility="private", **runs)
     # Stop: its own handler settles every output at once and sets the flag the run reads (live_tab.stop_views).
     # Light work: it must never wait behind the decode it stops.
     c.stop_btn.click(stop_views, v.session, [v.text, v.tree, v.stats, v.summary_md, v.step, v.node, v.inspect_fig,
