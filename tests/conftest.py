@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
@@ -141,3 +144,14 @@ def embedded_pair_fp32():
         yield load_pair(dtype="fp32", draft_int8=True)
     finally:
         torch.set_num_threads(1)
+
+
+def load_script(name: str) -> ModuleType:
+    """``scripts/<name>.py`` imported as the module ``name`` (scripts are run, not packaged); registered in
+    ``sys.modules`` before it runs, as an import would (a dataclass in it looks its module up)."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

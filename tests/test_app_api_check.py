@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
+from conftest import load_script
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def check():
-    spec = importlib.util.spec_from_file_location("app_api_check", ROOT / "scripts" / "app_api_check.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["app_api_check"] = module
-    spec.loader.exec_module(module)
-    yield module
+    yield load_script("app_api_check")
     sys.modules.pop("app_api_check", None)
 
 

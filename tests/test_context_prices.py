@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 from sequoia.core.profile import ContextCurves, HardwareProfile
 from sequoia.core.trace import StepRecord
 from sequoia.core.tree import Tree
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("check_context_prices", ROOT / "scripts" / "check_context_prices.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("check_context_prices")
 
 
 def profile() -> HardwareProfile:

@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 from sequoia.tools.random_pair import make_pair
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def page_wait():
-    spec = importlib.util.spec_from_file_location("page_wait", ROOT / "scripts" / "page_wait.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["page_wait"] = module
-    spec.loader.exec_module(module)
-    yield module
+    yield load_script("page_wait")
     sys.modules.pop("page_wait", None)
 
 
