@@ -74,6 +74,16 @@ def test_the_readme_stays_short_and_current():
     assert not re.search(r"\b(session|round) \d+", text, re.I), "history belongs in git, not the README"
 
 
+def test_the_space_front_matter_names_the_python_the_pins_are_for():
+    """Spaces default to Python 3.10 unless told; torch==2.13.0's CPU wheel and the CI are Python 3.11."""
+    front = README.read_text().split("---\n")[1]
+    assert re.search(r'^python_version: "3\.11"$', front, re.M)
+    sdk = re.search(r"^sdk_version: (\S+)$", front, re.M)[1]
+    assert f"gradio=={sdk}\n" in (ROOT / "requirements.txt").read_text()
+    # llama-cpp-python builds from its sdist on install: a Space needs cmake and a C++ compiler (Debian packages)
+    assert {"cmake", "build-essential"} <= set((ROOT / "packages.txt").read_text().split())
+
+
 # ------------------------------------------------------------------ docs/ as a reference
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 PATH_PREFIXES = ("docs/", "assets/", "scripts/", "sequoia/", "components/", "tests/")
