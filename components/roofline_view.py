@@ -22,6 +22,9 @@ from .hardware_view import log_ticks
 
 #: The tree size the sentence prices (a Sequoia tree of 63 draft tokens plus its root).
 SHOWN_TOKENS = 64
+#: The largest forward drawn: the graph runner's largest bucket (a profile's points above it ran eagerly on the
+#: H100, 7x one token at the 1.5B shapes: launch overhead, not the roofline).
+MAX_TOKENS = 128
 _PALETTE = ("#d62728", "#1f77b4", "#17becf", "#9467bd", "#8c564b")
 
 
@@ -45,7 +48,7 @@ class RooflineData:
 
 
 def curve(profile: HardwareProfile, label: str, here: bool = False) -> Curve:
-    n, rel = relative_costs(profile)
+    n, rel = relative_costs(profile, [x for x in profile.target_n if x <= MAX_TOKENS])
     return Curve(label=label, n=n, relative=rel, one_ms=float(profile.target(1)), here=here)
 
 
@@ -94,9 +97,8 @@ def figure(data: RooflineData) -> go.Figure:
     """Relative cost against tokens (log-log), each machine a curve, "n x one token" dotted for reference."""
     fig = go.Figure()
     all_n = [x for c in data.curves for x in c.n]
-    if all_n:
-        top = max(all_n)
-        ref = [x for x in (1, 2, 4, 8, 16, 32, 64, 128, 256) if x <= top]
+    ref = [x for x in (1, 2, 4, 8, 16, 32, 64, 128) if x <= max(all_n, default=0)]
+    if ref:
         fig.add_trace(go.Scatter(x=ref, y=ref, mode="lines", name="n x one token (compute-bound)",
                                  line=dict(color="#bbbbbb", dash="dot"), hoverinfo="skip"))
     for i, c in enumerate(data.curves):
@@ -104,16 +106,18 @@ def figure(data: RooflineData) -> go.Figure:
             x=list(c.n), y=list(c.relative), mode="lines+markers", name=f"{c.label} (1 token: {c.one_ms:.1f} ms)",
             line=dict(color=_PALETTE[i % len(_PALETTE)], width=4 if c.here else 2.5),
             hovertemplate="%{x} tokens: %{y:.2f}x one<extra>" + c.label + "</extra>"))
-    fig.update_layout(title=dict(text="cost of verifying n tokens, relative to one token", x=0.01), height=460,
-                      margin=dict(l=55, r=20, t=50, b=45), plot_bgcolor="white",
-                      xaxis_title="tokens verified in one forward (n)", yaxis_title="cost / cost of one token",
-                      legend=dict(orientation="h", y=-0.2, yanchor="top"))
-    if data.note:
-        fig.add_annotation(text=_wrap(data.note), xref="paper", yref="paper", x=0.01, y=0.99, xanchor="left",
-                           yanchor="top", showarrow=False, align="left", font=dict(size=12, color="#333"),
-                           bgcolor="rgba(255,255,255,0.85)")
+    note = _wrap(data.note) if data.note else ""
+    lines = note.count("<br>") + 1 if note else 0   # the sentence sits between the title and the axes
+    fig.update_layout(title=dict(text="cost of verifying n tokens, relative to one token", x=0.01, y=0.98,
+                                 yanchor="top"),
+                      height=460 + 18 * lines, margin=dict(l=55, r=20, t=50 + 18 * lines, b=45),
+                      plot_bgcolor="white", xaxis_title="tokens verified in one forward (n)",
+                      yaxis_title="cost / cost of one token", legend=dict(orientation="h", y=-0.2, yanchor="top"))
+    if note:
+        fig.add_annotation(text=note, xref="paper", yref="paper", x=0.0, y=1.02, xanchor="left", yanchor="bottom",
+                           showarrow=False, align="left", font=dict(size=12, color="#333"))
     fig.update_xaxes(type="log", gridcolor="#eee", **log_ticks(all_n))
-    fig.update_yaxes(type="log", gridcolor="#eee", **log_ticks([y for c in data.curves for y in c.relative]))
+    fig.update_yaxes(type="log", gridcolor="#eee", **log_ticks([*ref, *(y for c in data.curves for y in c.relative)]))
     return fig
 
 
