@@ -31,7 +31,7 @@ from sequoia.runtime.profiling import measure_profile
 from sequoia.core.runtimes import display_name
 from sequoia.runtime.timing import run_method, warmup
 
-from . import dp_view, hardware_view, runners_view, runtime_view, validation
+from . import dp_view, hardware_view, projection_view, runners_view, runtime_view, validation
 from .context import LIGHT_WORK, MODEL_WORK, AppContext, ModelsNotReady
 from .acceptance_choice import acceptance_catalogue, default_acceptance_label
 from .runtimes_here import runtimes_here
@@ -207,11 +207,16 @@ def build(ctx: AppContext, demo: gr.Blocks, refresh_on=()) -> None:
         with gr.Row():
             runners = gr.Plot(label="cost by runner")
             runners_md = gr.Markdown()
+    with gr.Accordion("Why no tree pays here, and where it would", open=False):
+        roofline = gr.Plot(label="cost of verifying n tokens, relative to one")
     session = gr.State(HardwareSession())
     inputs = [acceptance, budget, depth, session]
     outputs = [cost, choice_md, grid, pred, runtimes, runtimes_md, runners, runners_md]
     for trigger in (acceptance.change, budget.release, depth.release, demo.load, *refresh_on):
         trigger(_bound(views, ctx, "refresh"), inputs, outputs, api_visibility="private", **LIGHT_WORK)
+    for trigger in (demo.load, *refresh_on):
+        trigger(_bound(projection_view.roofline_figure, ctx, "roofline"), None, roofline, api_visibility="private",
+                **LIGHT_WORK)
     prof_btn.click(_bound(_on_profile, ctx), [quick, *inputs], [prof_file, *outputs], api_visibility="private",
                    **MODEL_WORK)
     measure_btn.click(_bound(_on_measure, ctx), inputs, [*outputs, session], api_visibility="private",

@@ -24,7 +24,8 @@ from sequoia.runtime.dynamic import MAX_DEPTH
 from sequoia.runtime.finder import DEFAULT_ENTRY
 from sequoia.runtime.texts import generate_with_texts
 
-from . import inspector_view, no_tree_view, serving, stats_view, target_rate, text_view, tree_view, validation
+from . import (inspector_view, no_tree_view, projection_view, serving, stats_view, target_rate, text_view, tree_view,
+               validation)
 from .context import AppContext
 from .decode_inputs import DecodeInputs, api_signature
 from .runtimes_here import fastest_elsewhere
@@ -79,6 +80,7 @@ class LiveSession:
     running: bool = False             # the run's handler has started and not ended
     stopped: bool = False             # Stop was pressed: the engine ends after its current step (or never starts)
     no_tree: str = ""                 # why this automatic method draws no tree here (components.no_tree_view)
+    projection: str = ""              # after a run: what its trees would do elsewhere (components.projection_view)
 
 
 def budget_help() -> str:
@@ -124,7 +126,7 @@ def summary(session: LiveSession) -> str:
         return "**Stopped** before the first step finished: nothing was generated."
     md = stats_view.summary_markdown(session.records)
     line = stats_view.speedup_markdown(session.records, session.rate, session.itself)
-    extra = [x for x in (line, session.no_tree, session.elsewhere) if x]
+    extra = [x for x in (line, session.no_tree, session.elsewhere, session.projection) if x]
     md += "".join("  \n" + x for x in extra)
     return md + ("  \n" + stopped_line(session.records) if session.stopped else "")
 
@@ -267,6 +269,9 @@ def _run(ctx: AppContext, inputs: DecodeInputs, session: LiveSession):
     try:
         with closing(run_decode(ctx, replace(job, inspect=True), lambda: session.stopped)) as steps:
             yield from _stream_views(session, steps)
+        if not session.stopped:   # Stop's handler drew the page; a stopped run is not projected
+            session.projection = projection_view.projection_markdown(session.records, ctx)
+            yield (gr.skip(),) * 3 + (summary(session), gr.skip(), session)
         yield from _measure_alone(ctx, req, job, session)
     except (ValueError, RuntimeError) as exc:
         # A message beside the page, not an error state on every output: the first frame's placeholder goes.
