@@ -352,8 +352,32 @@ def test_acceptance_catalogue_reads_assets(tmp_path):
         parse_acceptance("a, b")
 
 
-def test_hardware_tab_with_hand_made_profile(ctx):
+def _machine_with(features: tuple[str, ...], monkeypatch) -> None:
+    """The Hardware tab decides for a CPU of this kind, whatever this machine is (CI's kind varies)."""
+    from components import runtimes_here
+    from sequoia.core.runtimes import Machine
+
+    machine = Machine(device_kind="cpu", cpu_features=features, llamacpp_installed=True)
+    monkeypatch.setattr(runtimes_here, "machine_here", lambda *a, **k: machine)
+
+
+def test_hardware_tab_stars_llamacpp_by_rule_on_a_cpu_without_bf16_kernels(ctx, monkeypatch):
     from sequoia.core.profile import HardwareProfile
+
+    _machine_with(("avx2",), monkeypatch)
+    ctx.profile = HardwareProfile.hand_made(lambda n: 30 + 0.5 * n, lambda w: 3 + 0.1 * w)
+    try:
+        runtimes_md = hardware_tab.views(ctx, CODE, 16, 4, hardware_tab.HardwareSession())[5]
+        assert "| ★ llama.cpp |" in runtimes_md and "by rule: this CPU has no bf16 matrix kernels" in runtimes_md
+        assert "| Hugging Face (torch)<br><small>costs: in use" in runtimes_md
+    finally:
+        ctx.profile = None
+
+
+def test_hardware_tab_with_hand_made_profile(ctx, monkeypatch):
+    from sequoia.core.profile import HardwareProfile
+
+    _machine_with(("avx2", "avx512_bf16"), monkeypatch)
 
     assert hardware_tab.views(ctx, CODE, 16, 4, None)[0] is None  # no profile yet
     ctx.profile = HardwareProfile.hand_made(lambda n: 30 + 0.5 * n, lambda w: 3 + 0.1 * w)
