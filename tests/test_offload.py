@@ -156,3 +156,31 @@ def test_loading_holds_the_weights_once(tmp_path):
     weights, layer = got["host"] + got["resident"], got["slots"] / 2
     assert got["grew"] <= weights + got["slots"] + layer + 16e6, got   # slack: allocator and interpreter pages
     assert got["grew"] >= weights, got                                # the loader did hold the weights
+
+
+def test_load_pair_streams_the_target_when_asked(tmp_path):
+    from components.pair_room import LoadedPair
+    from sequoia.runners.offload.runner import StreamedRunner
+    from sequoia.runtime.models import load_pair
+    from sequoia.tools.random_pair import make_pair as write_pair
+
+    write_pair(tmp_path, "tiny", seed=3)
+    folders = {role: str(tmp_path / role) for role in ("draft", "target")}
+    streamed = load_pair(folders["draft"], folders["target"], device="cpu", dtype="fp32", backend="offload",
+                         draft_quant="none")
+    resident = load_pair(folders["draft"], folders["target"], device="cpu", dtype="fp32", draft_quant="none",
+                         plain=True)
+    assert isinstance(streamed.target, StreamedRunner) and streamed.target_streamed
+    assert not isinstance(resident.target, StreamedRunner) and not resident.target_streamed
+    method = make_method("sequoia", budget=12, depth=4)
+    assert _tokens(streamed, method, 12) == _tokens(resident, method, 12)
+    room = LoadedPair(loader=lambda: streamed, _pair=streamed)
+    assert "target streamed from host memory" in room.label()
+
+
+def test_the_environment_names_offload():
+    from app import offload_from_env
+
+    assert offload_from_env({}) is None
+    assert offload_from_env({"SEQUOIA_OFFLOAD": "1"}) is True
+    assert offload_from_env({"SEQUOIA_OFFLOAD": "0"}) is False
