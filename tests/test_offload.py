@@ -184,3 +184,17 @@ def test_the_environment_names_offload():
     assert offload_from_env({}) is None
     assert offload_from_env({"SEQUOIA_OFFLOAD": "1"}) is True
     assert offload_from_env({"SEQUOIA_OFFLOAD": "0"}) is False
+
+
+@pytest.mark.slow
+def test_the_offload_check_runs_on_cpu(tmp_path):
+    """scripts/offload_check.py's smoke mode: every part runs and the report is written (timings mean nothing)."""
+    from conftest import load_script
+
+    assert load_script("offload_check").main(["--device", "cpu", "--shapes", "tiny", "--out", str(tmp_path),
+                                             "--repeats", "1", "--steps", "2"]) == 0
+    result = json.loads((tmp_path / "offload_check.json").read_text())
+    assert result["profile"]["target_n"][-1] == 1024
+    assert len(result["projections"]) >= 1 and "steps" in result
+    assert "ms_per_token" in result["accelerate"] or "error" in result["accelerate"]
+    assert (tmp_path / "offload_profile.json").is_file() and (tmp_path / "offload_check.md").is_file()
