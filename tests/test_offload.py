@@ -198,3 +198,13 @@ def test_the_offload_check_runs_on_cpu(tmp_path):
     assert len(result["projections"]) >= 1 and "steps" in result
     assert "ms_per_token" in result["accelerate"] or "error" in result["accelerate"]
     assert (tmp_path / "offload_profile.json").is_file() and (tmp_path / "offload_check.md").is_file()
+
+
+def test_a_cpu_target_streams_only_when_asked(saved):
+    from sequoia.runtime.models import streams_target, target_bytes
+
+    folder = saved[1]
+    assert streams_target(None, folder, CPU, torch.float32) is False
+    assert streams_target(True, folder, CPU, torch.float32) is True
+    assert streams_target(False, folder, CPU, torch.float32) is False
+    assert target_bytes(folder, torch.bfloat16) * 2 == target_bytes(folder, torch.float32) == Checkpoint(folder).nbytes
