@@ -81,7 +81,7 @@ def main(argv: list[str]) -> int:
     draft_shape = DRAFTS["tiny" if args.shapes == "tiny" else args.draft]
     draft = runner(random_model(draft_shape, device, torch.bfloat16, seed=1), "graph", draft_shape.name)
     pair = pair_of(draft, target, f"{draft_shape.name} -> {shape.name} (streamed)")
-    profile = measure_streamed_profile(pair, context_len=args.ctx, repeats=args.repeats, warmup=1, point_s=0.0,
+    profile = measure_streamed_profile(pair, context_len=args.ctx, repeats=args.repeats, warmup=1, point_s=1e9,
                                        overhead_steps=2, progress=lambda f, d: log(f"(2) {d}"))
     profile.save(out / "offload_profile.json")
     result["profile"] = {"target_n": list(profile.target_n), "target_ms": list(profile.target_ms),
@@ -166,7 +166,7 @@ def _args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--draft", choices=("1.5b", "7b"), default="1.5b")
     ap.add_argument("--in-flight", type=int, default=2, help="layers on the device at once")
     ap.add_argument("--ctx", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=2, help="timed forwards per point")
+    ap.add_argument("--repeats", type=int, default=2, help="timed forwards per point (each point gets them all)")
     ap.add_argument("--steps", type=int, default=4, help="timed engine steps in part (5)")
     args = ap.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():

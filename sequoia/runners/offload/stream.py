@@ -96,6 +96,8 @@ class LayerStream:
         self.slot_views = [layout.views(s) for s in self.slots]
         cuda = device.type == "cuda"
         self.copy_stream = torch.cuda.Stream(device) if cuda else None
+        for slot in self.slots if cuda else ():
+            slot.record_stream(self.copy_stream)   # freed slots wait for the copies still queued into them
         self.copied = [torch.cuda.Event() if cuda else None for _ in range(in_flight)]
         self.freed = [torch.cuda.Event() if cuda else None for _ in range(in_flight)]
         self.queue: deque[tuple[int, int]] = deque()    # (layer, slot) copied or copying, not yet computed
