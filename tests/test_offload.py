@@ -208,3 +208,18 @@ def test_a_cpu_target_streams_only_when_asked(saved):
     assert streams_target(True, folder, CPU, torch.float32) is True
     assert streams_target(False, folder, CPU, torch.float32) is False
     assert target_bytes(folder, torch.bfloat16) * 2 == target_bytes(folder, torch.float32) == Checkpoint(folder).nbytes
+
+
+@pytest.mark.slow
+def test_the_profile_command_measures_a_streamed_target_up_to_1024_tokens(tmp_path):
+    from sequoia.core.profile import HardwareProfile
+    from sequoia.tools.cli import main
+    from sequoia.tools.random_pair import make_pair as write_pair
+
+    write_pair(tmp_path, "tiny", seed=3)
+    out = tmp_path / "profile.json"
+    assert main(["profile", "--draft", str(tmp_path / "draft"), "--target", str(tmp_path / "target"), "--device",
+                 "cpu", "--dtype", "fp32", "--draft-quant", "none", "--backend", "hf", "--offload", "--contexts",
+                 "--repeats", "1", "--threads", "1", "--out", str(out)]) == 0
+    profile = HardwareProfile.load(out)
+    assert profile.max_tokens == 1024 and "streamed target" in profile.note
