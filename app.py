@@ -149,7 +149,9 @@ def load_from_env(env: Mapping[str, str] = os.environ, progress: Callable[[float
     SEQUOIA_BACKEND=mixed the Hugging Face target with the draft on llama.cpp (the embedded draft as Q4_0);
     SEQUOIA_BACKEND=hf both on Hugging Face (torch); unset, the runtime :func:`runtime_from_env` chooses;
     on CUDA both models run on the graph runner (CUDA graphs over a slot cache) unless SEQUOIA_GRAPHS=0 or
-    the Space is a ZeroGPU one (SPACES_ZERO_GPU: the GPU is attached per call, captured graphs would not last)."""
+    the Space is a ZeroGPU one (SPACES_ZERO_GPU: the GPU is attached per call, captured graphs would not last);
+    SEQUOIA_OFFLOAD=1 streams the target's layers from host memory (0: never; unset: on CUDA when the target
+    does not fit the GPU's free memory)."""
     from sequoia.runtime.models import load_pair
 
     return load_pair(
@@ -164,7 +166,14 @@ def load_from_env(env: Mapping[str, str] = os.environ, progress: Callable[[float
         progress=progress,
         graphs=graphs_from_env(env),
         warm_trees=served_trees(ASSETS),   # on graphs: the default trees' drafts captured before serving
+        offload=offload_from_env(env),
     )
+
+
+def offload_from_env(env: Mapping[str, str] = os.environ) -> bool | None:
+    """SEQUOIA_OFFLOAD: 1 streams the target from host memory, 0 never; unset (None) lets the loader decide."""
+    value = env.get("SEQUOIA_OFFLOAD", "").strip().lower()
+    return None if not value else value not in ("0", "false", "no", "off")
 
 
 def runtime_from_env(env: Mapping[str, str] = os.environ) -> RuntimeDecision:

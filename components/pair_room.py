@@ -105,4 +105,5 @@ class LoadedPair:
             return "model pair not loaded yet"
         p = self._pair
         esc = [html.escape(str(getattr(p, k, "?"))) for k in ("draft_name", "target_name", "device", "dtype")]
-        return f"draft <b>{esc[0]}</b> → target <b>{esc[1]}</b> on {esc[2]} ({esc[3]})"
+        streamed = ", target streamed from host memory" if getattr(p, "target_streamed", False) else ""
+        return f"draft <b>{esc[0]}</b> → target <b>{esc[1]}</b> on {esc[2]} ({esc[3]}){streamed}"

@@ -43,6 +43,11 @@ WHAT = "Sequoia hardware profile"
 TARGET_GRID = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 #: Level widths at which the draft is timed.
 DRAFT_GRID = (1, 2, 4, 8, 16, 32, 64)
+#: The grids of a target streamed from host memory (:mod:`sequoia.runners.offload`): its forward costs about the
+#: same for one token or hundreds (the layers' copy dominates), so trees of hundreds of nodes pay and the
+#: curves reach the largest tree (MAX_TREE_SIZE = 1024) and the widest levels such trees have.
+STREAMED_TARGET_GRID = tuple(2 ** i for i in range(11))     # 1 .. 1024
+STREAMED_DRAFT_GRID = tuple(2 ** i for i in range(9))       # 1 .. 256
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from huggingface_hub import snapshot_download
 from transformers import PreTrainedTokenizerBase
 
 from ..core.config import MAX_PROMPT_TOKENS
@@ -26,6 +27,8 @@ from ..runners.hf.kernels import check_scheme
 from ..runners.hf.loading import (EMBEDDED_NAME, ModelLoadError, load_runner, load_tokenizer,  # noqa: F401
                                   resolve_device, resolve_draft_quant, resolve_dtype)
 from ..runners.hf.capture import warm_up_pair
+from ..runners.offload.checkpoint import Checkpoint
+from ..runners.offload.runner import load_streamed_runner
 
 #: The weight type of the embedded draft on the "mixed" runtime: llama.cpp requantizes the shipped Q4_K_M once
 #: (its one-token step on 2 Zen 4 cores: 12.5 ms, against 18.5 for Q4_K_M and 24 for torch's int4 draft).
@@ -52,6 +55,7 @@ class ModelPair:
     draft_quant: str = "none"           # weight-only quantization of the draft: "none" | "int8" | "int4"
     target_quant: str = "none"          # of the target (every baseline runs this same loaded target)
     backend: str = "hf"                 # the target's runtime ("hf" | "llamacpp")
+    target_streamed: bool = False       # the target's layers stream from host memory (runners/offload)
 
     @property
     def vocab_size(self) -> int:
@@ -136,7 +140,7 @@ def load_pair(draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME, device: s
               progress: ProgressFn | None = None, draft_quant: str | None = None,
               target_quant: str = "none", blocked_weights: bool = True, plain: bool = False,
               backend: str = "hf", graphs: bool | None = None, threads: int | None = None,
-              warm_trees: Sequence[Tree] = ()) -> ModelPair:
+              warm_trees: Sequence[Tree] = (), offload: bool | None = None) -> ModelPair:
     """Load and check a draft/target pair of Hugging Face runners.
 
     ``draft_quant`` ("none" | "int8" | "int4", see :mod:`sequoia.runners.hf.kernels`) defaults to the
@@ -156,7 +160,11 @@ def load_pair(draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME, device: s
     llama.cpp thread would add its time (and its spinning while torch runs) to every step's.
     ``warm_trees``: static trees whose whole-draft graphs the graph runner captures at load, beside every
     forward shape (the trees a server's defaults draft), so that no first request pays their capture.
+    ``offload`` (backend "offload" says True) streams the target's layers from host memory
+    (:mod:`sequoia.runners.offload`); None: only on CUDA where its weights exceed the device's free memory.
     """
+    if backend == "offload":
+        backend, offload = "hf", True
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
     if backend not in BACKENDS:
@@ -167,12 +175,12 @@ def load_pair(draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME, device: s
         return _load_mixed_pair(draft, target, device, dtype, target_quant, cache_dir, progress, blocked_weights, plain,
                                 threads)
     return _load_hf_pair(draft, target, device, dtype, draft_int8, cache_dir, progress, draft_quant, target_quant,
-                         blocked_weights, plain, graphs=graphs, warm_trees=warm_trees)
+                         blocked_weights, plain, graphs=graphs, warm_trees=warm_trees, offload=offload)
 
 
 def _load_hf_pair(draft, target, device, dtype, draft_int8, cache_dir, progress, draft_quant, target_quant,
                   blocked_weights, plain, gguf_draft: Runner | None = None, graphs: bool | None = None,
-                  warm_trees: Sequence[Tree] = ()) -> ModelPair:
+                  warm_trees: Sequence[Tree] = (), offload: bool | None = None) -> ModelPair:
     """:func:`load_pair` on the Hugging Face runtime; ``gguf_draft``: a loaded draft on llama.cpp to pair the
     target with instead (``draft`` is then only its path, and no Hugging Face draft is loaded)."""
     dev = resolve_device(device)
@@ -193,8 +201,12 @@ def _load_hf_pair(draft, target, device, dtype, draft_int8, cache_dir, progress,
              "target": _display_name(target, "target") + (f" ({tq})" if tq != "none" else "")}
     report(0.88, "loading the target")
     compiled = Path(cache_dir) if cache_dir is not None else default_cache_dir()   # the draft's compile artifacts
-    target_runner = load_runner(paths["target"], names["target"], dev, dt, tq, "target", blocked_weights, plain,
-                                graphs, cache_dir=compiled)
+    streamed = streams_target(offload, paths["target"], dev, dt)
+    if streamed and tq != "none":
+        raise ValueError("a streamed target runs unquantized (target_quant='none')")
+    target_runner = load_streamed_runner(local_folder(paths["target"]), names["target"], dev, dt) if streamed else \
+        load_runner(paths["target"], names["target"], dev, dt, tq, "target", blocked_weights, plain, graphs,
+                    cache_dir=compiled)
     if gguf_draft is not None:
         dq, draft_dt, draft_runner, names["draft"] = "none", torch.float32, gguf_draft, gguf_draft.name
     else:
@@ -213,7 +225,33 @@ def _load_hf_pair(draft, target, device, dtype, draft_int8, cache_dir, progress,
         device=dev, dtype=dt, draft_int8=dq == "int8",
         eos_token_ids=eos_token_ids(tok, target_runner.model),
         draft_dtype=draft_dt, draft_quant=dq, target_quant=tq, backend="hf" if gguf_draft is None else "mixed",
+        target_streamed=streamed,
     )
+
+
+def streams_target(offload: bool | None, target: str | Path, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the target streams from host memory: as asked, else (None) on CUDA only, where its weights at
+    ``dtype`` exceed the device's free memory (a target that does not fit cannot be loaded otherwise)."""
+    if offload is not None:
+        return bool(offload)
+    if device.type != "cuda":
+        return False
+    free, _ = torch.cuda.mem_get_info(device)
+    return target_bytes(local_folder(target), dtype) > free
+
+
+def target_bytes(folder: Path, dtype: torch.dtype) -> int:
+    """The checkpoint's floating-point weights at ``dtype`` (what loading it resident would take)."""
+    entries = Checkpoint(folder).entries.values()
+    return sum(e.nbytes // e.dtype.itemsize * (dtype.itemsize if e.dtype.is_floating_point else e.dtype.itemsize)
+               for e in entries)
+
+
+def local_folder(name: str | Path) -> Path:
+    """A model's folder on disk: a local directory as it is, a hub id's snapshot (downloaded if not cached)."""
+    if Path(name).expanduser().is_dir():
+        return Path(name).expanduser()
+    return Path(snapshot_download(str(name), allow_patterns=["*.json", "*.safetensors", "*.txt", "*.jinja"]))
 
 
 def _load_llamacpp_pair(draft: str, target: str, cache_dir, progress: ProgressFn | None,

@@ -26,7 +26,8 @@ import torch
 
 from .._meta import Progress, ProgressFn, library_version, now_iso, pair_name
 from ..core.config import GenerationConfig
-from ..core.profile import DRAFT_GRID, TARGET_GRID, ContextCurves, HardwareProfile
+from ..core.profile import (DRAFT_GRID, STREAMED_DRAFT_GRID, STREAMED_TARGET_GRID, TARGET_GRID, ContextCurves,
+                            HardwareProfile)
 from ..core.tree import Tree
 from .drafter import StaticTreeProposer
 from .engine import SpeculativeEngine, sync
@@ -97,6 +98,16 @@ def measure_profile(
     finally:
         tick.close()
     return _finished(pair, curves, settings, overheads, more)
+
+
+def measure_streamed_profile(pair, **kwargs) -> HardwareProfile:
+    """:func:`measure_profile` of a pair whose target streams from host memory: the target timed for n = 1, 2,
+    4 .. 1024 new tokens and the draft's levels up to 256 wide, never stopped early (a streamed forward of 1024
+    tokens may cost little more than one), so the optimizer prices trees of hundreds of nodes from measured
+    points.  Other arguments as :func:`measure_profile`'s."""
+    kwargs = {"target_grid": STREAMED_TARGET_GRID, "draft_grid": STREAMED_DRAFT_GRID, "stop_ratio": None, **kwargs}
+    profile = measure_profile(pair, **kwargs)
+    return dataclasses.replace(profile, note=profile.note + "; streamed target (n up to 1024)")
 
 
 @dataclass(frozen=True)

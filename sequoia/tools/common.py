@@ -29,6 +29,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft", default="embedded", help="draft model: 'embedded' (offline default), a hub id or a path")
     g.add_argument("--target", default="embedded", help="target model: 'embedded', a hub id or a path")
     g.add_argument("--device", default=None, help="cuda / cpu (default: cuda when available)")
+    g.add_argument("--offload", action="store_true", help="stream the target's layers from host memory (hf runtime; "
+                   "default: only on CUDA when the target does not fit the GPU's free memory)")
     g.add_argument("--dtype", default="auto", help="auto / bf16 / fp32 / fp16")
     g.add_argument("--draft-quant", choices=SCHEMES, default=None,
                    help="weight-only quantization of the draft (default: the fastest measured for this kind of "
@@ -47,7 +49,7 @@ def load_from_args(args):
     return load_pair(args.draft, args.target, device=args.device, dtype=args.dtype,
                      draft_quant=_draft_quant(args), target_quant=args.target_quant, cache_dir=args.cache_dir,
                      blocked_weights=not args.no_blocked_weights, backend=backend_of(args),
-                     threads=getattr(args, "threads", None))
+                     threads=getattr(args, "threads", None), offload=True if getattr(args, "offload", False) else None)
 
 
 def backend_of(args) -> str:
