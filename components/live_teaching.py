@@ -96,7 +96,7 @@ def step_panel() -> SimpleNamespace:
     with gr.Accordion("Step mode: one target call, phase by phase", open=True, elem_id="sq-step-mode"):
         with gr.Row():
             s.step_btn = gr.Button("Step ▶ (next phase)", size="sm", elem_id="sq-step-btn")
-            s.next_btn = gr.Button("Next target call ⏭", size="sm", elem_id="sq-next-call")
+            s.next_btn = gr.Button("Next target call »", size="sm", elem_id="sq-next-call")
         s.text = gr.Markdown(NO_STEP, elem_id="sq-step-text")
         s.plot = gr.Plot(show_label=False, elem_id="sq-step-plot")
     s.cursor = gr.State((-1, -1, 0))   # (step, phase, id of the session it replays)

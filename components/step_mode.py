@@ -137,8 +137,9 @@ def _draft_words(record: StepRecord, phase: Phase) -> str:
     new = tree.levels[phase.level]
     parents = sorted({tree.parents[i] for i in new})
     words = ", ".join(f"`{visible(record.texts[i])}`" for i in new[:8]) if record.texts else ""
-    text = (f"One draft forward over the {len(parents)} node(s) of depth {phase.level - 1} gives q at each, and "
-            f"{len(new)} child token(s) are drawn from it{': ' + words if words else ''}"
+    text = (f"One draft forward over {_count(len(parents), 'node')} of depth {phase.level - 1} gives q at each, "
+            f"and {_count(len(new), 'child token')} {'is' if len(new) == 1 else 'are'} drawn from it"
+            f"{': ' + words if words else ''}"
             f"{' …' if len(new) > 8 else ''}. Children of one node are drawn in sampling order; the first "
             "(leftmost) is tested first.")
     if phase.level == tree.depth:
@@ -197,6 +198,10 @@ def _bonus_words(record: StepRecord, phase: Phase) -> str:
 def _walk_words(record: StepRecord, phase: Phase) -> str:
     return (f"The walk accepted {record.n_accepted} of {record.tree.size} drafts (green path). This step was "
             "recorded without each test's numbers; decode on the Live tab to see them one by one.")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _token(record: StepRecord, node: int) -> str:
