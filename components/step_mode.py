@@ -115,8 +115,18 @@ def _title(record: StepRecord, phase: Phase) -> str:
                 f"{len(tree.levels[phase.level])} new, {sum(len(v) for v in tree.levels[1:phase.level + 1])} drafted")
     if phase.kind == VERIFY:
         return f"step {record.step} · one target forward over {tree.n_nodes} tokens"
-    verdict = "accepted" if phase.check.accepted else "rejected"
-    return f"step {record.step} · test of node {phase.check.node}: {verdict}"
+    c = phase.check
+    verdict = "accepted" if c.accepted else "rejected"
+    if c.u is None:
+        return f"step {record.step} · test of node {c.node} (T=0: the target's argmax?): {verdict}"
+    return f"step {record.step} · test of node {c.node} · u = {c.u:.3f} vs min(1, p/q) = {_chance(record, c):.3f}: " \
+           f"{verdict}"
+
+
+def _chance(record: StepRecord, c: NodeCheck) -> float:
+    """min(1, p/q) of a test, by the verifier's rule (a copied child is a point mass: q = 1)."""
+    q = 1.0 if inspector_view.copied(record, c.node) else c.q_token
+    return acceptance_probability(c.p_token, q) if q > 0 else 1.0
 
 
 # ------------------------------------------------------------------------------------------- words
@@ -168,8 +178,7 @@ def _test_words(record: StepRecord, phase: Phase) -> str:
             return f"{who}: at T=0 a child passes when it is the target's most likely token. It is: **accepted**."
         return f"{who}: at T=0 a child passes when it is the target's most likely token. It is not: **rejected**."
     q = 1.0 if inspector_view.copied(record, c.node) else c.q_token
-    chance = acceptance_probability(c.p_token, q) if q > 0 else 1.0
-    rule = f"u = {c.u:.3f} against min(1, p/q) = min(1, {c.p_token:.3f} / {q:.3f}) = {chance:.3f}"
+    rule = f"u = {c.u:.3f} against min(1, p/q) = min(1, {c.p_token:.3f} / {q:.3f}) = {_chance(record, c):.3f}"
     if c.accepted:
         return f"{who}: {rule}. u is below: **accepted**; its own children are tested next."
     return f"{who}: {rule}. u is not below: **rejected**."

@@ -60,6 +60,7 @@ def test_the_tree_grows_level_by_level_then_its_tests_colour_it():
     assert after_two == {0: "root", 1: "rejected", 2: "accepted", 3: step_mode.WAITING, 4: step_mode.WAITING}
     ring = next(t for t in step_mode.figure(rec, ph[5]).data if t.name == step_mode._CURRENT)
     assert list(ring.customdata) == [2]
+    assert step_mode.figure(rec, ph[3]).layout.title.text.endswith("u = 0.900 vs min(1, p/q) = 0.400: rejected")
     residual = step_mode.figure(rec, ph[4])                                           # the inspector's bars
     assert any(t.name == "residual after rejection" for t in residual.data)
 
