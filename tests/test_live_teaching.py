@@ -87,3 +87,17 @@ def test_the_inspector_holds_the_worked_example_and_the_page_the_projector_box(d
     assert live_teaching.WORKED_LABEL in accordions
     boxes = [b for b in demo.blocks.values() if isinstance(b, gr.Checkbox) and b.label == "Projector view"]
     assert len(boxes) == 1 and boxes[0].elem_id == "sq-projector-toggle"
+
+
+def test_the_button_follows_the_loaded_runtimes_profile(demo):
+    ctx = demo.sequoia_context
+    assert live_teaching.preset_here(ctx, DEFAULT_ACCEPTANCE_LABEL) is None   # no profile here: no button
+    flat = HardwareProfile.hand_made(target=lambda n: 100.0 + 0.5 * n, draft=lambda w: 2.0 + 0.1 * w)
+    try:
+        ctx.profile = LINEAR                  # verifying n tokens costs n steps: the target alone is fastest
+        assert live_teaching.preset_here(ctx, DEFAULT_ACCEPTANCE_LABEL).method == "Target alone"
+        ctx.profile = flat                    # verifying is nearly free: a tree, within this server's cap
+        preset = live_teaching.preset_here(ctx, DEFAULT_ACCEPTANCE_LABEL)
+        assert preset.method == "Sequoia (budget & depth)" and 1 <= preset.budget <= ctx.budget_cap()
+    finally:
+        ctx.profile = None
