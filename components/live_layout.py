@@ -13,14 +13,14 @@ import gradio as gr
 from sequoia.core.config import MAX_DEPTH
 from sequoia.core.request import METHOD_OF_LABEL
 
-from . import serving, stats_view, text_view
+from . import live_teaching, serving, stats_view, text_view
 from .acceptance_choice import acceptance_catalogue, default_acceptance_label, follow_temperature
 from .context import LIGHT_WORK, MODEL_WORK, AppContext
 from .decode_inputs import PAGE_FIELDS, DecodeInputs, page_handler
 from .divergence_view import LOADING as EXACT_LOADING
-from .live_tab import (DEFAULT_METHOD, DEFAULT_NEW_TOKENS, GUIDED, GUIDED_LABEL, HOW_TO_READ, NO_NODE, START_HERE,
-                       LiveSession, budget_help, checked_first_frame, decode_api_fn, decode_stream, inspect_choices,
-                       inspect_node, show_step, stop_views)
+from .live_tab import (DEFAULT_BUDGET, DEFAULT_DEPTH, DEFAULT_METHOD, DEFAULT_NEW_TOKENS, GUIDED, GUIDED_LABEL,
+                       HOW_TO_READ, NO_NODE, START_HERE, LiveSession, budget_help, checked_first_frame, decode_api_fn,
+                       decode_stream, inspect_choices, inspect_node, show_step, stop_views)
 
 
 #: The input after the page's fields in the Live handlers: the session state (Stop reads it, live_tab.stop_views).
@@ -29,25 +29,27 @@ SESSION = ("session",)
 SCROLL_TO_OUTPUT = "() => { document.getElementById('sq-text')?.scrollIntoView({block: 'start'}); }"
 
 
-def build(ctx: AppContext) -> None:
-    """Lay out the tab inside the current ``gr.Blocks`` and wire its events."""
+def build(ctx: AppContext, refresh_on=()) -> None:
+    """Lay out the tab inside the current ``gr.Blocks`` and wire its events (``refresh_on``: events after which
+    the views that depend on the loaded pair's profile are redrawn)."""
     # The guided example first, beside where to begin: above the fold at 1280x720 (under the controls it was
     # below the fold even at 1440x900).
     with gr.Row(equal_height=True, elem_id="sq-start-row"):
         gr.Markdown(START_HERE, elem_id="sq-start")
         guided_btn = gr.Button(GUIDED_LABEL, variant="primary", size="sm", elem_id="sq-guided", scale=0,
                                min_width=260)
+        projector = live_teaching.projector_toggle()
     with gr.Accordion("How to read this", open=False):
         gr.Markdown(HOW_TO_READ)
     with gr.Row():
         with gr.Column(scale=1, min_width=300):
             c = _controls(ctx)
-            c.guided_btn = guided_btn
+            c.guided_btn, c.projector = guided_btn, projector
         with gr.Column(scale=2):
             v = _outputs_column()
     v.stats = gr.Plot(label="Statistics", elem_id="sq-stats")
     v.session = gr.State(LiveSession())
-    _wire(ctx, c, v)
+    _wire(ctx, c, v, refresh_on)
 
 
 def _controls(ctx: AppContext) -> SimpleNamespace:
@@ -62,9 +64,9 @@ def _controls(ctx: AppContext) -> SimpleNamespace:
     with gr.Row():
         # Number boxes, not sliders: a slider sets 100000 to its maximum and 0 to its minimum in the browser,
         # and the decode ran with a value nobody asked for; here the request check refuses it beside the field.
-        c.budget = gr.Number(min(32, cap), precision=0, label=f"budget (draft tokens / step, 1..{cap})",
+        c.budget = gr.Number(min(DEFAULT_BUDGET, cap), precision=0, label=f"budget (draft tokens / step, 1..{cap})",
                              elem_id="sq-budget")
-        c.depth = gr.Number(8, precision=0, label=f"depth (1..{MAX_DEPTH})", elem_id="sq-depth")
+        c.depth = gr.Number(DEFAULT_DEPTH, precision=0, label=f"depth (1..{MAX_DEPTH})", elem_id="sq-depth")
     gr.Markdown(budget_help())
     with gr.Row():
         # A number box, not a slider: a slider's box sets -1 to 0 on its own and the decode ran at T=0;
@@ -84,6 +86,7 @@ def _controls(ctx: AppContext) -> SimpleNamespace:
     with gr.Row():
         c.go_btn = gr.Button("Decode", variant="primary")
         c.stop_btn = gr.Button("Stop", variant="stop")
+    c.fastest_btn = live_teaching.fastest_button(ctx, c.acceptance.value)
     c.exact_btn = gr.Button("Decode in exact mode (float32 target: at T=0 exactly the target alone's text)",
                             size="sm", elem_id="sq-exact")
     return c
@@ -100,6 +103,8 @@ def _outputs_column() -> SimpleNamespace:
         v.node = gr.Dropdown([], label="node of the step shown above", elem_id="sq-inspect-node")
         v.explain = gr.Markdown(NO_NODE, elem_id="sq-inspect-text")
         v.inspect_fig = gr.Plot(label="target p and draft q at the test", elem_id="sq-inspect-plot")
+        live_teaching.worked_example_accordion()
+    v.steps = live_teaching.step_panel()
     return v
 
 
@@ -130,7 +135,7 @@ def _handlers(ctx: AppContext):
             serving.on_gpu(page_handler(exact_stream, SESSION), _gpu_seconds(ctx, 2)))
 
 
-def _wire(ctx: AppContext, c: SimpleNamespace, v: SimpleNamespace) -> None:
+def _wire(ctx: AppContext, c: SimpleNamespace, v: SimpleNamespace, refresh_on=()) -> None:
     handler, exact_handler = _handlers(ctx)
     inputs = [getattr(c, name) for name in PAGE_FIELDS]
     outputs = [v.text, v.tree, v.stats, v.summary_md, v.step, v.session]
@@ -155,7 +160,12 @@ def _wire(ctx: AppContext, c: SimpleNamespace, v: SimpleNamespace) -> None:
     c.stop_btn.click(stop_views, v.session, [v.text, v.tree, v.stats, v.summary_md, v.step, v.node, v.inspect_fig,
                                             v.explain], api_visibility="private", show_progress="hidden",
                      concurrency_limit=None)
-    _wire_inspector(v, (event, guided_run, exact_event))
+
+    def run_after(fields):   # the first frame, then the decode, after an event that set the fields
+        return fields.then(frame, with_state, first, api_visibility="private", show_progress="hidden",
+                           concurrency_limit=None).then(handler, with_state, outputs, api_visibility="private", **runs)
+    fastest_run = live_teaching.wire(ctx, c, v, run_after, refresh_on)
+    _wire_inspector(v, (event, guided_run, exact_event, fastest_run))
     gr.api(decode_api_fn(ctx), api_name="decode", **MODEL_WORK)
     follow_temperature(c.temperature, c.acceptance, ctx.assets_dir)
 

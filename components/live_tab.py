@@ -32,8 +32,6 @@ from .runtimes_here import fastest_elsewhere
 from .frames import FRAME_S, Throttle, paced
 from .validation import EngineInputs
 
-#: The method the page opens on: the tree the machine's profile prices as best, per step.
-DEFAULT_METHOD = "Sequoia (dynamic)"
 #: Long enough that the rate is the method's, not the first step's (the prompt's forward and warm caches).
 DEFAULT_NEW_TOKENS = 128
 #: The one-click example: a code prompt whose trees visibly branch when sampling at T=0.6, sized to show a
@@ -49,6 +47,10 @@ DEFAULT_NEW_TOKENS = 128
 #: still branches: the root and two of its descendants have two children each.
 GUIDED = dict(prompt="Write a Python function fizzbuzz(n) that returns the FizzBuzz strings for 1..n.",
               method="Sequoia (budget & depth)", budget=12, depth=5, temperature=0.6, max_new_tokens=48, seed=0)
+#: What the page opens on: the guided example's fixed DP tree, which draws a tree on every machine (the automatic
+#: methods decline every tree where none pays, as on a 2-core CPU); the fastest method here is one click away
+#: (components.live_teaching.fastest_button).
+DEFAULT_METHOD, DEFAULT_BUDGET, DEFAULT_DEPTH = GUIDED["method"], GUIDED["budget"], GUIDED["depth"]
 GUIDED_LABEL = "▶ Guided example: a code prompt at T=0.6, 48 tokens (the tree branches)"
 #: Always on screen above the tab: where to begin.
 START_HERE = ("**Start here:** press **▶ Guided example** (beside this) to watch a code prompt decode, then read "

@@ -123,6 +123,7 @@ def draw_tree(
     title: str = "",
     ring: Sequence[int] = (),
     copied: Sequence[int] = (),
+    ring_name: str = "added vs static",
 ) -> go.Figure:
     """Generic tree drawing: one scatter trace per node group, edges underneath.
 
@@ -130,7 +131,7 @@ def draw_tree(
     ``colors``), ``labels`` are shown beside nodes unless there are more than
     :data:`MAX_LABELS`, ``hovers`` are HTML hover texts, ``highlight`` holds
     (parent, child) edges drawn thick, ``ring`` node indices get an outline
-    marker on top (trace ``"added vs static"``), ``copied`` node indices get
+    marker on top (trace ``ring_name``), ``copied`` node indices get
     the :data:`COPIED_SYMBOL` outline (trace :data:`COPIED`).
     """
     n = len(parents)
@@ -156,7 +157,7 @@ def draw_tree(
     if ring:
         fig.add_trace(go.Scatter(
             x=[pos[i][0] for i in ring], y=[pos[i][1] for i in ring], mode="markers",
-            name="added vs static", customdata=list(ring), hoverinfo="skip",
+            name=ring_name, customdata=list(ring), hoverinfo="skip",
             marker=dict(size=24, color="rgba(0,0,0,0)", line=dict(width=3, color=colors["added"])),
         ))
     if copied:

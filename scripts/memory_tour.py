@@ -60,7 +60,8 @@ def drain(gen) -> None:
 def steps(ctx: AppContext, tokens: int) -> list[tuple[str, Callable[[], object]]]:
     """(name, press) for every model button, in the tour's order."""
     label = DEFAULT_ACCEPTANCE_LABEL
-    live = DecodeInputs(PROMPT, live_tab.DEFAULT_METHOD, 32, 8, 0.0, 1.0, tokens, 0, True, label)
+    live = DecodeInputs(PROMPT, live_tab.DEFAULT_METHOD, live_tab.DEFAULT_BUDGET, live_tab.DEFAULT_DEPTH, 0.0, 1.0,
+                        tokens, 0, True, label)
     compare = DecodeInputs(PROMPT, "", 32, 8, 0.0, 1.0, tokens, 0, True, label)
     methods = compare_tab.ticked(ctx, full=True)   # every method of the full run, the reference where offered
     return [
