@@ -151,7 +151,9 @@ def load_from_env(env: Mapping[str, str] = os.environ, progress: Callable[[float
     on CUDA both models run on the graph runner (CUDA graphs over a slot cache) unless SEQUOIA_GRAPHS=0 or
     the Space is a ZeroGPU one (SPACES_ZERO_GPU: the GPU is attached per call, captured graphs would not last);
     SEQUOIA_OFFLOAD=1 streams the target's layers from host memory (0: never; unset: on CUDA when the target
-    does not fit the GPU's free memory)."""
+    does not fit the GPU's free memory);
+    on the graph runner SEQUOIA_COMPILE=0 keeps the draft's forward uncompiled (1: compiled, an error where
+    compilation is unavailable; unset: compiled wherever it is available, see :func:`compile_from_env`)."""
     from sequoia.runtime.models import load_pair
 
     return load_pair(
@@ -167,6 +169,7 @@ def load_from_env(env: Mapping[str, str] = os.environ, progress: Callable[[float
         graphs=graphs_from_env(env),
         warm_trees=served_trees(ASSETS),   # on graphs: the default trees' drafts captured before serving
         offload=offload_from_env(env),
+        compile=compile_from_env(env),
     )
 
 
@@ -196,6 +199,19 @@ def graphs_from_env(env: Mapping[str, str] = os.environ) -> bool | None:
     if env.get("SEQUOIA_GRAPHS", "1").strip().lower() in ("0", "false", "no", "off") or env.get("SPACES_ZERO_GPU"):
         return False
     return None
+
+
+def compile_from_env(env: Mapping[str, str] = os.environ) -> bool | None:
+    """SEQUOIA_COMPILE: "0" (or false/no/off) False, "1" (true/yes/on) True, unset None (the draft compiled
+    wherever compilation is available: CUDA with triton, not ZeroGPU).  A clear ValueError for anything else."""
+    value = env.get("SEQUOIA_COMPILE", "").strip().lower()
+    if value in ("", "auto"):
+        return None
+    if value in ("0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"SEQUOIA_COMPILE={value!r}: use 0 or 1 (or leave it unset)")
 
 
 def exact_loader_from_env(env: Mapping[str, str] = os.environ):

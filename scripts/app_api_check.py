@@ -1,12 +1,14 @@
 """The app on a device, measured through its own API: is the page's step the engine's step?
 
     python scripts/app_api_check.py --out DIR --device cuda (--make embedded|7b|tiny | --draft D --target T)
+                                    [--models-dir M]
                                     [--app inprocess|subprocess] [--method sequoia --budget 32 --depth 8]
                                     [--temperatures 0,1] [--new-tokens 64] [--repeats 3] [--tolerance 0.10]
 
 Starts the app with ``SEQUOIA_DEVICE`` and the given model folders (``--make``: random weights written by
-``scripts/make_random_pair.py`` first): in this process (``--app inprocess``, one copy of the models, the
-same one the direct runs use) or as ``python app.py`` in a subprocess (the real start-up; the direct runs then
+``scripts/make_random_pair.py`` first, into ``--models-dir`` or a temporary folder removed at the end, never
+under ``--out``: on a GPU machine everything under ``$OUT`` travels back, and a 7B pair is ~16 GB): in this
+process (``--app inprocess``, one copy of the models, the same one the direct runs use) or as ``python app.py`` in a subprocess (the real start-up; the direct runs then
 load a second copy here).  For each temperature it calls ``/decode`` with ``gradio_client`` (one untimed
 warm-up call: the graphs are captured there) and runs the same request straight through the engine, the two
 interleaved ``--repeats`` times.  Compared, API against direct: the step time the step records carry (median
@@ -28,6 +30,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -256,7 +259,9 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--make", choices=list(PAIRS), help="write a random-weight pair of these shapes into OUT/models")
+    ap.add_argument("--make", choices=list(PAIRS), help="write a random-weight pair of these shapes first")
+    ap.add_argument("--models-dir", help="where --make writes it (default: a temporary folder, removed at the end; "
+                                         "never under --out)")
     ap.add_argument("--draft", help="a model folder (with --target; instead of --make)")
     ap.add_argument("--target")
     ap.add_argument("--dtype", default="bf16")
@@ -269,6 +274,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tolerance", type=float, default=0.10)
     ap.add_argument("--no-live", action="store_true", help="leave out the Live tab's stream")
+    ap.add_argument("--compile", choices=("auto", "0", "1"), default="auto",
+                    help="SEQUOIA_COMPILE for the app (0: no compile of the draft's forward: no minutes of it)")
     args = ap.parse_args(argv)
     if (args.make is None) == (args.draft is None or args.target is None):
         ap.error("give --make, or both --draft and --target")
@@ -277,13 +284,22 @@ def main(argv: list[str]) -> int:
         ap.error("--device cuda: CUDA is not available here (use --device cpu)")
     resolve_dtype(args.dtype, device)
     out = Path(args.out)
+    if args.models_dir and out.resolve() in (Path(args.models_dir).resolve(), *Path(args.models_dir).resolve().parents):
+        ap.error("--models-dir must be outside --out (everything under --out travels back from a GPU machine)")
     out.mkdir(parents=True, exist_ok=True)
-    if args.make:
-        log(f"writing random {args.make} models into {out / 'models'}")
-        make_pair(out / "models", args.make, device=device, log=log)
-        args.draft, args.target = str(out / "models" / "draft"), str(out / "models" / "target")
+    with tempfile.TemporaryDirectory(prefix="sequoia-random-pair-") as tmp:
+        if args.make:
+            models = Path(args.models_dir or tmp)
+            log(f"writing random {args.make} models into {models}")
+            make_pair(models, args.make, device=device, log=log)
+            args.draft, args.target = str(models / "draft"), str(models / "target")
+        return run_check(args, out, device)
+
+
+def run_check(args, out: Path, device: torch.device) -> int:
+    """The check itself, once the model folders exist."""
     env = {"SEQUOIA_DEVICE": args.device, "SEQUOIA_DRAFT": args.draft, "SEQUOIA_TARGET": args.target,
-           "SEQUOIA_DTYPE": args.dtype, "SEQUOIA_DRAFT_QUANT": "none"}
+           "SEQUOIA_DTYPE": args.dtype, "SEQUOIA_DRAFT_QUANT": "none", "SEQUOIA_COMPILE": args.compile}
     temps = [float(t) for t in args.temperatures.split(",") if t.strip()]
     result = {"versions": versions(device), "app": args.app, "models": f"{args.draft} -> {args.target}",
               "repeats": args.repeats, "tolerance": args.tolerance, "temperatures": {},

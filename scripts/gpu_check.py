@@ -1,8 +1,14 @@
 """The GPU check: is Sequoia lossless on this device, and what does it cost at real shapes?  No download.
 
-    python scripts/gpu_check.py --out DIR [--device cuda|cpu] [--compile] [--skip-costs] [--skip-correctness]
-                                [--skip-host] [--skip-draft] [--skip-draft-compile]
+    python scripts/gpu_check.py --out DIR [--device cuda|cpu] [--preset no-compile|compiled-draft] [--compile]
+                                [--compile-runners] [--artifacts DIR] [--child-timeout S] [--skip-costs]
+                                [--skip-correctness] [--skip-host] [--skip-draft] [--skip-draft-compile]
                                 [--skip-capture]
+
+Presets (the device recipe, ``scripts/gpu_calls.sh``: each one call of under five minutes on one H100):
+``no-compile``: parts (a)-(e) without compiling anything, (a) quick, (b) at the 7B shapes only;
+``compiled-draft``: part (d) alone, with the compiled draft's cold and warm starts (children of at most
+``--child-timeout`` seconds each).  Flags given beside a preset add to it.
 
 (a) correctness on tiny fp32 models, on the graph runner (CUDA graphs over a slot cache) and the eager one:
 greedy equality of every method with the target's greedy ``generate``, a tree's logits against each node's
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,10 +44,16 @@ from sequoia._meta import write_json  # noqa: E402
 from sequoia.tools.gpucheck.capture import capture_markdown, check_capture  # noqa: E402
 from sequoia.tools.gpucheck.correctness import check_correctness  # noqa: E402
 from sequoia.tools.gpucheck.costs import check_costs  # noqa: E402
-from sequoia.tools.gpucheck.draft import check_draft  # noqa: E402
+from sequoia.tools.gpucheck.draft import CHILD_TIMEOUT_S, check_draft  # noqa: E402
 from sequoia.tools.gpucheck.host import check_host  # noqa: E402
 from sequoia.tools.gpucheck.models import CPU_DRAFT, CPU_TARGET, DRAFT_05B, TARGET_7B, TARGET_15B  # noqa: E402
 from sequoia.tools.gpucheck.report import markdown  # noqa: E402
+
+#: The device recipe's calls (scripts/gpu_calls.sh): defaults each preset sets, before the flags given.
+PRESETS = {
+    "no-compile": {"targets": "7b", "quick": True, "skip_draft_compile": True},
+    "compiled-draft": {"skip_correctness": True, "skip_costs": True, "skip_host": True, "skip_capture": True},
+}
 
 
 def log(msg: str) -> None:
@@ -58,9 +71,13 @@ def versions(device: torch.device) -> dict:
     return out
 
 
-def main(argv: list[str]) -> int:
+def parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="folder for gpu_check.json and gpu_check.md")
+    ap.add_argument("--preset", choices=sorted(PRESETS), help="one call of the device recipe (see above)")
+    ap.add_argument("--artifacts", help="where compiled runners keep their artifacts (default: a temporary folder)")
+    ap.add_argument("--child-timeout", type=float, default=CHILD_TIMEOUT_S,
+                    help="seconds each compiled-draft start of part (d) may take")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--trials", type=int, default=None, help="runs per chi-square (default 1500)")
     ap.add_argument("--repeats", type=int, default=None, help="timed forwards per point (default 20 cuda, 3 cpu)")
@@ -77,14 +94,28 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--skip-draft", action="store_true")
     ap.add_argument("--skip-draft-compile", action="store_true", help="part (d) without the compiled starts")
     ap.add_argument("--skip-capture", action="store_true")
+    preset = ap.parse_known_args(argv)[0].preset
+    if preset:
+        ap.set_defaults(**PRESETS[preset])
     args = ap.parse_args(argv)
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error("--device cuda: CUDA is not available here (use --device cpu)")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    with tempfile.TemporaryDirectory(prefix="sequoia-compiled-") as tmp:
+        return run(args, args.artifacts or tmp)
+
+
+def run(args: argparse.Namespace, artifacts: str) -> int:
+    device = torch.device(args.device)
     cuda = device.type == "cuda"
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    result: dict = {"versions": versions(device), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    result: dict = {"versions": versions(device), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                    "preset": args.preset}
     log(f"gpu_check on {result['versions']}")
 
     def save() -> None:
@@ -106,7 +137,7 @@ def main(argv: list[str]) -> int:
         result["costs"] = {}
         check_costs(device, torch.bfloat16, DRAFT_05B if cuda else CPU_DRAFT, targets, args.ctx, args.new_tokens,
                     args.repeats or (20 if cuda else 3), args.compile, log=log, compiled=args.compile_runners,
-                    out=result["costs"], saved=save)
+                    out=result["costs"], saved=save, artifacts=artifacts)
         result["costs"]["seconds"] = time.perf_counter() - t1
         save()
     if not args.skip_host:
@@ -119,7 +150,7 @@ def main(argv: list[str]) -> int:
         log("(d) the draft alone: one graph for the whole tree against one per level; compiled starts")
         t1 = time.perf_counter()
         result["draft"] = check_draft(device, args.ctx, args.repeats or (20 if cuda else 3), log=log,
-                                      compile_check=not args.skip_draft_compile)
+                                      compile_check=not args.skip_draft_compile, child_timeout=args.child_timeout)
         result["draft"]["seconds"] = time.perf_counter() - t1
         save()
     if not args.skip_capture:

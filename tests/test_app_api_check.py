@@ -29,6 +29,31 @@ def test_the_verdict_needs_both_ratios_within_the_tolerance(check):
     assert not check.compare(direct, direct, 0.10, {"ms_per_token": 12.0}, {"ms_per_token": 0.0})["passed"]
 
 
+def test_random_models_are_written_outside_the_output_folder(check, tmp_path, monkeypatch):
+    """On a GPU machine everything under --out travels back: a 7B pair (~16 GB) must be written elsewhere (a
+    temporary folder, removed at the end, or --models-dir) and --models-dir under --out is refused."""
+    written = []
+
+    def fake_make_pair(folder, pair, **kw):
+        for role in ("draft", "target"):
+            (folder / role).mkdir(parents=True)
+            (folder / role / "model.safetensors").write_bytes(b"w" * 4096)
+        written.append(folder)
+
+    monkeypatch.setattr(check, "make_pair", fake_make_pair)
+    monkeypatch.setattr(check, "run_check", lambda args, out, device: 0 if args.target.startswith(
+        str(written[-1])) else 1)
+    out = tmp_path / "out"
+    assert check.main(["--out", str(out), "--device", "cpu", "--make", "7b"]) == 0
+    assert out not in written[-1].parents and not written[-1].exists()         # a temporary folder, gone
+    assert sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) == 0
+    kept = tmp_path / "models"
+    assert check.main(["--out", str(out), "--device", "cpu", "--make", "7b", "--models-dir", str(kept)]) == 0
+    assert (kept / "target" / "model.safetensors").exists()
+    with pytest.raises(SystemExit):
+        check.main(["--out", str(out), "--device", "cpu", "--make", "7b", "--models-dir", str(out / "m")])
+
+
 @pytest.mark.slow
 def test_the_check_runs_on_cpu_with_tiny_models_and_writes_json_and_markdown(check, tmp_path):
     out = tmp_path / "check"

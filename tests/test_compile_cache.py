@@ -120,3 +120,19 @@ def test_a_compiled_forward_that_fails_leaves_the_models_own(mega):
     assert "uncompiled forward runs" in runner.compile_status.line()
     session = runner.session()   # and decoding goes on, uncompiled
     assert session.forward([1, 2, 3]).shape == (3, model.config.vocab_size)
+
+
+def test_sequoia_compile_turns_the_apps_compile_off_or_on(monkeypatch):
+    """SEQUOIA_COMPILE=0 keeps the draft's forward uncompiled on the graph runner (no minutes of compiling at a
+    start), 1 requires it, unset leaves the default (compiled wherever compilation is available)."""
+    import app
+    import sequoia.runtime.models as models
+
+    seen = {}
+    monkeypatch.setattr(models, "load_pair", lambda **kw: seen.update(kw) or "pair")
+    for value, want in (("", None), ("0", False), ("off", False), ("1", True), ("auto", None)):
+        app.load_from_env({"SEQUOIA_BACKEND": "hf", "SEQUOIA_COMPILE": value})
+        assert seen["compile"] is want, value
+    with pytest.raises(ValueError, match="SEQUOIA_COMPILE"):
+        app.compile_from_env({"SEQUOIA_COMPILE": "maybe"})
+    assert compile_plan(torch.device("cpu"), "draft", False, None) == cc.CompilePlan(False, "not asked")

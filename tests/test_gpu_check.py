@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -10,6 +11,42 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+BLOCKED = ("gradio", "gradio_client", "plotly", "pandas", "gguf", "llama_cpp")
+IMPORT_BLOCKED = f"""
+import importlib.util, sys
+for name in {BLOCKED!r}:
+    sys.modules[name] = None   # as if not installed: import fails, find_spec says None
+sys.argv = ["gpu_check.py"]
+spec = importlib.util.spec_from_file_location("gpu_check", "scripts/gpu_check.py")
+spec.loader.exec_module(importlib.util.module_from_spec(spec))
+import sequoia.tools.gpucheck.draft, sequoia.tools.gpucheck.baselines   # the compiled draft's child too
+print("imported")
+"""
+
+
+def test_gpu_check_needs_no_wheels():
+    """A GPU machine has torch and transformers but no gradio, plotly, pandas, gguf or llama_cpp: the check (and
+    the compiled draft's child process) imports none of them, so its call needs no wheels."""
+    proc = subprocess.run([sys.executable, "-c", IMPORT_BLOCKED], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)
+    assert proc.returncode == 0 and "imported" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_presets_are_the_device_recipes_calls():
+    spec = importlib.util.spec_from_file_location("gpu_check_presets", ROOT / "scripts" / "gpu_check.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    first = check.parse(["--out", "x", "--device", "cpu", "--preset", "no-compile"])
+    assert first.targets == "7b" and first.quick and first.skip_draft_compile and not first.compile_runners
+    assert not (first.compile or first.skip_costs or first.skip_host or first.skip_capture)
+    second = check.parse(["--out", "x", "--device", "cpu", "--preset", "compiled-draft", "--child-timeout", "150"])
+    assert second.skip_correctness and second.skip_costs and second.skip_host and second.skip_capture
+    assert not second.skip_draft and not second.skip_draft_compile and second.child_timeout == 150
+    calls = (ROOT / "scripts" / "gpu_calls.sh").read_text()
+    assert "--preset no-compile" in calls and "--preset compiled-draft" in calls and "--compile 0" in calls
+    assert "timeout=1800" not in (ROOT / "sequoia" / "tools" / "gpucheck" / "draft.py").read_text()
 
 
 @pytest.mark.slow

@@ -77,6 +77,20 @@ def test_without_replacement_children_are_distinct_and_follow_q():
     assert stats.chisquare(first.numpy(), (q * 20000).numpy()).pvalue > ALPHA
 
 
+def test_one_gumbel_draw_of_an_unnormalised_residual_is_a_draw_from_it():
+    """The device walk's bonus (verify.walk_on_device): one Gumbel-max draw of the residual max(p - q, 0), left
+    unnormalised and with zeros, follows the normalised residual as torch.multinomial's draw did, with no
+    host wait; a draw that ignored the zeros' -inf logs would fail the support check."""
+    g = torch.Generator().manual_seed(2)
+    residual = torch.tensor([0.0, 0.3, 0.05, 0.0, 0.15, 0.2])          # sums to 0.7
+    n = 20000
+    drawn = sample_children(residual.expand(n, 6).contiguous(), 1, "without_replacement", g)[:, 0]
+    counts = torch.bincount(drawn, minlength=6).float()
+    assert _chi2_pvalue(counts, residual / residual.sum()) > ALPHA
+    reference = torch.multinomial(residual, n, replacement=True, generator=g)   # what the walk drew before
+    assert _chi2_pvalue(torch.bincount(reference, minlength=6).float(), residual / residual.sum()) > ALPHA
+
+
 def test_filler_children_beyond_q_support_are_skipped():
     p, q = _dist(1, 1, 1, 1), _dist(1, 0, 0, 0)
     kids = sample_children(q[None], 3, "without_replacement", torch.Generator().manual_seed(0))[0].tolist()

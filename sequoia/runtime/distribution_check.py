@@ -20,6 +20,7 @@ from ..core.distribution import (DEFAULT_CHILDREN, DEFAULT_TRIALS, RULES, RULES_
                                  head_of)
 from ..core.sampling import warp
 from ..runners.base import shared_vocab
+from .engine import model_lock
 
 MAX_TRIALS = 20000
 
@@ -44,7 +45,8 @@ def root_distributions(pair, prompt_ids: list[int], sampling: SamplingConfig) ->
     if sampling.greedy:
         raise ValueError("the distribution check needs a temperature above 0 (at 0 both are point masses)")
     vocab = shared_vocab(pair)
-    rows = [runner.session().forward(prompt_ids, keep=1)[-1, :vocab] for runner in (pair.target, pair.draft)]
+    with model_lock(pair):   # the background profiler may be using the same runners
+        rows = [runner.session().forward(prompt_ids, keep=1)[-1, :vocab] for runner in (pair.target, pair.draft)]
     return warp(rows[0], sampling).cpu(), warp(rows[1], sampling).cpu()
 
 

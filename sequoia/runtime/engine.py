@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -59,6 +60,7 @@ class SpeculativeEngine:
         # on a GPU that saves a host wait per tested child; on a CPU the host walk does less work.
         self.device_walk = self.device.type == "cuda" if device_walk is None else device_walk
         self.vocab_size = shared_vocab(pair)
+        self.lock = model_lock(pair)
 
     def generate(
         self,
@@ -76,10 +78,13 @@ class SpeculativeEngine:
         """
         self._check_request(prompt_ids, proposer, config, stop)
         gen = torch.Generator(device=self.device).manual_seed(config.seed)
-        state = _State(list(prompt_ids), self.pair.target.session(),
-                       Drafter(self.pair.draft, config.sampling, self.vocab_size), stop)
-        proposer.start()
-        record = self._first_step(state, proposer, config, gen, inspect)
+        # The pair's lock is held per step, never across a yield: a streamed generation is resumed on whichever
+        # worker thread the server picks, and a reader that stops iterating must not keep the models locked.
+        with self.lock:
+            state = _State(list(prompt_ids), self.pair.target.session(),
+                           Drafter(self.pair.draft, config.sampling, self.vocab_size), stop)
+            proposer.start()
+            record = self._first_step(state, proposer, config, gen, inspect)
         step = 0
         while True:
             proposer.observe(record)
@@ -87,7 +92,8 @@ class SpeculativeEngine:
             if record.finished or (should_stop is not None and should_stop()):
                 return
             step += 1
-            record = self._step(state, proposer, config, gen, step, inspect)
+            with self.lock:
+                record = self._step(state, proposer, config, gen, step, inspect)
 
     def _step(self, state, proposer, config, gen, step, inspect=False) -> StepRecord:
         """Draft a tree, score it in one target forward, verify it, keep the accepted path in both caches."""
@@ -227,6 +233,13 @@ class _State:
 
 def _with_times(record: StepRecord, draft_s: float, verify_s: float, other_s: float) -> StepRecord:
     return dataclasses.replace(record, draft_s=draft_s, verify_s=verify_s, other_s=other_s)
+
+
+def model_lock(pair) -> AbstractContextManager:
+    """The pair's one re-entrant lock around model work (``ModelPair.lock``): the engine's steps, the profiler's
+    measurements and graph captures run on different threads over the same runners (one slot cache, static
+    graph inputs); a pair without one (a test's stand-in) locks nothing."""
+    return getattr(pair, "lock", None) or nullcontext()
 
 
 def sync(device) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +57,9 @@ class ModelPair:
     target_quant: str = "none"          # of the target (every baseline runs this same loaded target)
     backend: str = "hf"                 # the target's runtime ("hf" | "llamacpp")
     target_streamed: bool = False       # the target's layers stream from host memory (runners/offload)
+    # One re-entrant lock around all model work on the pair: requests' steps (the engine), the background
+    # profiler and lazy graph captures run on different threads over the same runners (engine.model_lock).
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
     @property
     def vocab_size(self) -> int:
@@ -140,7 +144,8 @@ def load_pair(draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME, device: s
               progress: ProgressFn | None = None, draft_quant: str | None = None,
               target_quant: str = "none", blocked_weights: bool = True, plain: bool = False,
               backend: str = "hf", graphs: bool | None = None, threads: int | None = None,
-              warm_trees: Sequence[Tree] = (), offload: bool | None = None) -> ModelPair:
+              warm_trees: Sequence[Tree] = (), offload: bool | None = None,
+              compile: bool | None = None) -> ModelPair:
     """Load and check a draft/target pair of Hugging Face runners.
 
     ``draft_quant`` ("none" | "int8" | "int4", see :mod:`sequoia.runners.hf.kernels`) defaults to the
@@ -162,6 +167,8 @@ def load_pair(draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME, device: s
     forward shape (the trees a server's defaults draft), so that no first request pays their capture.
     ``offload`` (backend "offload" says True) streams the target's layers from host memory
     (:mod:`sequoia.runners.offload`); None: only on CUDA where its weights exceed the device's free memory.
+    ``compile`` (graph runner only): the draft's forward compiled before capture; None: wherever compilation is
+    available (:func:`~sequoia.runners.hf.loading.compile_plan`), False: never, True: required.
     """
     if backend == "offload":
         backend, offload = "hf", True
@@ -175,12 +182,14 @@ def load_pair(draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME, device: s
         return _load_mixed_pair(draft, target, device, dtype, target_quant, cache_dir, progress, blocked_weights, plain,
                                 threads)
     return _load_hf_pair(draft, target, device, dtype, draft_int8, cache_dir, progress, draft_quant, target_quant,
-                         blocked_weights, plain, graphs=graphs, warm_trees=warm_trees, offload=offload)
+                         blocked_weights, plain, graphs=graphs, warm_trees=warm_trees, offload=offload,
+                         compile=compile)
 
 
 def _load_hf_pair(draft, target, device, dtype, draft_int8, cache_dir, progress, draft_quant, target_quant,
                   blocked_weights, plain, gguf_draft: Runner | None = None, graphs: bool | None = None,
-                  warm_trees: Sequence[Tree] = (), offload: bool | None = None) -> ModelPair:
+                  warm_trees: Sequence[Tree] = (), offload: bool | None = None,
+                  compile: bool | None = None) -> ModelPair:
     """:func:`load_pair` on the Hugging Face runtime; ``gguf_draft``: a loaded draft on llama.cpp to pair the
     target with instead (``draft`` is then only its path, and no Hugging Face draft is loaded)."""
     dev = resolve_device(device)
@@ -215,9 +224,11 @@ def _load_hf_pair(draft, target, device, dtype, draft_int8, cache_dir, progress,
         # fp32 target: the draft's precision affects speed and acceptance, never the output distribution.
         draft_dt = torch.bfloat16 if dq != "none" else dt
         draft_runner = load_runner(paths["draft"], names["draft"], dev, draft_dt, dq, "draft", blocked_weights,
-                                   plain, graphs, cache_dir=compiled)
+                                   plain, graphs, compile=compile, cache_dir=compiled)
     check_tokenizers_match(draft_tok, tok, draft_runner, target_runner)
-    warm_up_pair(draft_runner, target_runner, lambda f, d: report(0.96 + 0.04 * f, d), trees=warm_trees)
+    lock = threading.RLock()   # the pair's (ModelPair.lock): its captures are model work like any other
+    with lock:
+        warm_up_pair(draft_runner, target_runner, lambda f, d: report(0.96 + 0.04 * f, d), trees=warm_trees)
     report(1.0, "models ready")
     return ModelPair(
         draft=draft_runner, target=target_runner, tokenizer=tok,
@@ -226,6 +237,7 @@ def _load_hf_pair(draft, target, device, dtype, draft_int8, cache_dir, progress,
         eos_token_ids=eos_token_ids(tok, target_runner.model),
         draft_dtype=draft_dt, draft_quant=dq, target_quant=tq, backend="hf" if gguf_draft is None else "mixed",
         target_streamed=streamed,
+        lock=lock,
     )
 
 

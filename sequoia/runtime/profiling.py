@@ -30,7 +30,7 @@ from ..core.profile import (DRAFT_GRID, STREAMED_DRAFT_GRID, STREAMED_TARGET_GRI
                             HardwareProfile)
 from ..core.tree import Tree
 from .drafter import StaticTreeProposer
-from .engine import SpeculativeEngine, sync
+from .engine import SpeculativeEngine, model_lock, sync
 from .fingerprint import machine_fingerprint
 from ..runners.base import Runner
 from ..runners.base import shared_vocab
@@ -144,12 +144,14 @@ def _settings(context_len, target_grid, draft_grid, repeats, warmup, point_s, ov
 def _curves(pair, settings: _Settings, gen: torch.Generator, tick: Progress,
             stop_ratio: float | None) -> HardwareProfile:
     """The two cost curves at the profile's own context (a profile with nothing else filled in)."""
-    target_ms = _time_grid(pair.target, settings.target_grid, _verify_parents, settings.points, gen,
-                           lambda n: tick(f"target n={n}"), stop_ratio)
+    with model_lock(pair):   # one session per grid: a request's step between its points would take it over
+        target_ms = _time_grid(pair.target, settings.target_grid, _verify_parents, settings.points, gen,
+                               lambda n: tick(f"target n={n}"), stop_ratio)
     for n in settings.target_grid[len(target_ms):]:
         tick(f"target n={n} skipped (over {stop_ratio:g}x one token)")
-    draft_ms = _time_grid(pair.draft, settings.draft_grid, _level_parents, settings.points, gen,
-                          lambda w: tick(f"draft width={w}"))
+    with model_lock(pair):
+        draft_ms = _time_grid(pair.draft, settings.draft_grid, _level_parents, settings.points, gen,
+                              lambda w: tick(f"draft width={w}"))
     return HardwareProfile(device="", dtype="", context_len=settings.points.ctx,
                            target_n=settings.target_grid[: len(target_ms)], target_ms=tuple(target_ms),
                            draft_width=settings.draft_grid, draft_ms=tuple(draft_ms))
@@ -177,8 +179,12 @@ def _context_curves(pair, ctx: int, target_grid, draft_grid, plan: "_Plan", gen:
                     tick: Progress) -> ContextCurves:
     """Both curves again after ``ctx`` cached tokens, on the grids already measured."""
     at = dataclasses.replace(plan, ctx=ctx)
-    target = _time_grid(pair.target, target_grid, _verify_parents, at, gen, lambda n: tick(f"target n={n}, ctx {ctx}"))
-    draft = _time_grid(pair.draft, draft_grid, _level_parents, at, gen, lambda w: tick(f"draft width={w}, ctx {ctx}"))
+    with model_lock(pair):
+        target = _time_grid(pair.target, target_grid, _verify_parents, at, gen,
+                            lambda n: tick(f"target n={n}, ctx {ctx}"))
+    with model_lock(pair):
+        draft = _time_grid(pair.draft, draft_grid, _level_parents, at, gen,
+                           lambda w: tick(f"draft width={w}, ctx {ctx}"))
     return ContextCurves(context_len=ctx, target_ms=tuple(target), draft_ms=tuple(draft))
 
 
@@ -203,12 +209,13 @@ def _measure_overheads(pair, curves: HardwareProfile, steps: int, gen: torch.Gen
     tree = Tree.chain(OVERHEAD_CHAIN)
     config = GenerationConfig(max_new_tokens=(steps + 2) * (OVERHEAD_CHAIN + 1), stop_at_eos=False)
     records = []
-    for record in SpeculativeEngine(pair, clock=clock).generate(prompt, StaticTreeProposer(tree, name="overheads"),
-                                                                config):
-        records.append(record)
-        tick(f"overheads, step {len(records)}")
-        if len(records) == steps + 2:
-            break
+    with model_lock(pair):   # the whole generation: its sessions live across steps (the engine locks per step)
+        for record in SpeculativeEngine(pair, clock=clock).generate(
+                prompt, StaticTreeProposer(tree, name="overheads"), config):
+            records.append(record)
+            tick(f"overheads, step {len(records)}")
+            if len(records) == steps + 2:
+                break
     timed = records[2:] or records   # step 0 is the prompt's forward, step 1 feeds the draft the prompt
     target = float(curves.target(tree.n_nodes))
     drafts = float(curves.draft(1)) * OVERHEAD_CHAIN

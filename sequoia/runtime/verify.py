@@ -43,7 +43,7 @@ import torch
 
 from ..core.checks import bonus_check, greedy_checks, sampled_checks
 from ..core.config import SamplingConfig
-from ..core.sampling import sample_token, verify_children, verify_greedy, verify_rows_state, warp
+from ..core.sampling import sample_children, sample_token, verify_children, verify_greedy, verify_rows_state, warp
 from ..core.trace import NGRAM, NodeCheck
 from ..core.tree import Tree
 from ..runners.base import upload
@@ -243,7 +243,9 @@ def walk_on_device(draft: Draft, logits: torch.Tensor, sampling: SamplingConfig,
     lay = walk_layout(draft.tree, str(logits.device))
     u = torch.rand(lay.kids_d.shape, generator=gen, device=logits.device)    # [R, k] one uniform per child slot
     verdicts, dist = walk_verdicts(draft, logits, sampling, mode, u)
-    bonus = torch.multinomial(dist[None], 1, generator=gen)[0]               # [1]
+    # The bonus by the Gumbel-max trick (sample_children, one draw without replacement): exactly a draw from
+    # dist, and device work only; torch.multinomial would wait for the device in a walk meant to wait for nothing.
+    bonus = sample_children(dist[None], 1, "without_replacement", gen)[0]    # [1]
     return PendingWalk(draft.tree, lay, bonus, verdicts)
 
 

@@ -6,8 +6,8 @@ for the compile); and a capture that failed fell back to eager without a word.
 :func:`warm_up` captures every (bucket, window) forward and, for the trees it is
 given, the whole-draft programs (:mod:`sequoia.runners.hf.draft_program`) at
 load, reporting progress through the loader's callback, timing the compile
-that the first call of a compiled forward runs, and saving its artifacts
-(:mod:`sequoia.runners.hf.compile_cache`).  :func:`capture_status` says what
+that the first calls of a compiled forward run (apart from the captures), and
+saving its artifacts (:mod:`sequoia.runners.hf.compile_cache`).  :func:`capture_status` says what
 was captured, what failed and what runs instead: one line for the Hardware
 tab and the log.
 """
@@ -86,12 +86,14 @@ def warm_up(runner: GraphRunner, progress: ProgressFn | None = None, trees: Sequ
     report = progress or (lambda frac, desc: None)
     if not runner.graphs:
         return capture_status(runner)
-    t0 = time.perf_counter()
     if runner.compile_status.state == "pending":
         report(0.0, f"{runner.name}: compiling the forward "
                     + ("(saved artifacts loaded)" if runner.compile_status.loaded_bytes
                        else "cold (no saved artifacts for this torch, triton and GPU: minutes)"))
+        t0 = time.perf_counter()
         _first_call(runner)
+        runner.compile_status = finish(runner.compile_status, time.perf_counter() - t0)
+    t0 = time.perf_counter()
     shapes = [(b, w) for w in windows(runner.capacity) for b in runner.buckets]
     programs = [(t, s) for t in trees for s in samplings]
     total = len(shapes) + len(programs) * len(windows(runner.capacity))
@@ -109,7 +111,6 @@ def warm_up(runner: GraphRunner, progress: ProgressFn | None = None, trees: Sequ
                 program.prepare(window)
     torch.cuda.synchronize(runner.device)
     runner.capture_seconds = time.perf_counter() - t0
-    runner.compile_status = finish(runner.compile_status, runner.capture_seconds)
     status = capture_status(runner)
     (log.warning if status.errors else log.info)("%s: %s", runner.name, status.line())
     report(1.0, f"{runner.name}: {status.line()}")
@@ -117,14 +118,19 @@ def warm_up(runner: GraphRunner, progress: ProgressFn | None = None, trees: Sequ
 
 
 def _first_call(runner: GraphRunner) -> None:
-    """The compiled forward's first call (the compile), eagerly at a scratch slot; a failure leaves the
-    uncompiled forward in place before any graph is captured."""
+    """The compiled forward's first calls (the compile), eagerly at scratch slots: one row, then two (one
+    compile specialised to a single row, one for every wider forward and window: ``compile_forward`` marks the
+    shapes dynamic), so every capture after them compiles nothing.  A failure leaves the uncompiled forward in
+    place before any graph is captured."""
     dev, keys = runner.device, min(MIN_WINDOW, runner.capacity)
-    runner.cache.write_at(torch.arange(runner.capacity, runner.capacity + 1, device=dev), keys)   # a scratch slot
-    zeros = torch.zeros(1, 1, dtype=torch.long, device=dev)
     try:
+        # Inference tensors, as every other caller's (a guard on the dispatch keys would compile again), and
+        # ids apart from positions (a guard on their being one tensor would too).
         with torch.inference_mode():
-            runner.call(zeros, zeros, torch.zeros(1, 1, 1, keys, dtype=runner.dtype, device=dev))
+            for rows in (1, 2):
+                runner.cache.write_at(torch.arange(runner.capacity, runner.capacity + rows, device=dev), keys)
+                ids, pos = (torch.zeros(1, rows, dtype=torch.long, device=dev) for _ in range(2))
+                runner.call(ids, pos, torch.zeros(1, 1, rows, keys, dtype=runner.dtype, device=dev))
     except Exception as exc:   # noqa: BLE001 - any compile failure: the model's own forward runs instead
         runner.uncompile(exc)
 

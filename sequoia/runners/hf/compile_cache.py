@@ -137,7 +137,7 @@ class CompileStatus:
 
     state: str                       # "off" | "pending" | "warm" | "cold" | "failed"
     detail: str = ""
-    seconds: float | None = None     # the warm-up's time with the compile in it
+    seconds: float | None = None     # the compile's: the forward's first calls, before any capture
     loaded_bytes: int = 0
     saved_bytes: int = 0
     path: str = ""
@@ -168,11 +168,15 @@ def compile_forward(model, plan: CompilePlan):
         return model, CompileStatus.off(plan.reason or "not asked")
     loaded = load_artifacts(plan.artifacts) if plan.artifacts is not None else 0
     status = CompileStatus("pending", loaded_bytes=loaded, path=str(plan.artifacts or ""))
-    return torch.compile(model), status
+    # dynamic: rows and key window symbolic from the first compile.  Left to torch's automatic dynamic shapes,
+    # each new bucket and window of the warm-up compiled again (six compiles traced at a cold start); now one
+    # compile for a single row (torch specialises sizes of 1) and one for everything wider (capture._first_call).
+    return torch.compile(model, dynamic=True), status
 
 
 def finish(status: CompileStatus, seconds: float) -> CompileStatus:
-    """After the warm-up that ran the compile: warm (artifacts were loaded) or cold (and saved now)."""
+    """After the first calls that ran the compile (``seconds``): warm (artifacts were loaded) or cold (and
+    saved now)."""
     if status.state != "pending":
         return status
     saved = save_artifacts(Path(status.path)) if status.path else 0

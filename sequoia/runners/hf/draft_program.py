@@ -40,7 +40,10 @@ draft's noise never repeats the walk's.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -49,6 +52,8 @@ from ...core.sampling import sample_children
 from ...core.tree import Tree
 from ..base import upload
 
+T = TypeVar("T")
+log = logging.getLogger("sequoia")
 MODES = ("without_replacement", "topk")   # children draws a program runs (with replacement keeps the levels)
 _SALT = 0x5EED_D2AF                       # draft noise seed = the caller's seed + this: a stream the walk never uses
 
@@ -214,7 +219,9 @@ class DraftProgram:
                 ids = b.tokens[plan.fwd_nodes[f0:f1]]
                 keys = window if base is None else base + f1
                 run.cache.write_at(slots[f0:f1], keys)
-                logits = run.call(ids[None], pos[None, f0:f1], mask[f0:f1, :keys][None, None])[0]
+                # pos[f0:f1][None], not pos[None, f0:f1]: the strides a compiled forward saw from the runner's own
+                # calls (a guard on them would compile it again)
+                logits = run.call(ids[None], pos[f0:f1][None], mask[f0:f1, :keys][None, None])[0]
                 b.q[a:e].copy_(self._probs(logits))
             rows = b.q[a:e]                                                # [m, V]
             drawn = sample_children(rows, level.k, self.mode, generator)  # [m, k]
@@ -298,25 +305,47 @@ class DraftProgram:
         """One graph of the whole draft at ``window`` keys (warm-up on a side stream first, as torch advises)."""
         if self.failed:
             return None
-        dev = self.runner.device
-        try:
-            stream = torch.cuda.Stream(dev)
-            stream.wait_stream(torch.cuda.current_stream(dev))
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    self.body(window, self.generator)
-            torch.cuda.current_stream(dev).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            graph.register_generator_state(self.generator)
-            with torch.cuda.graph(graph, pool=self.runner.graph_pool):
-                self.body(window, self.generator)
-        except Exception as exc:   # noqa: BLE001 - any capture failure: the levels run as before, said on the runner
-            self.failed = f"{type(exc).__name__}: {str(exc)[:200]}"
-            torch.cuda.synchronize(dev)
-            self.runner.note_capture_error(("draft program", self.plan.tree.n_nodes, window), self.failed)
+        key = ("draft program", self.plan.tree.n_nodes, window)
+        graph, error = try_capture(lambda: self._capture_once(window), self.runner, key)
+        if graph is None:   # the levels run as before, said on the runner
+            self.failed = error
+            self.runner.note_capture_error(key, error)
             return None
         self.graphs[window] = graph
         return graph
+
+    def _capture_once(self, window: int) -> torch.cuda.CUDAGraph:
+        dev = self.runner.device
+        stream = torch.cuda.Stream(dev)
+        stream.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self.body(window, self.generator)
+        torch.cuda.current_stream(dev).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        graph.register_generator_state(self.generator)
+        # thread_local: only this thread's unsafe calls invalidate the capture (another thread's sync does not)
+        with torch.cuda.graph(graph, pool=self.runner.graph_pool, capture_error_mode="thread_local"):
+            self.body(window, self.generator)
+        return graph
+
+
+def try_capture(capture: Callable[[], T], runner, key: tuple) -> tuple[T | None, str]:
+    """``capture()``, retried once after a failure: (what it returned, "") or (None, the second error).
+
+    Why a retry: a capture can fail for a passing reason (a lazy initialisation or an allocation the first try
+    made outside the capture); a shape that fails twice is left to the eager fallback, and the caller says so.
+    """
+    error = ""
+    for attempt in (1, 2):
+        try:
+            return capture(), ""
+        except Exception as exc:   # noqa: BLE001 - any capture failure: retried once, then the fallback
+            error = f"{type(exc).__name__}: {str(exc)[:200]}"
+            torch.cuda.synchronize(runner.device)
+            if attempt == 1:
+                log.warning("%s: capturing %s failed (%s); retrying once", runner.name, key, error)
+    return None, error
 
 
 def program_key(tree: Tree, mode: str, sampling: SamplingConfig, vocab: int) -> tuple | None:

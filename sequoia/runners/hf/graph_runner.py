@@ -45,7 +45,7 @@ from ..base import RunnerInfo, check_forward_args, check_keep_args, check_path, 
 from ...core.config import SamplingConfig
 from ...core.tree import Tree
 from .compile_cache import CompilePlan, compile_forward, failed
-from .draft_program import DraftProgram, SamplingShape, program_key
+from .draft_program import DraftProgram, SamplingShape, program_key, try_capture
 from .slot_cache import SlotCache, slot_bytes
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)   # new-token counts a graph is captured for
@@ -165,17 +165,20 @@ class GraphRunner:
         return self.call(ids[None], up[0][None], mask[None, None])[0]
 
     def call(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """The model's own forward over the slot cache.  # [1, rows, V]"""
-        out = self._forward(input_ids=ids, position_ids=pos, attention_mask={"full_attention": mask},
-                            past_key_values=self.cache, use_cache=True)
+        """The model's own forward over the slot cache.  # [1, rows, V]
+
+        Always in inference mode, whoever calls (a session, a capture, the warm-up's first call, a draft
+        program): a compiled forward guards on the grad mode, so a call with grad on would compile it again.
+        """
+        with torch.inference_mode():
+            out = self._forward(input_ids=ids, position_ids=pos, attention_mask={"full_attention": mask},
+                                past_key_values=self.cache, use_cache=True)
         return out.logits
 
     def _capture(self, bucket: int, window: int) -> "_Graph | None":
-        try:
-            graph = _Graph.capture(self, bucket, window)
-        except Exception as exc:   # noqa: BLE001 - any capture failure falls back to eager, said on the runner
-            torch.cuda.synchronize(self.device)
-            self.note_capture_error((bucket, window), f"{type(exc).__name__}: {str(exc)[:200]}")
+        graph, error = try_capture(lambda: _Graph.capture(self, bucket, window), self, (bucket, window))
+        if graph is None:   # eager forwards for this shape, said on the runner and in the log
+            self.note_capture_error((bucket, window), error)
             return None
         self._graphs[(bucket, window)] = graph
         return graph
@@ -276,7 +279,10 @@ class _Graph:
         self.logits: torch.Tensor | None = None
 
     @classmethod
+    @torch.inference_mode()
     def capture(cls, runner: GraphRunner, bucket: int, window: int) -> "_Graph":
+        # In inference mode whoever asks (the warm-up or a session): the static inputs are then inference
+        # tensors like every other caller's, and a compiled forward's guards on them hold (no recompile).
         g = cls(runner, bucket, window)
         cache = runner.cache
         cache.write_at(g.slots, window)
@@ -286,7 +292,8 @@ class _Graph:
             for _ in range(2):
                 runner.call(g.ids, g.pos, g.mask)
         torch.cuda.current_stream(runner.device).wait_stream(stream)
-        with torch.cuda.graph(g.graph, pool=runner._pool):
+        # thread_local: only this thread's unsafe calls invalidate the capture (another thread's sync does not)
+        with torch.cuda.graph(g.graph, pool=runner._pool, capture_error_mode="thread_local"):
             g.logits = runner.call(g.ids, g.pos, g.mask)
         return g
 

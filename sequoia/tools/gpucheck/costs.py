@@ -82,15 +82,18 @@ def engine_steps(pair, tree: Tree, ctx: int, new_tokens: int, name: str) -> dict
 
 def check_costs(device: torch.device, dtype: torch.dtype, draft_shape: Shape, targets: list[Shape], ctx: int,
                 new_tokens: int, repeats: int, compile_static: bool, log: Callable[[str], None] = print,
-                compiled: bool = False, out: dict | None = None, saved: Callable[[], None] = lambda: None) -> dict:
+                compiled: bool = False, out: dict | None = None, saved: Callable[[], None] = lambda: None,
+                artifacts: str | None = None) -> dict:
     """Part (b) for each target shape, results keyed by the shape's name, filled into ``out`` (``saved()``
-    after each part).  ``compiled``: the graph runners compile their forwards (inductor) before capturing."""
+    after each part).  ``compiled``: the graph runners compile their forwards (inductor) before capturing,
+    through the compile cache (artifacts under ``artifacts``; compile and capture seconds reported apart)."""
     out = {} if out is None else out
     t0 = time.perf_counter()
     draft_model = random_model(draft_shape, device, dtype, seed=1)
     out.update({"draft": draft_shape.name, "ctx": ctx, "compiled_runners": compiled, "targets": {}})
     kinds = ("graph",) if compiled else ("graph", "eager")
-    draft_graph = runner(draft_model, "graph", "draft", compile=compiled)
+    draft_graph = runner(draft_model, "graph", "draft", compile=compiled, artifacts=artifacts)
+    out["draft_compile"] = compile_row(draft_graph)
     draft_costs = {kind: forward_ms(draft_graph if kind == "graph" else runner(draft_model, kind, "draft"), NS,
                                     ctx, repeats) for kind in kinds}
     out["draft_forward_ms"] = draft_costs
@@ -100,20 +103,27 @@ def check_costs(device: torch.device, dtype: torch.dtype, draft_shape: Shape, ta
     for shape in targets:
         model = random_model(shape, device, dtype, seed=2)
         out["targets"][shape.name] = _one_target(model, draft_graph, shape, ctx, new_tokens, repeats,
-                                                  compile_static, log, compiled, saved)
+                                                  compile_static, log, compiled, saved, artifacts)
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return out
 
 
+def compile_row(rn) -> dict:
+    """A graph runner's compile and capture, apart: what the report shows of a compiled runner."""
+    return {"status": rn.compile_status.line(), "compile_s": rn.compile_status.seconds,
+            "capture_s": getattr(rn, "capture_seconds", None)}
+
+
 def _one_target(model, draft_graph, shape: Shape, ctx, new_tokens, repeats, compile_static, log, compiled,
-                saved) -> dict:
+                saved, artifacts=None) -> dict:
     res: dict = {"params_b": round(shape.params_b, 2)}
     t0 = time.perf_counter()
-    t_graph = runner(model, "graph", shape.name, compile=compiled)
+    t_graph = runner(model, "graph", shape.name, compile=compiled, artifacts=artifacts)
+    res["compile"] = compile_row(t_graph)
     res["forward_ms"] = {"graph": forward_ms(t_graph, NS, ctx, repeats)}
-    res["graph_seconds"] = time.perf_counter() - t0     # with compiled runners: compilation included
+    res["graph_seconds"] = time.perf_counter() - t0     # compiled runners: compile and captures included
     if not compiled:
         res["forward_ms"]["eager"] = forward_ms(runner(model, "eager", shape.name), NS, ctx, max(3, repeats // 4))
     saved()

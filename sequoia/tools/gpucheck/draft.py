@@ -81,20 +81,25 @@ def time_drafts(runner: GraphRunner, tree: Tree, ctx: int, repeats: int) -> dict
     return {"levels": levels, "nodes": tree.n_nodes, "rows": out}
 
 
+#: Seconds each compiled-draft child may take: a cold start (compile, captures, timings) and a warm one, both
+#: inside one device call of at most 600 s (the compile was 104 s cold when it compiled six times).
+CHILD_TIMEOUT_S = 200
+
+
 def check_draft(device: torch.device, ctx: int, repeats: int, log: Callable[[str], None] = print,
-                compile_check: bool = True) -> dict:
+                compile_check: bool = True, child_timeout: float = CHILD_TIMEOUT_S) -> dict:
     """The draft part of the GPU check (see the module docstring)."""
     threads = torch.get_num_threads()
     if device.type == "cpu":   # tiny stand-ins: one thread, so that OpenMP's waits do not swamp them
         torch.set_num_threads(1)
     try:
-        return _check_draft(device, ctx, repeats, log, compile_check)
+        return _check_draft(device, ctx, repeats, log, compile_check, child_timeout)
     finally:
         torch.set_num_threads(threads)
 
 
 def _check_draft(device: torch.device, ctx: int, repeats: int, log: Callable[[str], None],
-                 compile_check: bool) -> dict:
+                 compile_check: bool, child_timeout: float) -> dict:
     cuda = device.type == "cuda"
     shape, tree = (DRAFT_05B if cuda else CPU_DRAFT), draft_tree(cuda)
     runner = draft_runner(shape, device)
@@ -105,12 +110,14 @@ def _check_draft(device: torch.device, ctx: int, repeats: int, log: Callable[[st
     _log_rows(log, "uncompiled", result["uncompiled"])
     del runner
     if compile_check:
-        result["compile"] = check_compile(device, ctx, repeats, log)
+        result["compile"] = check_compile(device, ctx, repeats, log, child_timeout)
     return result
 
 
-def check_compile(device: torch.device, ctx: int, repeats: int, log: Callable[[str], None]) -> dict:
-    """Cold then warm start of the compiled draft, each in a child process with a fresh inductor cache."""
+def check_compile(device: torch.device, ctx: int, repeats: int, log: Callable[[str], None],
+                  timeout: float = CHILD_TIMEOUT_S) -> dict:
+    """Cold then warm start of the compiled draft, each in a child process with a fresh inductor cache and at
+    most ``timeout`` seconds (a start cut short is a row with its error)."""
     reason = unavailable_reason(device)
     out: dict = {"unavailable": reason} if reason else {"key": compile_key(device).slug()}
     with tempfile.TemporaryDirectory() as tmp:
@@ -119,8 +126,13 @@ def check_compile(device: torch.device, ctx: int, repeats: int, log: Callable[[s
             cmd = [sys.executable, "-m", "sequoia.tools.gpucheck.draft", "--device", str(device),
                    "--artifacts", tmp, "--ctx", str(ctx), "--repeats", str(repeats)]
             t0 = time.perf_counter()
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800,
-                                  cwd=Path(__file__).resolve().parents[3])
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout,
+                                      cwd=Path(__file__).resolve().parents[3])
+            except subprocess.TimeoutExpired:
+                out[start] = {"error": f"timed out after {timeout:.0f} s"}
+                log(f"  {start} start failed: {out[start]['error']}")
+                break
             if proc.returncode:
                 out[start] = {"error": (proc.stderr.strip().splitlines() or ["?"])[-1][:300]}
                 log(f"  {start} start failed: {out[start]['error']}")
@@ -159,9 +171,21 @@ def _child(argv: list[str]) -> int:
     status = warm_up(runner, trees=[tree], samplings=tuple(SAMPLINGS.values()))
     timings = time_drafts(runner, tree, args.ctx, args.repeats)
     print(json.dumps({"warm_up_s": status.seconds or 0.0, "compile": runner.compile_status.line(),
+                      "compile_s": runner.compile_status.seconds, "compiles": _compile_counts(),
                       "compile_state": runner.compile_status.state, "capture": status.line(), "timings": timings}),
           flush=True)
     return 0
+
+
+def _compile_counts() -> dict:
+    """Dynamo's graphs compiled in this process and inductor's FX-graph cache hits and misses (a warm start:
+    hits only); torch's own counters, empty where this torch names them otherwise."""
+    try:
+        from torch._dynamo.utils import counters   # noqa: PLC0415 - private, read once at the child's end
+    except ImportError:
+        return {}
+    return {"graphs": counters["stats"]["unique_graphs"], "fx_cache_hits": counters["inductor"]["fxgraph_cache_hit"],
+            "fx_cache_misses": counters["inductor"]["fxgraph_cache_miss"]}
 
 
 if __name__ == "__main__":

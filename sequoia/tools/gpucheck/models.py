@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from ...runners.base import RunnerInfo
+from ...runners.hf.capture import warm_up
+from ...runners.hf.compile_cache import CompilePlan
 from ...runners.hf.graph_runner import GraphRunner
 from ...runners.hf.loading import dtype_name, wrap_model
 
@@ -83,16 +86,26 @@ def perturbed(model, scale: float, seed: int):
     return out
 
 
-def runner(model, kind: str, name: str, capacity: int | None = None, compile: bool = False):
-    """``kind`` "graph": the graph runner (CUDA graphs on a GPU, eager elsewhere; ``compile``: inductor-fused
-    forwards under the graphs); "eager": the plain runner."""
+def runner(model, kind: str, name: str, capacity: int | None = None, compile: bool = False,
+           artifacts: str | Path | None = None):
+    """``kind`` "graph": the graph runner (CUDA graphs on a GPU, eager elsewhere); "eager": the plain runner.
+
+    ``compile``: inductor-fused forwards under the graphs, through the compile cache as the app compiles
+    (:class:`~sequoia.runners.hf.compile_cache.CompilePlan`: off, and why, where compilation is unavailable;
+    artifacts saved under ``artifacts``, None: not kept), compiled and captured here (``warm_up``), so that
+    ``compile_status.seconds`` is the compile's time and ``capture_seconds`` the captures', never a first
+    forward's."""
     if kind == "eager":
         return wrap_model(model, name, plain=True, graphs=False)
     device = next(model.parameters()).device
+    plan = CompilePlan.for_draft(device, artifacts) if compile else CompilePlan(False, "not asked")
     info = RunnerInfo(runtime="hf", weights=dtype_name(model.dtype), device=str(device),
-                      kernels=("compiled, " if compile else "")
+                      kernels=("compiled, " if plan.enabled else "")
                       + ("cuda graphs, slot cache" if device.type == "cuda" else "slot cache, eager"))
-    return GraphRunner(model, name, info, capacity=capacity, compile=compile)
+    rn = GraphRunner(model, name, info, capacity=capacity, compile=plan)
+    if plan.enabled:
+        warm_up(rn)
+    return rn
 
 
 class _Ids:

@@ -118,12 +118,17 @@ def _draft(d: dict) -> list[str]:
             out.append(f"| {label} | {name} | {r['draft_ms']:.2f} | **{r['level_ms']:.2f}** |")
     if c:
         out += ["", f"Compiling: {'unavailable (' + c['unavailable'] + ')' if c.get('unavailable') else c.get('key')}.",
-                "", "| start | warm-up s (compile + captures) | compile | process s |", "|---|---|---|---|"]
+                "", "| start | compile s | captures s | compiles (dynamo graphs, FX cache hits / misses) | compile "
+                "| process s |", "|---|---|---|---|---|---|"]
         for start in ("cold", "warm"):
             r = c.get(start)
             if r is not None:
-                out.append(f"| {start} | failed: {r['error']} | | |" if "error" in r else
-                           f"| {start} | {r['warm_up_s']:.1f} | {r['compile']} | {r['process_s']:.1f} |")
+                n = r.get("compiles") or {}
+                counts = f"{n['graphs']}, {n['fx_cache_hits']} / {n['fx_cache_misses']}" if n else "?"
+                secs = f"{r['compile_s']:.1f}" if r.get("compile_s") is not None else "-"
+                out.append(f"| {start} | failed: {r['error']} | | | | |" if "error" in r else
+                           f"| {start} | {secs} | {r['warm_up_s']:.1f} | {counts} | {r['compile']} | "
+                           f"{r['process_s']:.1f} |")
     return out + [""]
 
 
