@@ -37,10 +37,11 @@ HEADERS = ["method", "tokens", "latency (s)", "first token (s)", "tokens / s", "
 API_KEYS = ["method", "tokens", "latency (s)", "first token (s)", "tokens/s", "target calls", "tokens/call",
             "speedup", "identical"]
 #: Widths of those columns in px: 790 in all, what a 1,280 px window leaves beside the controls; each column has
-#: room for its longest word in bold (assets/studio.css keeps words whole), the identical column for "identical
-#: up to a kernel near-tie at token N (certify: exact mode)" on a few lines.  A narrower window scrolls the table
-#: sideways rather than breaking a word.
-COLUMN_WIDTHS = [146, 70, 74, 66, 70, 66, 70, 84, 144]
+#: room for its longest word in bold (assets/studio.css keeps words whole): tokens/s and speedup for a range
+#: "(42.6–72.6)" (a break opportunity at its dash otherwise), the identical column for "identical up to a kernel
+#: near-tie at token N (certify: exact mode)" on a few lines.  A narrower window scrolls the table sideways rather
+#: than breaking a word.
+COLUMN_WIDTHS = [120, 70, 74, 66, 100, 66, 70, 114, 110]
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,12 @@ def verdicts(rows: Sequence[CompareRow], reference: str = REFERENCE) -> list[str
             for r, b in zip(rows, bands(rows, reference))]
 
 
+def span(lo: str, hi: str) -> str:
+    """"(lo–hi)" as one unbreakable word: a browser may break a line after an en dash, and a range split over two
+    lines reads as two numbers."""
+    return f"({lo}\u2060–\u2060{hi})"
+
+
 def ratio_text(band: rounds.Spread | None, verdict_: str | None) -> str:
     """A ratio as the table shows it, its band beside it: "1.52× (1.41–1.60)", "1.03× (0.97–1.10) same within
     noise", "1.00 (target alone's work) (0.96–1.05)"; a row doing the target alone's work never reads as a
@@ -120,7 +127,7 @@ def ratio_text(band: rounds.Spread | None, verdict_: str | None) -> str:
         return "–"
     if verdict_ == rounds.REFERENCE:
         return "1× (reference)"
-    spread_ = f"({band.lo:.2f}–{band.hi:.2f})" if band.n > 1 else f"(1 round)"
+    spread_ = span(f"{band.lo:.2f}", f"{band.hi:.2f}") if band.n > 1 else "(1 round)"
     if verdict_ == rounds.REFERENCE_WORK:
         return f"1.00 (target alone's work) {spread_}"
     words = {rounds.SAME: " same within noise"}.get(verdict_, "")
@@ -132,7 +139,7 @@ def rate_text(row: CompareRow) -> str:
     s = row.rate_spread
     if s is None or s.n < 2:
         return number(row.tokens_per_s)
-    return f"{number(s.median)} ({number(s.lo)}–{number(s.hi)})"
+    return f"{number(s.median)} {span(number(s.lo), number(s.hi))}"
 
 
 def outlier_note(rows: Sequence[CompareRow]) -> str:

@@ -316,7 +316,8 @@ def test_compare_rows_in_rounds_carry_bands_and_verdicts():
     assert bands[0].lo == bands[0].hi == 1.0
     assert bands[2].median == pytest.approx(3.8 / 12.3) and bands[2].lo == pytest.approx(5.4 / 18.0)
     assert compare_view.verdicts(rows) == ["reference", "reference's work", "slower", "same within noise"]
-    tab = compare_view.table(rows)
+    tab = [[str(v).replace("\u2060", "") for v in row] for row in compare_view.table(rows)]   # word joiners
+    assert "\u2060–\u2060" in compare_view.table(rows)[0][4]        # a range never breaks at its dash
     assert tab[0][4] == "12.6 (12.3–18.0)"
     assert tab[1][7] == "1.00 (target alone's work) (0.98–1.03)"     # never a speedup, its band beside it
     assert tab[2][7] == "0.31× (0.30–0.31)"       # the band holds the slow round 1 too: paired ratios
