@@ -362,6 +362,8 @@ def test_hardware_tab_with_hand_made_profile(ctx):
         cost, md, grid, pred, runtimes, runtimes_md, runners, runners_md = hardware_tab.views(
             ctx, CODE, 16, 4, hardware_tab.HardwareSession())
         assert "Chosen tree" in md and len(pred.data) == 1 and "measured: not yet" in pred.layout.annotations[0].text
+        # the profile's predicted target rate beside the page's measured one (Compare's rounds, the Live probe)
+        assert "**The target alone here**: predicted **" in runtimes_md and "measured" in runtimes_md
         # A CPU pair: the eager runner's curves (this profile's), and graphs said not to apply.
         assert runners.data[0].name == "eager runner: verify (target forward)"
         assert "CUDA graphs do not apply on a CPU" in runners_md
