@@ -162,12 +162,12 @@ def iter_comparison(ctx: AppContext, inputs: DecodeInputs, include_hf=True, meth
             runs[m.label].append(run)
             state.runs += 1
             state.rows = compare_view.mark_identical([row_of(label, rs) for label, rs in runs.items() if rs])
-    _remember_target_rate(ctx, state, runs.get(METHODS[0].label))
+    _remember_target_rate(state, runs.get(METHODS[0].label))
     state.phase, state.running = "done", None
     yield state
 
 
-def _remember_target_rate(ctx: AppContext, state: CompareState, alone: list[RunResult] | None) -> None:
+def _remember_target_rate(state: CompareState, alone: list[RunResult] | None) -> None:
     """The target alone's decode rates over the rounds, as the page's measured target rate for this prompt and
     settings (the Live tab's ratio, the Hardware tab's measured rate: components.target_rate)."""
     plan = next((p for p in state.plan if p[0] is METHODS[0]), None)
