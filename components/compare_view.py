@@ -1,21 +1,25 @@
 """Side-by-side comparison of decoding methods on one prompt.
 
-A :class:`CompareRow` is one method's run; rows are built from step records
-(:func:`row_from_records`) or from a plain (token ids, seconds) result such
-as Hugging Face assisted generation.  ``figure(rows)`` draws four bar panels
-(latency, tokens/s, tokens per target call, speedup over the reference) and
-``table(rows)`` the same numbers plus the time to the first token (the
-prompt's forward, which every method pays alike) and the "identical output" flag.
+A :class:`CompareRow` is one method's timed rounds (components.compare_run): the medians of its runs, every
+round's tokens/s, and its output; rows are also built from step records (:func:`row_from_records`) or from a
+plain (token ids, seconds) result.  A ratio to the reference carries its band (:mod:`sequoia.core.rounds`:
+the median and range of the per-round paired ratios) and its verdict: "same within noise" where the band holds
+1, "target alone's work" where every target call made one token (never read as a speedup).
+``figure(rows)`` draws four bar panels (latency, tokens/s, tokens per target call, ratio to the reference, the
+last two with their spread as error bars) and ``table(rows)`` the same numbers plus the time to the first token
+(the prompt's forward, which every method pays alike) and the "identical output" flag.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from sequoia.core import rounds
 from sequoia.core.trace import StepRecord
 
 from . import method_color
@@ -33,10 +37,11 @@ HEADERS = ["method", "tokens", "latency (s)", "first token (s)", "tokens / s", "
 API_KEYS = ["method", "tokens", "latency (s)", "first token (s)", "tokens/s", "target calls", "tokens/call",
             "speedup", "identical"]
 #: Widths of those columns in px: 790 in all, what a 1,280 px window leaves beside the controls; each column has
-#: room for its longest word in bold (assets/studio.css keeps words whole), the identical column for "identical
-#: up to a kernel near-tie at token N (certify: exact mode)" on a few lines.  A narrower window scrolls the table
-#: sideways rather than breaking a word.
-COLUMN_WIDTHS = [146, 70, 74, 66, 70, 66, 70, 84, 144]
+#: room for its longest word in bold (assets/studio.css keeps words whole): tokens/s and speedup for a range
+#: "(42.6–72.6)" (a break opportunity at its dash otherwise), the identical column for "identical up to a kernel
+#: near-tie at token N (certify: exact mode)" on a few lines.  A narrower window scrolls the table sideways rather
+#: than breaking a word.
+COLUMN_WIDTHS = [120, 70, 74, 66, 100, 66, 70, 114, 110]
 
 
 @dataclass(frozen=True)
@@ -49,10 +54,19 @@ class CompareRow:
     identical: bool | None = None     # output == reference output (None: not compared)
     first_token_s: float | None = None  # time to the first output: the prompt's forward, alike for every method
     near_tie_at: int | None = None    # differs only from this token on (1-based), at a kernel near-tie
+    rates: tuple[float, ...] = ()     # [rounds] tokens/s of each timed round (empty: one untimed-rounds result)
+    reference_work: bool = False      # every target call of every round made one token: the target alone's work
 
     @property
     def tokens_per_s(self) -> float:
+        """The median over the rounds (one result: tokens over seconds)."""
+        if self.rates:
+            return statistics.median(self.rates)
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def rate_spread(self) -> rounds.Spread | None:
+        return rounds.spread(self.rates) if self.rates else None
 
     @property
     def tokens_per_call(self) -> float | None:
@@ -75,19 +89,80 @@ def mark_identical(rows: Sequence[CompareRow], reference: str = REFERENCE) -> li
             for r in rows]
 
 
-def speedups(rows: Sequence[CompareRow], reference: str = REFERENCE) -> list[float | None]:
-    """tokens/s of each row over the reference's (None without a reference)."""
+def bands(rows: Sequence[CompareRow], reference: str = REFERENCE) -> list[rounds.Spread | None]:
+    """Each row's ratio to the reference with its band: per-round paired ratios when both have rounds, else the
+    one ratio of their results (None without a reference)."""
     ref = next((r for r in rows if r.method == reference), None)
     if ref is None or ref.tokens_per_s == 0:
         return [None] * len(rows)
-    return [r.tokens_per_s / ref.tokens_per_s for r in rows]
+    out = []
+    for r in rows:
+        paired = rounds.ratio_band(r.rates, ref.rates) if r.rates and ref.rates else None
+        out.append(paired or rounds.spread([r.tokens_per_s / ref.tokens_per_s]))
+    return out
 
 
-def _flag(row: CompareRow) -> str:
+def speedups(rows: Sequence[CompareRow], reference: str = REFERENCE) -> list[float | None]:
+    """tokens/s of each row over the reference's, the median of the rounds' ratios (None without a reference)."""
+    return [b.median if b is not None else None for b in bands(rows, reference)]
+
+
+def verdicts(rows: Sequence[CompareRow], reference: str = REFERENCE) -> list[str | None]:
+    """Each row's verdict (:func:`sequoia.core.rounds.verdict`; None without a reference)."""
+    return [rounds.verdict(b, r.reference_work, r.method == reference) if b is not None else None
+            for r, b in zip(rows, bands(rows, reference))]
+
+
+def span(lo: str, hi: str) -> str:
+    """"(lo–hi)" as one unbreakable word: a browser may break a line after an en dash, and a range split over two
+    lines reads as two numbers."""
+    return f"({lo}\u2060–\u2060{hi})"
+
+
+def ratio_text(band: rounds.Spread | None, verdict_: str | None) -> str:
+    """A ratio as the table shows it, its band beside it: "1.52× (1.41–1.60)", "1.03× (0.97–1.10) same within
+    noise", "1.00 (target alone's work) (0.96–1.05)"; a row doing the target alone's work never reads as a
+    speedup."""
+    if band is None:
+        return "–"
+    if verdict_ == rounds.REFERENCE:
+        return "1× (reference)"
+    spread_ = span(f"{band.lo:.2f}", f"{band.hi:.2f}") if band.n > 1 else "(1 round)"
+    if verdict_ == rounds.REFERENCE_WORK:
+        return f"1.00 (target alone's work) {spread_}"
+    words = {rounds.SAME: " same within noise"}.get(verdict_, "")
+    return f"{band.median:.2f}× {spread_}{words}"
+
+
+def rate_text(row: CompareRow) -> str:
+    """tokens/s as the table shows it: the median, and its spread over the rounds where there are several."""
+    s = row.rate_spread
+    if s is None or s.n < 2:
+        return number(row.tokens_per_s)
+    return f"{number(s.median)} {span(number(s.lo), number(s.hi))}"
+
+
+def outlier_note(rows: Sequence[CompareRow]) -> str:
+    """hyperfine's warning: the rounds far from their row's median ("" when none)."""
+    far = []
+    for r in rows:
+        for i in rounds.outliers(r.rates):
+            far.append(f"{r.method} round {i + 1} ({number(r.rates[i])} tokens/s against a median of "
+                       f"{number(r.tokens_per_s)})")
+    if not far:
+        return ""
+    return ("**Outliers:** " + "; ".join(far) + ". Something else ran on this machine meanwhile: run the "
+            "comparison again on a quiet machine, or read those rows' bands as wide.")
+
+
+def _flag(row: CompareRow, checking: bool = False) -> str:
+    """The identical column; ``checking``: a differing row is not yet checked for a kernel near-tie."""
     if row.method == LLAMACPP_REFERENCE:
         return "– other kernels"
     if row.identical is False and row.near_tie_at is not None:
         return "≈ " + near_tie_wording(row.near_tie_at)
+    if row.identical is False and checking:
+        return "… checking"
     return {True: "✓ identical", False: "✗ differs", None: "–"}[row.identical]
 
 
@@ -131,21 +206,36 @@ def number(x: float) -> str:
     return f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
 
 
-#: The bar panels: title (short: four sit side by side in 600 px), the value of a row, and how its label reads.
+#: The bar panels: title (short: four sit side by side in 600 px), the value of a row (given its ratio band and
+#: verdict), and how its label reads.  A row doing the target alone's work is drawn at 1, never as a speedup.
 _PANELS = (
-    ("latency (s)", lambda r, s: r.seconds, number),
-    ("tokens / s", lambda r, s: r.tokens_per_s, number),
-    ("tokens / target call", lambda r, s: r.tokens_per_call or 0.0, number),
-    ("speedup", lambda r, s: s or 0.0, lambda y: f"{y:.2f}×"),
+    ("latency (s)", lambda r, b, v: r.seconds, number),
+    ("tokens / s", lambda r, b, v: r.tokens_per_s, number),
+    ("tokens / target call", lambda r, b, v: r.tokens_per_call or 0.0, number),
+    ("speedup", lambda r, b, v: 1.0 if v == rounds.REFERENCE_WORK else b.median if b else 0.0,
+     lambda y: f"{y:.2f}×"),
 )
 #: Height of one bar's row in the figure (px): the names and labels stay legible as rows are added.
 BAR_ROW_PX = 30
 
 
+def _error_bars(col: int, rows: Sequence[CompareRow], xs: list[float], bands_: list) -> dict | None:
+    """The spread over the rounds as error bars: tokens/s (min..max of the rounds) and the ratio (its band)."""
+    if col == 2 and any(r.rates for r in rows):
+        spreads = [r.rate_spread for r in rows]
+    elif col == 4 and any(b is not None and b.n > 1 for b in bands_):
+        spreads = bands_
+    else:
+        return None
+    return dict(type="data", symmetric=False, color="#444", thickness=1.2, width=4,
+                array=[max(s.hi - x, 0.0) if s else 0.0 for s, x in zip(spreads, xs)],
+                arrayminus=[max(x - s.lo, 0.0) if s else 0.0 for s, x in zip(spreads, xs)])
+
+
 def figure(rows: Sequence[CompareRow], reference: str = REFERENCE, title: str = "") -> go.Figure:
     """Four panels of horizontal bars, one bar per method (top: the first row), its value written beside it;
     the method names once, on the left (horizontal bars: long names never overlap, however many rows).  Hover
-    shows the identical-output flag."""
+    shows the identical-output flag and the verdict; tokens/s and the ratio show their spread."""
     fig = make_subplots(rows=1, cols=4, shared_yaxes=True, horizontal_spacing=0.03,
                         subplot_titles=[t if t != "speedup" else f"× {reference.lower()}" for t, _, _ in _PANELS])
     fig.update_layout(height=110 + BAR_ROW_PX * max(len(rows), 3), showlegend=False, plot_bgcolor="white",
@@ -156,67 +246,81 @@ def figure(rows: Sequence[CompareRow], reference: str = REFERENCE, title: str = 
         return fig
     names = [r.method for r in rows]
     colors = [method_color(n) for n in names]
-    flags = [_flag(r) for r in rows]
-    ratios = speedups(rows, reference)
+    bands_, verdicts_ = bands(rows, reference), verdicts(rows, reference)
+    hover = [f"{_flag(r)}<br>{ratio_text(b, v)}" for r, b, v in zip(rows, bands_, verdicts_)]
     for col, (_, value, fmt) in enumerate(_PANELS, start=1):
-        xs = [value(r, s) for r, s in zip(rows, ratios)]
+        xs = [value(r, b, v) for r, b, v in zip(rows, bands_, verdicts_)]
+        errors = _error_bars(col, rows, xs, bands_)
         fig.add_trace(go.Bar(
             y=names, x=xs, orientation="h", marker_color=colors, text=[fmt(x) for x in xs], textposition="outside",
-            cliponaxis=False, customdata=flags, hovertemplate="%{y}: %{x:.3f}<br>%{customdata}<extra></extra>",
-        ), row=1, col=col)
-        # Room right of the longest bar for its label, which is drawn outside the bar.
-        fig.update_xaxes(range=[0, max(max(xs), 1e-9) * 1.45], row=1, col=col)
+            cliponaxis=False, customdata=hover, hovertemplate="%{y}: %{x:.3f}<br>%{customdata}<extra></extra>",
+            error_x=errors), row=1, col=col)
+        # Room right of the longest bar (or error bar) for its label, which is drawn outside the bar.
+        top = max(x + (e or 0.0) for x, e in zip(xs, errors["array"] if errors else [0.0] * len(xs)))
+        fig.update_xaxes(range=[0, max(top, 1e-9) * 1.45], row=1, col=col)
     fig.add_vline(x=1.0, line_dash="dot", line_color="#555", row=1, col=4)
     fig.update_xaxes(gridcolor="#eee", showticklabels=False)
     fig.update_yaxes(autorange="reversed", automargin=True)
     return fig
 
 
-def table(rows: Sequence[CompareRow], reference: str = REFERENCE) -> list[list]:
-    """Rows for the page's table under :data:`HEADERS`, numbers as short text (:func:`number`)."""
+def table(rows: Sequence[CompareRow], reference: str = REFERENCE, checking: bool = False) -> list[list]:
+    """Rows for the page's table under :data:`HEADERS`, numbers as short text (:func:`number`), tokens/s and
+    the ratio with their spread over the rounds; ``checking``: differing rows read "checking" (their near-tie
+    check has not answered yet)."""
     out = []
-    for r, s in zip(rows, speedups(rows, reference)):
+    for r, b, v in zip(rows, bands(rows, reference), verdicts(rows, reference)):
         per_call = r.tokens_per_call
         out.append([
             r.method, r.tokens, number(r.seconds),
-            number(r.first_token_s) if r.first_token_s is not None else "–", number(r.tokens_per_s),
+            number(r.first_token_s) if r.first_token_s is not None else "–", rate_text(r),
             r.target_calls if r.target_calls is not None else "–",
             number(per_call) if per_call is not None else "–",
-            f"{s:.2f}×" if s is not None else "–", _flag(r),
+            ratio_text(b, v), _flag(r, checking),
         ])
     return out
+
+
+def _rounded(x: float | None, digits: int) -> float | str:
+    return round(x, digits) if x is not None else "–"
 
 
 def records(rows: Sequence[CompareRow], keys: dict[str, str], reference: str = REFERENCE) -> list[dict]:
     """One dict per row for the ``/compare`` API: keys :data:`API_KEYS`, numbers as numbers (rounded to the
     millisecond or the hundredth); ``method`` is ``keys[row label]`` (the API's stable method names) and
-    ``label`` the page's name."""
+    ``label`` the page's name; the rounds: ``rounds``, ``tokens/s min`` / ``max``, ``speedup min`` / ``max``
+    (the band of the per-round ratios) and ``verdict`` (:mod:`sequoia.core.rounds`: "same within noise",
+    "reference's work", "faster", "slower", "one round", "reference")."""
     out = []
-    for r, s in zip(rows, speedups(rows, reference)):
-        per_call = r.tokens_per_call
-        values = [keys.get(r.method, r.method), r.tokens, round(r.seconds, 3),
-                  round(r.first_token_s, 3) if r.first_token_s is not None else "–", round(r.tokens_per_s, 2),
-                  r.target_calls if r.target_calls is not None else "–",
-                  round(per_call, 2) if per_call is not None else "–", round(s, 2) if s is not None else "–",
-                  _flag(r)]
-        out.append({**dict(zip(API_KEYS, values)), "label": r.method})
+    for r, b, v in zip(rows, bands(rows, reference), verdicts(rows, reference)):
+        per_call, spread_ = r.tokens_per_call, r.rate_spread
+        values = [keys.get(r.method, r.method), r.tokens, round(r.seconds, 3), _rounded(r.first_token_s, 3),
+                  round(r.tokens_per_s, 2), r.target_calls if r.target_calls is not None else "–",
+                  _rounded(per_call, 2), _rounded(b.median if b else None, 2), _flag(r)]
+        out.append({**dict(zip(API_KEYS, values)), "label": r.method, "rounds": len(r.rates) or 1,
+                    "tokens/s min": _rounded(spread_.lo if spread_ else None, 2),
+                    "tokens/s max": _rounded(spread_.hi if spread_ else None, 2),
+                    "speedup min": _rounded(b.lo if b else None, 2), "speedup max": _rounded(b.hi if b else None, 2),
+                    "verdict": v or "–"})
     return out
 
 
 def progress(phase: str, method: str = "", row: int = 0, total: int = 0, tokens: int | None = None,
-             max_tokens: int = 0) -> str:
+             max_tokens: int = 0, round_: int = 0, rounds_: int = 0) -> str:
     """The line above the notes while a comparison runs, one wording per phase so that loading is never read as
-    running: "loading" (``method``: what loads, on its first use), "warming" (``method``'s untimed warm-up before
-    its row), "running" (row ``row`` of ``total``, ``tokens`` of ``max_tokens`` so far; None: a run that reports
-    no steps, as Hugging Face generate)."""
+    running: "loading" (``method``: what loads, on its first use), "warming" (``method``'s untimed warm-up, the
+    ``row``-th of ``total``), "running" (round ``round_`` of ``rounds_``, ``method`` the ``row``-th of ``total``,
+    ``tokens`` of ``max_tokens`` so far; None: a run that reports no steps, as Hugging Face generate)."""
     if phase == "loading":
-        return f"*Loading {method} (first use only: its row runs next)…*"
-    where = f"row {row} of {total}"
+        return f"*Loading {method} (first use only: its warm-up runs next)…*"
+    where = f"{row} of {total}"
     if phase == "warming":
-        return f"*Warming up **{method}** (untimed, a few tokens), then running it: {where}…*"
-    if phase == "running" and tokens is None:
-        return f"*Running **{method}**, {where}…*"
-    if phase == "running":
-        done = f"{tokens} of {max_tokens} tokens" if max_tokens else f"{tokens} tokens"
-        return f"*Running **{method}**, {where}: {done} so far…*"
-    raise ValueError(f"phase: unknown phase {phase!r}")
+        return f"*Warm-up round (untimed, a few tokens each): **{method}**, {where}…*"
+    if phase != "running":
+        raise ValueError(f"phase: unknown phase {phase!r}")
+    head = f"*Round {round_} of {rounds_}: running **{method}**, {where}" if rounds_ else \
+        f"*Running **{method}**, {where}"
+    if tokens is None:
+        return head + "…*"
+    done = f"{tokens} of {max_tokens} tokens" if max_tokens else f"{tokens} tokens"
+    return f"{head}: {done} so far…*"

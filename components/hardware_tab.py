@@ -31,7 +31,7 @@ from sequoia.runtime.profiling import measure_profile
 from sequoia.core.runtimes import display_name
 from sequoia.runtime.timing import run_method, warmup
 
-from . import dp_view, hardware_view, projection_view, runners_view, runtime_view, validation
+from . import dp_view, hardware_view, projection_view, runners_view, runtime_view, target_rate, validation
 from .context import LIGHT_WORK, MODEL_WORK, AppContext, ModelsNotReady
 from .acceptance_choice import acceptance_catalogue, default_acceptance_label
 from .runtimes_here import runtimes_here
@@ -135,7 +135,8 @@ def runtime_views(ctx: AppContext, acceptance, budget: int, depth: int):
               for backend, f in found.items()]
     running = ctx.pair().backend if ctx.loaded else None
     return (hardware_view.runtimes_figure(series),
-            runtime_view.runtimes_markdown(decision, running, ctx.hardware.runtime, _room_gb(ctx)))
+            runtime_view.runtimes_markdown(decision, running, ctx.hardware.runtime, _room_gb(ctx)) + "\n\n" +
+            target_rate.reconcile_markdown(target_rate.predicted(ctx.choice), ctx.target_rates.latest()))
 
 
 def _room_gb(ctx: AppContext) -> float | None:

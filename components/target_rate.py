@@ -3,10 +3,15 @@
 The Live tab's headline ratio divides a run's decode rate by the target alone's.  A hardware profile's
 predicted rate (one forward of one token) leaves out the step overhead and the prompt's length, so on a
 CPU it was far from what the target alone really does on the same prompt; the page measures instead.
-A short greedy target-alone run (:data:`PROBE_TOKENS` tokens) on the same prompt ids and sampling
-settings, on the same pair (exact mode measures the float32 target), gives the rate; it is kept in a
-small cache in the app state (:class:`TargetRates`), so a repeated prompt costs nothing.  A run of the
-target alone is its own measurement (and fills the cache for the next method on that prompt).
+Short greedy target-alone runs on the same prompt ids and sampling settings, on the same pair (exact mode
+measures the float32 target), give the rate the way every comparison on the page is measured
+(:mod:`sequoia.core.rounds`): :data:`PROBE_ROUNDS` runs of :data:`PROBE_TOKENS` tokens, their median with its
+range; one run alone swung by a third on a shared 2-core machine.  It is kept in a small cache in the app
+state (:class:`TargetRates`), so a repeated prompt costs nothing.  A run of the target alone is its own
+measurement (one round), and Compare's rounds of the target alone are another (their decode rates).
+
+The Hardware tab shows the profile's prediction beside the latest measurement (:func:`reconcile_markdown`):
+the prediction is one forward of one token, what the decode rate would be with no step overhead at all.
 
 Both rates are :attr:`sequoia.core.stats.RunStats.tokens_per_s`: tokens after the prompt's forward over
 the time after it, so the prompt's forward (alike for every method) weighs on neither.
@@ -19,13 +24,16 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
+from sequoia.core import rounds
 from sequoia.core.cost import baseline_ms
 from sequoia.core.stats import summarize
 from sequoia.core.trace import StepRecord
 
-#: Tokens of the measuring run: enough steps after the prompt's forward for a steady per-token rate, few
-#: enough to cost a few seconds on a CPU (one target forward a token).
-PROBE_TOKENS = 24
+#: Tokens of each measuring run: enough steps after the prompt's forward for a per-token rate, few enough that
+#: the rounds together cost a few seconds on a CPU (one target forward a token).
+PROBE_TOKENS = 10
+#: Measuring runs: a median and a range whose ends are real runs.
+PROBE_ROUNDS = 3
 #: Rates remembered per server (each entry is a key and a float).
 CACHE_SIZE = 32
 
@@ -34,9 +42,16 @@ CACHE_SIZE = 32
 class TargetRate:
     """The target alone's tokens/s and where the number comes from."""
 
-    tokens_per_s: float
+    tokens_per_s: float  # the median of the rounds where measured in several
     measured: bool
-    source: str          # e.g. "measured on this prompt, 24 tokens" or "predicted (profile: shipped ...)"
+    source: str          # e.g. "measured on this prompt (3 runs of 10 tokens)" or "predicted (profile: shipped ...)"
+    lo: float | None = None   # the slowest and fastest round (None: one round, or a prediction)
+    hi: float | None = None
+
+    def band_text(self) -> str:
+        """"13.1 tokens/s (12.3–14.0)", or without brackets for one round or a prediction."""
+        band = f" ({self.lo:.1f}–{self.hi:.1f})" if self.lo is not None and self.hi is not None else ""
+        return f"{self.tokens_per_s:.1f} tokens/s{band}"
 
 
 class TargetRates:
@@ -64,6 +79,11 @@ class TargetRates:
     def __len__(self) -> int:
         return len(self._items)
 
+    def latest(self) -> TargetRate | None:
+        """The rate measured last, whatever its prompt (None before any)."""
+        with self._lock:
+            return next(reversed(self._items.values()), None)
+
 
 def rate_key(pair, prompt_ids: Sequence[int], config) -> tuple:
     """What the target alone's rate depends on: the pair's target (exact mode has its own), the prompt,
@@ -77,12 +97,42 @@ def measured_rate(records: Sequence[StepRecord], what: str) -> TargetRate | None
     return TargetRate(rate, True, what) if rate > 0 else None
 
 
-def probe(run: Callable[[object], Iterable[StepRecord]], config) -> TargetRate | None:
-    """Measure the target alone with ``run(config)`` (a target-alone decode of the run's prompt) over
-    :data:`PROBE_TOKENS` tokens, or the run's own length if shorter."""
-    n = min(PROBE_TOKENS, config.max_new_tokens)
-    records = list(run(replace(config, max_new_tokens=max(n, 2))))
-    return measured_rate(records, f"measured on this prompt ({len(records)} target calls)")
+def from_rounds(rates: Sequence[float], what: str) -> TargetRate | None:
+    """The median of measured decode rates with their range (None: no positive rate)."""
+    rates = [r for r in rates if r > 0]
+    if not rates:
+        return None
+    s = rounds.spread(rates)
+    return TargetRate(s.median, True, what, *((s.lo, s.hi) if s.n > 1 else (None, None)))
+
+
+def probe(run: Callable[[object], Iterable[StepRecord]], config, rounds_: int = PROBE_ROUNDS) -> TargetRate | None:
+    """Measure the target alone with ``run(config)`` (a target-alone decode of the run's prompt), ``rounds_``
+    times over :data:`PROBE_TOKENS` tokens (or the run's own length if shorter): the median with its range."""
+    n = max(min(PROBE_TOKENS, config.max_new_tokens), 2)
+    rates = []
+    for _ in range(rounds_):
+        records = list(run(replace(config, max_new_tokens=n)))
+        rates.append(summarize(records).tokens_per_s if len(records) > 1 else 0.0)
+    return from_rounds(rates, f"measured on this prompt ({rounds_} runs of {n} tokens)")
+
+
+def reconcile_markdown(predicted_: TargetRate | None, measured: TargetRate | None) -> str:
+    """The profile's predicted rate of the target alone beside the page's latest measurement, and why they
+    differ ("" when there is neither)."""
+    if predicted_ is None and measured is None:
+        return ""
+    parts = []
+    if predicted_ is not None:
+        parts.append(f"predicted **{predicted_.tokens_per_s:.1f} tokens/s** ({predicted_.source}: one forward of one "
+                     "token, no step overhead)")
+    if measured is not None:
+        parts.append(f"measured **{measured.band_text()}** ({measured.source}; decode after the prompt's forward)")
+    else:
+        parts.append("measured: not yet (a Live run or a Compare run measures it)")
+    gap = (f" The measurement is {measured.tokens_per_s / predicted_.tokens_per_s:.2f}x the prediction: the step's "
+           "own overhead and a busy machine show there, not in the profile." if predicted_ and measured else "")
+    return "**The target alone here**: " + "; ".join(parts) + "." + gap
 
 
 def predicted(choice) -> TargetRate | None:

@@ -9,7 +9,7 @@ import gradio as gr
 import pytest
 
 import app
-from components import compare_tab, dp_tab, hardware_tab, live_tab, validation
+from components import compare_run, compare_tab, dp_tab, hardware_tab, live_tab, validation
 from components.context import AppContext, LoadStatus
 from components.decode_inputs import DecodeInputs
 from components.acceptance_choice import DEFAULT_ACCEPTANCE_LABEL, acceptance_catalogue, default_acceptance_label, parse_acceptance
@@ -256,15 +256,16 @@ def test_compare_streams_rows_and_stops(ctx, monkeypatch):
     outs = list(compare_tab.on_compare(ctx, DecodeInputs("x = 1", "", 8, 3, max_new_tokens=6, acceptance=CODE),
                                       picked))
     tables = [o[1] for o in outs if not isinstance(o[1], type(gr.skip()))]
-    assert [len(t) for t in tables] == [0, 1, 2, 3, 4]  # cleared, then one method at a time, as each finishes
+    # cleared, then one method at a time in round 1, as each finishes; rounds 2 and 3 update the four rows
+    assert [len(t) for t in tables] == [0, 1, 2, 3, 4] + [4] * 4 * (compare_run.DEFAULT_ROUNDS - 1)
     lines = [o[2] for o in outs]
-    assert lines[0].startswith("*Warming up **Target alone**") and "row 1 of 4" in lines[0]
-    assert any(line.startswith("*Running **Chain**, row 2 of 4: ") for line in lines)
+    assert lines[0].startswith("*Warm-up round (untimed, a few tokens each): **Target alone**, 1 of 4")
+    assert any(line.startswith("*Round 1 of 3: running **Chain**, 2 of 4: ") for line in lines)
     assert "Identical at T=0" in lines[-1]
-    # the table shows Target alone's row while Chain warms up: each row appears as it finishes
+    # the table shows Target alone's row while Chain runs: each row appears as its first round finishes
     first = next(i for i, o in enumerate(outs) if isinstance(o[1], list) and o[1])
-    assert "Target alone" == outs[first][1][0][0] and "row 2 of 4" in outs[first][2]
-    closed, real = [], compare_tab.iter_run
+    assert "Target alone" == outs[first][1][0][0] and "running **Chain**, 2 of 4" in outs[first][2]
+    closed, real = [], compare_run.iter_run
 
     def spy(*args):
         gen = real(*args)
@@ -273,7 +274,7 @@ def test_compare_streams_rows_and_stops(ctx, monkeypatch):
         finally:
             closed.append(gen.gi_frame is None)
 
-    monkeypatch.setattr(compare_tab, "iter_run", spy)
+    monkeypatch.setattr(compare_run, "iter_run", spy)
     it = compare_tab.iter_comparison(ctx, DecodeInputs("x = 1", "", 8, 3, max_new_tokens=50), include_hf=False)
     while next(it).tokens == 0:
         pass
@@ -283,9 +284,9 @@ def test_compare_streams_rows_and_stops(ctx, monkeypatch):
 
 def test_compare_api_rows(ctx):
     rows = asyncio.run(compare_tab.compare_api_fn(ctx)("x", 4, 2, 0.0, 1.0, 4, 0, False))
-    assert [r["method"] for r in rows] == ["target only", "chain", "specinfer", "sequoia", "sequoia-dynamic",
-                                            "sequoia-ngram"]   # the API's names, stable; the page's as labels
-    assert rows[4]["label"] == "Sequoia (dynamic)" and isinstance(rows[0]["latency (s)"], float)
+    assert [r["method"] for r in rows] == ["target only", "chain", "specinfer", "sequoia", "sequoia-auto",
+                                            "sequoia-dynamic", "sequoia-ngram"]   # the API's names; the page's as labels
+    assert rows[5]["label"] == "Sequoia (dynamic)" and isinstance(rows[0]["latency (s)"], float)
     assert all(r["identical"] == "✓ identical" for r in rows)
 
 
@@ -385,6 +386,8 @@ def test_hardware_tab_with_hand_made_profile(ctx, monkeypatch):
         cost, md, grid, pred, runtimes, runtimes_md, runners, runners_md = hardware_tab.views(
             ctx, CODE, 16, 4, hardware_tab.HardwareSession())
         assert "Chosen tree" in md and len(pred.data) == 1 and "measured: not yet" in pred.layout.annotations[0].text
+        # the profile's predicted target rate beside the page's measured one (Compare's rounds, the Live probe)
+        assert "**The target alone here**: predicted **" in runtimes_md and "measured" in runtimes_md
         # A CPU pair: the eager runner's curves (this profile's), and graphs said not to apply.
         assert runners.data[0].name == "eager runner: verify (target forward)"
         assert "CUDA graphs do not apply on a CPU" in runners_md

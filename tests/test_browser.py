@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import pytest
 
 import app
-from components import compare_tab, dp_tab, live_tab
+from components import compare_run, compare_tab, dp_tab, live_tab
 from sequoia.core.sglang_family import best_launch
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -516,14 +516,14 @@ def _compare_rows(page) -> list[str]:
 
 def _hold_a_row(monkeypatch, key: str, hold: threading.Event) -> None:
     """Compare's run of the method ``key`` (its API name) waits for ``hold`` before its first step."""
-    real = compare_tab.iter_run
+    real = compare_run.iter_run
 
     def held(engine, pair, method, *args):
         if method == key:
             assert hold.wait(60)
         return (yield from real(engine, pair, method, *args))
 
-    monkeypatch.setattr(compare_tab, "iter_run", held)
+    monkeypatch.setattr(compare_run, "iter_run", held)
 
 
 def test_compare_says_loading_apart_from_running_and_shows_rows_as_they_finish(compare_server, compare_page,
@@ -537,16 +537,16 @@ def test_compare_says_loading_apart_from_running_and_shows_rows_as_they_finish(c
         page.get_by_role("button", name="Run comparison", exact=True).click()
         sync_api.expect(notes).to_contain_text("Loading the llama.cpp reference")
         assert " of " not in notes.text_content()               # loading is not "row 2 of 4"
-        assert _compare_rows(page) == ["Target alone"]            # the first row shows before the next one loads
+        assert _compare_rows(page) == []                          # it loads in the warm-up round, before any timing
         compare_server.gate.set()
-        sync_api.expect(notes).to_contain_text("Running Sequoia (budget & depth), row 3 of 4")
+        sync_api.expect(notes).to_contain_text("Round 1 of 3: running Sequoia (budget & depth), 3 of 5")
         assert _compare_rows(page) == ["Target alone", "llama.cpp target alone"]
     finally:
         compare_server.gate.set()
         hold.set()
     sync_api.expect(notes).to_contain_text("Identical at T=0")
     assert _compare_rows(page) == ["Target alone", "llama.cpp target alone", "Sequoia (budget & depth)",
-                                   "Sequoia (dynamic)"]
+                                   "Sequoia (auto)", "Sequoia (dynamic)"]
 
 
 def test_compare_full_run_reads_at_1280x720(compare_page, tmp_path):
@@ -556,7 +556,7 @@ def test_compare_full_run_reads_at_1280x720(compare_page, tmp_path):
     boxes = page.locator("#sq-compare-methods label")
     ticked = [boxes.nth(i).text_content().strip() for i in range(boxes.count())
               if boxes.nth(i).locator("input").is_checked()]
-    assert len(ticked) == 9 and "Sequoia (dynamic)" in ticked    # every method of the full run (auto: no profile)
+    assert len(ticked) == 10 and "Sequoia (dynamic)" in ticked   # every method of the full run
     assert page.get_by_label(re.compile(r"^max new tokens")).last.input_value() == str(compare_tab.FULL_TOKENS)
     table = page.locator("#sq-compare-table")
     rows = _compare_rows(page)
@@ -709,3 +709,50 @@ def test_exact_mode_shows_its_first_frame_and_decodes(page):
     sync_api.expect(page.locator("#sq-text")).to_contain_text("def exact():")
     sync_api.expect(page.locator("#sq-summary")).to_contain_text("6 tokens", timeout=60_000)
     _wait_for(lambda: not _unsettled(page), 5)   # the inspector follows the run's end (a light event)
+
+
+# ------------------------------------------------------------------ issue 42: the page on its default runtime
+@pytest.fixture(scope="module")
+def default_server(lanes):
+    """The page as ``python app.py`` serves it: the runtime this machine runs fastest (llama.cpp on a CPU without
+    AMX), the embedded pair loading in the background while the page is already up (its choices fixed then)."""
+    pytest.importorskip("llama_cpp")
+    env = {k: v for k, v in os.environ.items() if k != "SEQUOIA_BACKEND"}
+    demo = app.build_from_env(env, lanes=lanes)
+    demo.sequoia_context.models.start_loading()
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True,
+                            quiet=True, css_paths=[app.CSS_PATH])
+    yield SimpleNamespace(url=url, ctx=demo.sequoia_context)
+    demo.close()
+
+
+@pytest.mark.embedded
+@pytest.mark.slow
+def test_full_comparison_runs_on_the_default_runtime_with_the_embedded_pair(default_server, browser_context,
+                                                                            tmp_path):
+    """Issue 42: on the default runtime Full comparison failed at once (HTTP 400, "Value: 'Sequoia (auto)'"): the
+    full list named a method the checkboxes, fixed before the pair loaded, did not offer.  Clicked as a visitor
+    does, once the models are ready: every method of the full list is ticked and the run starts (its warm-up round),
+    with no error anywhere; Stop then ends it.  (The whole run is minutes on a CPU: timed apart, not here.)"""
+    ctx = default_server.ctx
+    page = browser_context.new_page()
+    page.set_viewport_size(COMPARE_VIEWPORT)
+    try:
+        page.goto(default_server.url, wait_until="domcontentloaded")
+        _wait_for(lambda: ctx.status.ready or ctx.status.error, timeout_s=600)
+        assert ctx.status.ready, ctx.status.error
+        page.get_by_role("tab", name="Compare").click()
+        page.get_by_role("button", name=re.compile("^Full comparison")).click()
+        notes = page.locator("#sq-compare-notes")
+        sync_api.expect(notes).to_contain_text("Warm-up round", timeout=120_000)   # the request was accepted
+        boxes = page.locator("#sq-compare-methods label")
+        ticked = [boxes.nth(i).text_content().strip() for i in range(boxes.count())
+                  if boxes.nth(i).locator("input").is_checked()]
+        assert ticked == compare_tab.ticked(ctx, full=True) and "Sequoia (auto)" in ticked
+        assert page.locator(".toast-body").count() == 0                      # no error toast
+        assert page.get_by_text("Error", exact=True).count() == 0            # no red Error badge
+        _screenshot(page, tmp_path, "compare-full-default-runtime")
+        page.locator("#sq-compare-stop").click()   # the rest of the run is minutes of two busy cores
+        _wait_for(lambda: page.locator("#sq-compare-notes .pending, #sq-compare-notes .generating").count() == 0, 60)
+    finally:
+        page.close()

@@ -46,9 +46,10 @@ def test_reference_row_runs_the_target_alone_on_llamacpp(ctx):
                                              progress=lambda f, desc: lines.append(desc))
     assert [r.method for r in rows] == ["Target alone", compare_view.LLAMACPP_REFERENCE, "Chain",
                                         "Sequoia (budget & depth)"]
-    # loading is said apart from running, and comes when the reference's row does (after the first row)
+    # loading is said apart from running, and comes in the warm-up round, when the reference's turn does
     loading = [i for i, line in enumerate(lines) if line.startswith("*Loading the llama.cpp reference")]
-    assert len(loading) == 1 and "row 1 of 4" in lines[loading[0] - 1] and "row 2 of 4" in lines[loading[0] + 1]
+    before, after = lines[loading[0] - 1], lines[loading[0] + 1]
+    assert len(loading) == 1 and "Target alone**, 1 of 4" in before and "target alone**, 2 of 4" in after
     ref = rows[1]
     assert ref.tokens == 10 and ref.seconds > 0 and ref.identical is None   # other kernels: never flagged
     assert all(r.identical for r in rows if r is not ref)

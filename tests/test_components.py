@@ -284,9 +284,9 @@ def test_compare_numbers_are_short_and_whole():
     rows = compare_view.mark_identical([compare_view.CompareRow("Target alone", 64, 53.725, 64, (1,), first_token_s=20.512),
                                         compare_view.CompareRow("Sequoia (dynamic)", 64, 63.2, 64, (1,), first_token_s=20.1)])
     tab = compare_view.table(rows)
-    assert tab[0][:8] == ["Target alone", 64, "53.7", "20.5", "1.19", 64, "1.00", "1.00×"]
-    assert tab[1][7] == "0.85×"
-    assert all(" " not in str(v) for row in tab for v in row[1:8])   # numbers never break at a space either
+    assert tab[0][:8] == ["Target alone", 64, "53.7", "20.5", "1.19", 64, "1.00", "1× (reference)"]
+    assert tab[1][7] == "0.85× (1 round)"
+    assert all(" " not in str(v) for row in tab for v in row[1:7])   # numbers never break at a space either
 
 
 def test_compare_api_records_keep_numbers_and_stable_names():
@@ -297,6 +297,53 @@ def test_compare_api_records_keep_numbers_and_stable_names():
     assert [r["label"] for r in out] == ["Target alone", "Sequoia (dynamic)"]
     assert out[1]["speedup"] == 2.0 and out[1]["tokens/s"] == 8.0 and out[1]["identical"] == "✓ identical"
     assert set(compare_view.API_KEYS) <= set(out[0])
+
+
+def _rounds_rows():
+    """The issue's case in three rounds: the machine slowed down in rounds 2 and 3 for every method alike."""
+    alone = compare_view.CompareRow("Target alone", 32, 2.2, 32, (1,), rates=(18.0, 12.6, 12.3), reference_work=True)
+    dynamic = compare_view.CompareRow("Sequoia (dynamic)", 32, 2.0, 32, (1,), rates=(18.5, 13.0, 12.0),
+                                      reference_work=True)
+    tree = compare_view.CompareRow("Sequoia (budget & depth)", 32, 7.0, 12, (1,), rates=(5.4, 3.9, 3.8))
+    ngram = compare_view.CompareRow("n-gram copies only", 32, 2.1, 30, (1,), rates=(17.0, 13.2, 12.9))
+    return compare_view.mark_identical([alone, dynamic, tree, ngram])
+
+
+def test_compare_rows_in_rounds_carry_bands_and_verdicts():
+    rows = _rounds_rows()
+    assert rows[0].tokens_per_s == 12.6 and rows[0].rate_spread.lo == 12.3   # the median of the rounds
+    bands = compare_view.bands(rows)
+    assert bands[0].lo == bands[0].hi == 1.0
+    assert bands[2].median == pytest.approx(3.8 / 12.3) and bands[2].lo == pytest.approx(5.4 / 18.0)
+    assert compare_view.verdicts(rows) == ["reference", "reference's work", "slower", "same within noise"]
+    tab = [[str(v).replace("\u2060", "") for v in row] for row in compare_view.table(rows)]   # word joiners
+    assert "\u2060–\u2060" in compare_view.table(rows)[0][4]        # a range never breaks at its dash
+    assert tab[0][4] == "12.6 (12.3–18.0)"
+    assert tab[1][7] == "1.00 (target alone's work) (0.98–1.03)"     # never a speedup, its band beside it
+    assert tab[2][7] == "0.31× (0.30–0.31)"       # the band holds the slow round 1 too: paired ratios
+    assert tab[3][7].endswith("same within noise") and tab[3][7].startswith("1.05× (0.94–1.05)")
+    fig = compare_view.figure(rows)
+    assert list(fig.data[3].x)[:2] == [1.0, 1.0]                    # drawn at 1, whatever its rounds read
+    assert fig.data[3].error_x.arrayminus[2] == pytest.approx(3.8 / 12.3 - 5.4 / 18.0)
+    assert fig.data[1].error_x.array[0] == pytest.approx(18.0 - 12.6)
+    out = compare_view.records(rows, {})
+    assert out[1]["verdict"] == "reference's work" and out[1]["rounds"] == 3
+    assert out[2]["speedup min"] == 0.3 and out[0]["tokens/s max"] == 18.0
+
+
+def test_compare_warns_of_an_outlier_round():
+    note = compare_view.outlier_note(_rounds_rows())
+    assert "Target alone round 1 (18.0 tokens/s against a median of 12.6)" in note and "quiet machine" in note
+    assert "Sequoia (budget & depth) round 1" in note                 # the slow rounds 2 and 3 show in every row
+    steady = compare_view.CompareRow("Chain", 8, 1.0, 4, (1,), rates=(10.0, 10.3, 9.9))
+    assert compare_view.outlier_note([steady]) == ""
+
+
+def test_compare_says_checking_until_the_near_tie_check_answers():
+    rows = [compare_view.CompareRow("Target alone", 4, 1.0, 4, (1, 2)), compare_view.CompareRow("Chain", 4, 1.0, 2, (1, 3))]
+    rows = compare_view.mark_identical(rows)
+    assert compare_view.table(rows, checking=True)[1][-1] == "… checking"
+    assert compare_view.table(rows)[1][-1] == "✗ differs"
 
 
 def test_compare_figure_is_horizontal_and_grows_with_rows():
@@ -314,10 +361,11 @@ def test_compare_figure_is_horizontal_and_grows_with_rows():
 def test_compare_progress_says_loading_apart_from_running():
     loading = compare_view.progress("loading", "the llama.cpp reference")
     assert loading.startswith("*Loading the llama.cpp reference") and " of " not in loading
-    assert "Warming up **Chain**" in compare_view.progress("warming", "Chain", 2, 5)
-    running = compare_view.progress("running", "Sequoia (dynamic)", 3, 5, 12, 32)
-    assert "Running **Sequoia (dynamic)**, row 3 of 5: 12 of 32 tokens" in running
-    assert compare_view.progress("running", "HF assisted", 5, 5, None, 32) == "*Running **HF assisted**, row 5 of 5…*"
+    assert "Warm-up round (untimed, a few tokens each): **Chain**, 2 of 5" in compare_view.progress("warming", "Chain", 2, 5)
+    running = compare_view.progress("running", "Sequoia (dynamic)", 3, 5, 12, 32, 2, 3)
+    assert running == "*Round 2 of 3: running **Sequoia (dynamic)**, 3 of 5: 12 of 32 tokens so far…*"
+    assert compare_view.progress("running", "HF assisted", 5, 5, None, 32, 1, 3) == \
+        "*Round 1 of 3: running **HF assisted**, 5 of 5…*"
     with pytest.raises(ValueError, match="phase"):
         compare_view.progress("thinking")
 

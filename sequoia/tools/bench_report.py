@@ -15,6 +15,11 @@ caps every ratio.  ``first_token_s`` (time to the first output) and the decode
 rate after it (``decode_tokens_per_s``, with ``decode_speedup`` and
 ``decode_vs_best_hf`` the same per-prompt ratios of it) show the two parts
 apart, as serving benchmarks report time to first token and time per token.
+
+Every ratio is a median of per-prompt ratios (Spec-Bench's per-prompt speedups) through the statistics the
+Compare tab uses (:mod:`sequoia.core.rounds`: paired ratios, their median and range); ``speedup_lo`` and
+``speedup_hi`` are the range over the prompts, shown beside the median, so a ratio whose range holds 1
+reads as what it is.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .._meta import read_json
+from ..core import rounds
 from ..core.request import LABEL_OF
 from ..runtime.timing import RunResult
 from .bench import BENCH_METHODS, BenchResult
@@ -62,6 +68,8 @@ class MethodSummary:
     decode_vs_best_hf: float = math.nan    # the same to the faster decode of BEST_HF
     vs_runtime_alone: float = math.nan     # median per-prompt ratio to its own runtime's target alone
                                            # (hf-generate for Hugging Face rows, RUNTIME:ar for RUNTIME:* rows)
+    speedup_lo: float = math.nan      # the smallest and largest per-prompt ratio to hf-generate
+    speedup_hi: float = math.nan
 
 
 def runtime_of(method: str) -> str:
@@ -95,11 +103,13 @@ def summarize_runs(runs: list[RunResult]) -> list[MethodSummary]:
     for (set_name, temp, method), rs in sorted(groups.items(),
                                                key=lambda kv: (kv[0][0], kv[0][1], _report_order(kv[0][2]))):
         alone = f"{runtime_of(method)}:ar" if runtime_of(method) else "hf-generate"
+        band = _ratio_band(rs, index, "hf-generate")
         out.append(MethodSummary(
             method=method, prompt_set=set_name, temperature=temp, runs=len(rs),
             tokens_per_s=statistics.median(r.tokens_per_s for r in rs),
             wall_tokens_per_s=statistics.median(r.new_tokens / (r.wall_s or r.seconds) for r in rs),
-            speedup=_median_ratio(rs, index, "hf-generate"), vs_assisted=_median_ratio(rs, index, "hf-assisted"),
+            speedup=band.median if band else math.nan, speedup_lo=band.lo if band else math.nan,
+            speedup_hi=band.hi if band else math.nan, vs_assisted=_median_ratio(rs, index, "hf-assisted"),
             vs_best_hf=_median_ratio(rs, index, *BEST_HF),
             tokens_per_call=statistics.median(r.tokens_per_call for r in rs),
             new_tokens=sum(r.new_tokens for r in rs), **_split(rs), **_equality(rs),
@@ -122,19 +132,25 @@ def _median(values) -> float:
     return statistics.median(have) if have else math.nan
 
 
+def _ratio_band(rs: list[RunResult], index: dict, *others: str,
+                rate: Callable[[RunResult], float | None] = lambda r: r.tokens_per_s) -> rounds.Spread | None:
+    """Per-prompt ratios of ``rate`` (tokens/s) to the fastest of methods ``others`` on the same prompt, paired
+    prompt by prompt: their median and range (None where none of them ran there, or a rate is missing)."""
+    mine, bases = [], []
+    for r in rs:
+        base = [index.get((r.prompt_set, r.temperature, o, r.prompt_index)) for o in others]
+        if rate(r) is None or any(b is None or rate(b) is None for b in base):
+            continue
+        mine.append(rate(r))
+        bases.append(max(rate(b) for b in base))
+    return rounds.ratio_band(mine, bases)
+
+
 def _median_ratio(rs: list[RunResult], index: dict, *others: str,
                   rate: Callable[[RunResult], float | None] = lambda r: r.tokens_per_s) -> float:
-    """Median over prompts of ``rate`` (tokens/s) relative to the fastest of methods ``others`` on the same
-    prompt (nan where any of them never ran there, or a rate is missing)."""
-    ratios = []
-    for r in rs:
-        bases = [index.get((r.prompt_set, r.temperature, o, r.prompt_index)) for o in others]
-        if rate(r) is None or any(b is None or rate(b) is None for b in bases):
-            continue
-        best = max(rate(b) for b in bases)
-        if best > 0:
-            ratios.append(rate(r) / best)
-    return statistics.median(ratios) if ratios else math.nan
+    """Median over prompts of ``rate`` relative to the fastest of ``others`` on the same prompt (nan: none)."""
+    band = _ratio_band(rs, index, *others, rate=rate)
+    return band.median if band is not None else math.nan
 
 
 def _split(rs: list[RunResult]) -> dict:
@@ -202,7 +218,7 @@ def markdown_table(summaries: list[MethodSummary], wall_column: bool = False) ->
         equal = "-" if s.compared is None else f"{s.compared - s.mismatches}/{s.compared}"
         cells = (f"{s.prompt_set} ({s.runs})", f"{s.temperature:g}", s.method, f"{s.tokens_per_s:.2f}",
                  *((f"{s.wall_tokens_per_s:.2f}",) if wall_column else ()),
-                 _x(s.speedup), _x(s.vs_assisted), *((_x(s.vs_best_hf),) if best_column else ()),
+                 _x_band(s.speedup, s.speedup_lo, s.speedup_hi, s.runs), _x(s.vs_assisted), *((_x(s.vs_best_hf),) if best_column else ()),
                  *((_x(s.vs_runtime_alone),) if runtime_column else ()),
                  _num(s.first_token_s), _num(s.decode_tokens_per_s), _x(s.decode_speedup),
                  f"{s.tokens_per_call:.2f}", split, equal)
@@ -226,7 +242,7 @@ def markdown_report(result: BenchResult) -> str:
         f"temperatures {', '.join(f'{t:g}' for t in cfg.temperatures)}; "
         f"{result.seconds / 60:.1f} min in all (started {result.started}).", "",
         "Medians over the prompts of each set.  *tokens/s*: absolute; *vs target alone*: tokens/s over "
-        "`hf-generate` (target alone) on the same prompt; *vs assisted*: over `hf-assisted`; *vs best HF*: over "
+        "`hf-generate` (target alone) on the same prompt, its range over the prompts in brackets; *vs assisted*: over `hf-assisted`; *vs best HF*: over "
         "the faster of `hf-assisted` and `hf-prompt-lookup` on that prompt; *first token*: time to the first "
         "output (mostly the prompt's forward, alike for every method); *decode tokens/s*: the rate after it, "
         "and *decode vs target* its per-prompt ratio to the target alone's; *tokens/call*: new tokens per "
@@ -267,6 +283,13 @@ def write_markdown(result: BenchResult, path: str | Path) -> None:
 
 def _x(v: float) -> str:
     return "-" if math.isnan(v) else f"{v:.2f}x"
+
+
+def _x_band(v: float, lo: float, hi: float, prompts: int) -> str:
+    """A median ratio with its range over the prompts ("1.23x (0.91-1.52)"; alone for one prompt)."""
+    if math.isnan(v) or prompts < 2 or math.isnan(lo):
+        return _x(v)
+    return f"{v:.2f}x ({lo:.2f}-{hi:.2f})"
 
 
 def _num(v: float) -> str:
