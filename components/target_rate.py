@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from sequoia.core.cost import baseline_ms
 from sequoia.core.stats import summarize
 from sequoia.core.trace import StepRecord
+from sequoia.core.words import counted
 
 #: Tokens of the measuring run: enough steps after the prompt's forward for a steady per-token rate, few
 #: enough to cost a few seconds on a CPU (one target forward a token).
@@ -82,7 +83,7 @@ def probe(run: Callable[[object], Iterable[StepRecord]], config) -> TargetRate |
     :data:`PROBE_TOKENS` tokens, or the run's own length if shorter."""
     n = min(PROBE_TOKENS, config.max_new_tokens)
     records = list(run(replace(config, max_new_tokens=max(n, 2))))
-    return measured_rate(records, f"measured on this prompt ({len(records)} target calls)")
+    return measured_rate(records, f"measured on this prompt ({counted(len(records), 'target call')})")
 
 
 def predicted(choice) -> TargetRate | None:
