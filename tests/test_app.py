@@ -186,7 +186,7 @@ def test_decode_stream_yields_as_steps_arrive(ctx, monkeypatch):
     assert 1 <= len(outs) <= len(session.records)  # page updates are throttled, the last step always shown
     assert sum(r.n_new for r in session.records) == 12
     html, tree, stats, summary, slider, _ = outs[-1]
-    assert "draft token accepted by the target" in html and "**12** tokens" in summary
+    assert "draft token accepted by the target" in html and "**12 tokens**" in summary
     assert tree is not None and stats is not None
     assert slider.maximum == max(len(session.records) - 1, 1)
     monkeypatch.setattr(live_tab, "FRAME_S", 0.0)
