@@ -217,7 +217,9 @@ def _measure_alone(ctx: AppContext, req, job: EngineInputs, session: LiveSession
     alone = validation.engine_inputs(ctx, req.for_method("Target alone"))
     rate = target_rate.probe(lambda config: run_decode(ctx, replace(alone, config=config), lambda: session.stopped),
                              job.config)
-    if rate is not None and not session.stopped:
+    if session.stopped:
+        return   # Stop drew the summary ("while measuring the target alone"): its words stay the last
+    if rate is not None:
         ctx.target_rates.put(key, rate)
         session.rate = rate
     yield (gr.skip(),) * 3 + (summary(session), gr.skip(), session)

@@ -4,6 +4,7 @@ max new tokens of 0 or -1 naming its field, and a stopped run that never writes 
 The browser side (the page on its default runtime with the embedded pair) is ``tests/test_browser_default.py``.
 """
 
+import re
 import threading
 from dataclasses import replace
 
@@ -73,7 +74,7 @@ def test_the_prompts_forward_counts_its_tokens_in_words():
 def test_the_speedup_line_has_one_multiplier():
     runs = [StepRecord.fake(CHAIN, (0, 1, 2), step=i) for i in range(3)]
     line = stats_view.speedup_markdown(runs, TargetRate(1000.0, True, "measured on this prompt (3 target calls)"))
-    assert line.count("×") == 1 and "x" not in line.replace("max", "")   # no second "0.2x" beside "0.17×"
+    assert len(re.findall(r"\d[\d.]*\s*[×x]", line)) == 1   # no second "0.2x" beside "0.17×"
     assert "tokens per target call at" in line
 
 
@@ -138,8 +139,7 @@ def test_seed_below_0_is_refused_naming_the_field(demo):
     inputs = DecodeInputs.from_page("def f():", "Target alone", 8, 3, 0.0, 1.0, 4, -1, "", True)
     answers = validation.answer(validation.INPUT_FIELDS["decode_stream"], lambda: validation.page_request(ctx, inputs))
     bad = [(PAGE_FIELDS[i], a["message"]) for i, a in enumerate(answers) if not a["is_valid"]]
-    assert bad == [("seed", "seed must be a whole number in 0..18446744073709551615, got -1")] or (
-        len(bad) == 1 and bad[0][0] == "seed" and bad[0][1].startswith("seed must be a whole number")), bad
+    assert len(bad) == 1 and bad[0][0] == "seed" and bad[0][1].startswith("seed must be a whole number"), bad
 
 
 # ------------------------------------------------------------------ Stop: one message, never replaced
