@@ -191,7 +191,7 @@ def test_a_one_token_run_says_1_token_and_its_tree_says_drafted_accepted_bonus(p
     _set(page, ".sq-max-new input", "12")
     _click_decode(page)
     sync_api.expect(summary).to_contain_text("12 tokens in", timeout=300_000)   # this run's end, not the last's
-    sync_api.expect(page.locator("#sq-tree .gtitle").first).to_contain_text("Sequoia (budget")
+    sync_api.expect(page.locator("#sq-tree .gtitle").first).to_contain_text("5 drafted")
     title = page.locator("#sq-tree .gtitle").first.text_content()
     assert re.search(r"5 drafted, \d+ accepted, \+1 bonus", title) and " of " not in title, title
     line = _settled_text(summary, timeout_s=120)
