@@ -26,6 +26,7 @@ from sequoia.core.dp import DPResult, baseline_curves, check_copies, optimal_tre
 from sequoia.core.request import parse_dp
 from sequoia.core.sglang_family import ALGORITHMS, EMBEDDED_DRAFT, EMBEDDED_TARGET, best_launch
 from sequoia.core.tree import MAX_TREE_SIZE
+from sequoia.core.words import counted
 
 from . import dp_view, validation
 from .context import LIGHT_WORK
@@ -63,7 +64,7 @@ def cell_views(result, n, d):
     heat = dp_view.heatmap(result.table, selected=(n, d))
     fig = dp_view.tree_figure(tree, result.acceptance, value)
     md = (f"**n = {n}, d = {d}**: {value:.3f} expected tokens/step with a tree of "
-          f"{tree.size} nodes and depth {tree.depth} · parents `{list(tree.parents)}`")
+          f"{counted(tree.size, 'node')} and depth {tree.depth} · parents `{list(tree.parents)}`")
     return heat, fig, md
 
 
@@ -139,14 +140,13 @@ def sglang_views(lanes: WorkLanes, acceptance_text, n, d, target, draft, algorit
     """The best SGLang launch of cell (n, d): its tree, the two expectations and the command line."""
     target, draft = (target or "").strip(), (draft or "").strip()
     if not target or not draft:
-        return gr.skip(), "**Cannot write the SGLang command:** enter the target and the draft model paths.", \
-            gr.skip()
+        return gr.skip(), "**Cannot write the SGLang command:** enter the target and the draft model paths.", ""
     if int(n) < 1 or int(d) < 1:
         return None, "*Pick a cell with n ≥ 1 and d ≥ 1: SGLang drafts at least one token.*", ""
     try:
         req = validation.dp_request(lanes.dp_requests, acceptance_text, int(n), int(d))
-    except ValueError as exc:   # the message beside the last good launch, not an error badge on it
-        return gr.skip(), f"**Cannot choose the SGLang launch:** {exc}.", gr.skip()
+    except ValueError as exc:   # a message, not an error badge; no command left that this vector did not choose
+        return gr.skip(), f"**Cannot choose the SGLang launch:** {exc}.", ""
     return lanes.dp.run(_sglang_views, req, target, draft, algorithm)
 
 

@@ -28,6 +28,7 @@ import plotly.graph_objects as go
 from sequoia.core.dp import CopiesResult
 from sequoia.core.sglang_family import SGLangChoice
 from sequoia.core.tree import Tree
+from sequoia.core.words import counted
 
 from . import method_color
 from .tree_view import shape_figure
@@ -68,7 +69,7 @@ def heatmap(table: np.ndarray, selected: tuple[int, int] | None = None, title: s
 
 def tree_figure(tree: Tree, acceptance: Sequence[float], value: float | None = None) -> go.Figure:
     """The optimal tree of one cell; ``value`` (expected tokens/step) goes in the title."""
-    head = f"optimal tree: {tree.size} nodes, depth {tree.depth}"
+    head = f"optimal tree: {counted(tree.size, 'node')}, depth {tree.depth}"
     if value is not None:
         head += f" · {value:.3f} tokens/step"
     return shape_figure(tree, acceptance, title=head)
@@ -77,7 +78,7 @@ def tree_figure(tree: Tree, acceptance: Sequence[float], value: float | None = N
 def copies_tree_figure(result: CopiesResult, acceptance: Sequence[float], copies: Sequence[float]) -> go.Figure:
     """The variant's tree: m copied nodes first under the root, the draft's DP tree beside them."""
     tree = result.tree
-    head = (f"with a copied chain: {result.n_copied} copied + {tree.size - result.n_copied} draft nodes, "
+    head = (f"with a copied chain: {result.n_copied} copied + {counted(tree.size - result.n_copied, 'draft node')}, "
             f"depth {tree.depth} · {result.value:.3f} tokens/step")
     return shape_figure(tree, acceptance, title=head, sources=result.sources, copies=copies)
 
@@ -94,7 +95,7 @@ def copies_markdown(result: CopiesResult) -> str:
 def sglang_tree_figure(choice: SGLangChoice, acceptance: Sequence[float]) -> go.Figure:
     """The tree SGLang verifies with the chosen steps, top-k and draft tokens."""
     a, fam = choice.args, choice.family
-    head = (f"SGLang: {a.steps} steps, top-{a.topk}, {a.num_draft_tokens} draft tokens · "
+    head = (f"SGLang: {counted(a.steps, 'step')}, top-{a.topk}, {counted(a.num_draft_tokens, 'draft token')} · "
             f"{fam.expected_tokens:.3f} tokens/step")
     return shape_figure(fam.tree, acceptance, title=head)
 
@@ -105,7 +106,8 @@ def sglang_markdown(choice: SGLangChoice) -> str:
     share = (fam.expected_tokens - 1) / (choice.sequoia_tokens - 1) if choice.sequoia_tokens > 1 else 1.0
     return "\n".join([
         "| tree | draft tokens | depth | expected tokens/step |", "|---|---:|---:|---:|",
-        f"| SGLang {a.algorithm}: {a.steps} steps, top-{a.topk}, {a.num_draft_tokens} draft tokens "
+        f"| SGLang {a.algorithm}: {counted(a.steps, 'step')}, top-{a.topk}, "
+        f"{counted(a.num_draft_tokens, 'draft token')} "
         f"| {fam.tree.size} | {fam.tree.depth} | **{fam.expected_tokens:.3f}** |",
         f"| Sequoia DP (depth ≤ {min(choice.depth, a.budget)}) | {seq.size} | {seq.depth} "
         f"| **{choice.sequoia_tokens:.3f}** |",

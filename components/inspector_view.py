@@ -24,6 +24,7 @@ from plotly.subplots import make_subplots
 
 from sequoia.core.stats import dropped_nodes, kept
 from sequoia.core.trace import NGRAM, NodeCheck, StepRecord
+from sequoia.core.words import counted
 
 from . import COLORS
 from .tree_view import BADGE_PX, escape_token, visible
@@ -240,8 +241,8 @@ def _explain(record: StepRecord, node: int) -> str:
                      "(renormalised), so none repeats a copy the target already turned down; the q shown is that q.")
     lines.append(_verdict(record, check))
     if node in dropped_nodes(record):
-        lines.append(f"- The target accepted it, but the length limit cut the step after {kept(record)[0]} "
-                     "tokens, so it was dropped from the output.")
+        lines.append(f"- The target accepted it, but the length limit cut the step after "
+                     f"{counted(kept(record)[0], 'token')}, so it was dropped from the output.")
     return "\n".join(lines)
 
 

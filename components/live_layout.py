@@ -75,12 +75,13 @@ def _controls(ctx: AppContext) -> SimpleNamespace:
                                   elem_id="sq-temperature")
         c.top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p")
     with gr.Row():
-        # A number box, not a slider: a slider clamps 100000 to its maximum silently, while the
-        # request check answers with the server's cap (before the request queues).
+        # Number boxes, not sliders: a slider clamps 100000 to its maximum silently, while the request check
+        # answers with the server's cap (before the request queues).  No ``minimum`` either: Gradio would refuse
+        # 0 or -1 itself, with its own words in an error toast; the request check names the field instead.
         c.new_cap = ctx.limits.max_new_tokens
-        c.max_new_tokens = gr.Number(min(DEFAULT_NEW_TOKENS, c.new_cap), precision=0, minimum=1,
+        c.max_new_tokens = gr.Number(min(DEFAULT_NEW_TOKENS, c.new_cap), precision=0,
                                      label=f"max new tokens (at most {c.new_cap} here)", elem_classes="sq-max-new")
-        c.seed = gr.Number(0, precision=0, minimum=0, label="seed")
+        c.seed = gr.Number(0, precision=0, label="seed", elem_id="sq-seed")
     c.acceptance = gr.Dropdown(c.choices, value=start_vector if start_vector in c.choices else c.choices[0],
                                label="acceptance vector (for the DP tree)")
     with gr.Row():
@@ -127,7 +128,13 @@ def _handlers(ctx: AppContext):
         try:
             exact = ctx.exact_context()
         except ValueError as exc:  # e.g. refused by the memory budget: the message says what to free
-            raise gr.Error(str(exc), title="Cannot load exact mode") from None
+            # In the summary, as the decode's own refusals are (live_tab._run), not a red Error toast.
+            if session is not None:
+                session.waiting = False
+            gr.Warning(f"Cannot load exact mode: {exc}")
+            yield (text_view.html_view([], prompt=inputs.prompt), gr.skip(), gr.skip(),
+                   f"**Cannot load exact mode:** {exc}", gr.skip(), gr.skip())
+            return
         yield from decode_stream(exact, inputs, session)
 
     # The page's fields, then its session state; serving.on_gpu: ZeroGPU only

@@ -20,6 +20,7 @@ import gradio as gr
 
 from sequoia.core.request import BY_NAME, METHOD_OF_LABEL
 from sequoia.core.trace import StepRecord
+from sequoia.core.words import counted
 from sequoia.runtime.dynamic import MAX_DEPTH
 from sequoia.runtime.finder import DEFAULT_ENTRY
 from sequoia.runtime.texts import generate_with_texts
@@ -138,7 +139,8 @@ def stopped_line(records: list[StepRecord]) -> str:
     if records[-1].finished:   # Stop came while the target alone was being measured
         return "**Stopped** while measuring the target alone: the run itself had finished."
     n = sum(len(r.new_tokens) for r in records)
-    return f"**Stopped** after {n} tokens ({len(records)} target calls): the run ended at your Stop."
+    calls = counted(len(records), "target call")
+    return f"**Stopped** after {counted(n, 'token')} ({calls}): the run ended at your Stop."
 
 
 def first_frame(prompt: str, method: str = "") -> tuple[str, str]:
@@ -219,7 +221,9 @@ def _measure_alone(ctx: AppContext, req, job: EngineInputs, session: LiveSession
     alone = validation.engine_inputs(ctx, req.for_method("Target alone"))
     rate = target_rate.probe(lambda config: run_decode(ctx, replace(alone, config=config), lambda: session.stopped),
                              job.config)
-    if rate is not None and not session.stopped:
+    if session.stopped:
+        return   # Stop drew the summary ("while measuring the target alone"): its words stay the last
+    if rate is not None:
         ctx.target_rates.put(key, rate)
         session.rate = rate
     yield (gr.skip(),) * 3 + (summary(session), gr.skip(), session)
@@ -288,18 +292,20 @@ def _stream_views(session: LiveSession, steps: Iterator[StepRecord]):
     tree, stats = Throttle(_TREE_EVERY_S), Throttle(_STATS_EVERY_S)
     shown = None  # the step whose tree is on screen
     for batch in paced(steps, FRAME_S):   # the engine runs ahead in a worker thread (components.frames)
+        if session.stopped:
+            # Stop drew the page from the steps done when it was pressed, and said so once: what the engine
+            # finished after that (the step in flight cannot be cut) is dropped, not drawn over Stop's message.
+            return
         if not batch.items:
             continue
         session.records.extend(batch.items)
         rec, now = session.records[-1], time.monotonic()
-        if session.stopped:
-            break   # the engine ends too (it checks the flag between steps); the frame on screen is the one Stop drew
         new_tree = tree.due(now, rec.finished)
         if new_tree:
             shown = len(session.records) - 1
         slider = _slider(len(session.records)) if new_tree else gr.skip()
         yield (*_views(session, shown, stats.due(now, rec.finished), new_tree), slider, session)
-    if session.records and not session.records[-1].finished:  # ended without a final record: show the end
+    if session.records and not session.records[-1].finished and not session.stopped:   # ended early: show the end
         yield (*_views(session, len(session.records) - 1, True), _slider(len(session.records)), session)
 
 

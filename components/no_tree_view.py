@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from sequoia.core.profile import HardwareProfile
 from sequoia.core.request import METHOD_OF_LABEL
+from sequoia.core.words import counted
 
 #: Tokens whose verification the line prices against one (capped at the profile's largest measured forward).
 SHOWN_TOKENS = 16
@@ -33,7 +34,7 @@ def no_tree_line(profile: HardwareProfile, name: str) -> str:
     one = float(profile.target(1))
     ratio = float(profile.target(n)) / one
     copies = " (copied continuations still are, where one pays)" if name == "sequoia-ngram" else ""
-    return (f"**No tree pays on this machine**: verifying {n} tokens costs {ratio:.1f}x one here "
+    return (f"**No tree pays on this machine**: verifying {counted(n, 'token')} costs {ratio:.1f}x one here "
             f"({one:.0f} ms for one token), so each step is the target alone{copies}. "
             f"Pick *{TREE_LABEL}* with a budget to see a tree anyway.")
 

@@ -16,6 +16,7 @@ from sequoia.runtime.engine import SpeculativeEngine
 from sequoia.runtime.models import ModelPair
 
 from .load_status import LoadStatus, ModelsNotReady
+from .runtime_view import pair_words
 
 
 def _nothing(pair: ModelPair) -> None:
@@ -104,6 +105,7 @@ class LoadedPair:
         if self._pair is None:
             return "model pair not loaded yet"
         p = self._pair
-        esc = [html.escape(str(getattr(p, k, "?"))) for k in ("draft_name", "target_name", "device", "dtype")]
+        names = [html.escape(str(getattr(p, k, "?"))) for k in ("draft_name", "target_name")]
+        where = html.escape(pair_words(p.target.info, p.draft.info))
         streamed = ", target streamed from host memory" if getattr(p, "target_streamed", False) else ""
-        return f"draft <b>{esc[0]}</b> → target <b>{esc[1]}</b> on {esc[2]} ({esc[3]}){streamed}"
+        return f"draft <b>{names[0]}</b> → target <b>{names[1]}</b> · {where}{streamed}"

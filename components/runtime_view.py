@@ -1,5 +1,6 @@
 """The runtime the server runs and why, and every runtime of this machine beside it.
 
+``pair_words``         the runtime, weights and device of the loaded pair (the banner's pair line);
 ``banner_html``        one line under the loading banner: the runtime and the reason it was chosen;
 ``runtimes_markdown``  the Hardware tab's table: each runtime installed or not, its predicted rate or
                        "not measured here", and a "fastest" line that says the same as the choice.
@@ -12,6 +13,26 @@ from __future__ import annotations
 import html
 
 from sequoia.core.runtimes import NOT_MEASURED, START_MEMORY_GB, RuntimeDecision, RuntimeEstimate, display_name
+from sequoia.runners.base import RunnerInfo
+
+
+def pair_words(target: RunnerInfo, draft: RunnerInfo) -> str:
+    """The runtime, the weights and the device a pair runs on, as the runners report them: "llama.cpp, Q4_K_M,
+    CPU"; "Hugging Face (torch), target bf16, draft int8, CPU" when the two differ.
+
+    From the runners, never the pair's activation dtype: a GGUF target's logits are float32 whatever its weights
+    (the banner said "cpu (torch.float32)" beside a Q4_K_M model)."""
+    t, d = _weights(target), _weights(draft)
+    weights = t if t == d else f"target {t}, draft {d}"
+    device = "CPU" if target.device == "cpu" else target.device
+    runtime = display_name(target.runtime) if target.runtime == draft.runtime else \
+        f"target on {display_name(target.runtime)}, draft on {display_name(draft.runtime)}"
+    return f"{runtime}, {weights}, {device}"
+
+
+def _weights(info: RunnerInfo) -> str:
+    """The weights as loaded: the quantisation of the linears when there is one (hf int8), else the type."""
+    return info.quant if info.quant not in ("", "none") else info.weights
 
 
 def banner_html(decision: RuntimeDecision | None) -> str:

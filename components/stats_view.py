@@ -21,6 +21,7 @@ from plotly.subplots import make_subplots
 
 from sequoia.core.stats import RunStats, accepted_by_source, kept, summarize
 from sequoia.core.trace import DRAFT, NGRAM, StepRecord
+from sequoia.core.words import counted
 
 from . import COLORS
 from .target_rate import TargetRate
@@ -104,9 +105,10 @@ def _source_panels(fig: go.Figure, records: Sequence[StepRecord]) -> None:
 
 def _tokens_panels(fig: go.Figure, s: RunStats, steps: list[int]) -> None:
     hist = s.tokens_per_step_hist
+    words = [f"{counted(k, 'token')} a step: {counted(n, 'step')}" for k, n in enumerate(hist) if k]
     fig.add_trace(go.Bar(x=list(range(1, len(hist))), y=list(hist[1:]), name="steps",
-                         marker_color=COLORS["accepted"], showlegend=False,
-                         hovertemplate="%{x} tokens: %{y} steps<extra></extra>"), row=1, col=1)
+                         marker_color=COLORS["accepted"], showlegend=False, hovertext=words,
+                         hovertemplate="%{hovertext}<extra></extra>"), row=1, col=1)
     fig.add_trace(go.Scatter(x=steps, y=list(s.series_new), mode="lines+markers", name="tokens/step",
                              line=dict(color=COLORS["accepted"]), showlegend=False), row=1, col=2)
     # The mean in the panel's title: written on the plot, its label sat on the line and the axis' ticks.
@@ -169,7 +171,7 @@ def summary_markdown(records: Sequence[StepRecord]) -> str:
         tail = (f" · accepted: {by.get(DRAFT, 0)} from the draft model, {by.get(NGRAM, 0)} copied from the "
                 f"context{tail}")
     first = f" after the first (the prompt's forward: {s.first_token_s:.2f} s)" if s.first_token_s else ""
-    return (f"**{s.new_tokens}** tokens in **{s.steps}** target calls · "
+    return (f"**{counted(s.new_tokens, 'token')}** in **{counted(s.steps, 'target call')}** · "
             f"**{s.tokens_per_step:.2f}** tokens/step · {s.mean_accepted:.2f} accepted drafts/step · "
             f"**{s.tokens_per_s:.1f}** tokens/s{first} · time {split}{tail}")
 
@@ -193,8 +195,9 @@ def speedup_markdown(records: Sequence[StepRecord], rate: TargetRate | None, its
     ratio = s.tokens_per_s / rate.tokens_per_s
     label = "" if rate.measured else " (predicted)"
     alone_s = 1.0 / rate.tokens_per_s
+    # One multiplier a line: the reading after it is in tokens and seconds, never a second "×" to mistake for it.
     return (f"**{ratio:.2f}× the target alone{label}** ({s.tokens_per_s:.1f} vs {rate.tokens_per_s:.1f} "
-            f"tokens/s, the latter {rate.source}) · **{ratio:.1f}×**: {per_call:.1f} tokens per target call at "
+            f"tokens/s, the latter {rate.source}) · why: {per_call:.1f} tokens per target call at "
             f"{_secs(per_call_s)} a call, against 1 token at {_secs(alone_s)} for the target alone")
 
 

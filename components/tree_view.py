@@ -37,6 +37,7 @@ import plotly.graph_objects as go
 
 from sequoia.core.trace import ACCEPTED, NGRAM, REJECTED, UNREACHED, StepRecord
 from sequoia.core.tree import Tree
+from sequoia.core.words import counted
 
 from sequoia.core.stats import dropped_nodes, kept
 
@@ -248,20 +249,25 @@ def _copied_words(record: StepRecord, i: int) -> str:
     return f"copied (n-gram match of length {n})" if n > 0 else COPIED
 
 
+#: What ends a generation inside a step, by ``StepRecord.finish_reason`` (the step title says what it kept).
+_CUT_BY = {"length": "the length limit", "stop": "a stop string", "eos": "the end-of-text token"}
+
+
 def step_title(record: StepRecord, note: str = "") -> str:
     """What one step committed, in words that agree with ``record.new_tokens``."""
     name = method_label(record.method)
     if record.prompt_tokens:
-        return f"step {record.step} · {name} · the prompt's forward ({record.prompt_tokens} tokens) gives the " \
-               f"first token (nothing drafted){note}"
+        return f"step {record.step} · {name} · the prompt's forward ({counted(record.prompt_tokens, 'token')}) " \
+               f"gives the first token (nothing drafted){note}"
     if record.tree.size == 0:
         return f"step {record.step} · {name} · 1 token from the target (nothing drafted){note}"
+    # What the step did, in the order it happened; then, apart, what a limit cut of it (never one count "of"
+    # another: "1 kept (1 accepted) of 5 accepted + 1 bonus" read as five accepted out of one).
+    head = f"step {record.step} · {name} · {record.tree.size} drafted, {record.n_accepted} accepted, +1 bonus"
     n_kept, bonus_kept = kept(record)
-    head = f"step {record.step} · {name} · {record.tree.size} drafted, "
     if n_kept == record.n_accepted and bonus_kept:
-        return head + f"{record.n_accepted} accepted + 1 bonus{note}"
-    cut = f"{record.n_new} kept ({n_kept} accepted{' + 1 bonus' if bonus_kept else ''}) of " \
-          f"{record.n_accepted} accepted + 1 bonus: {record.finish_reason or 'stop'} limit"
+        return head + note
+    cut = f" · {_CUT_BY.get(record.finish_reason, 'a stop condition')} kept {counted(record.n_new, 'token')}"
     return head + cut + note
 
 

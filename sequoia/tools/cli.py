@@ -24,6 +24,7 @@ from ..core.profile import HardwareProfile
 from ..core.sglang_family import (ALGORITHMS, EMBEDDED_DRAFT, EMBEDDED_TARGET, MAX_TOPK,
                                   best_launch)
 from ..core.stats import summarize
+from ..core.words import counted
 from ..runtime.acceptance import MEASURING_WAYS, load_prompts, measure_acceptance
 from ..runtime.engine import SpeculativeEngine
 from ..runtime.finder import cache_profile, find_calibration, find_ngram_acceptance, find_profile
@@ -175,14 +176,15 @@ def _generate(args) -> int:
         sys.stdout.flush()
         shown = text
         if not args.quiet_steps:
-            print(f"\n  [step {rec.step}: +{rec.n_new} tokens, accepted {rec.n_accepted}/{rec.tree.depth} deep, "
+            print(f"\n  [step {rec.step}: +{counted(rec.n_new, 'token')}, "
+                  f"accepted {rec.n_accepted}/{rec.tree.depth} deep, "
                   f"draft {rec.draft_s * 1e3:.0f} ms, verify {rec.verify_s * 1e3:.0f} ms]", file=sys.stderr)
         if trace:
             trace.write(json.dumps(rec.to_dict()) + "\n")
     if trace:
         trace.close()
     s = summarize(records)
-    print(f"\n\n{s.new_tokens} tokens in {s.steps} target calls ({s.tokens_per_step:.2f}/call), "
+    print(f"\n\n{counted(s.new_tokens, 'token')} in {counted(s.steps, 'target call')} ({s.tokens_per_step:.2f}/call), "
           f"{s.tokens_per_s:.2f} tokens/s, {sum(r.tree.size for r in records) / len(records):.1f} drafted/step; "
           f"finish: {records[-1].finish_reason}", file=sys.stderr)
     return 0
