@@ -194,8 +194,8 @@ def test_a_one_token_run_says_1_token_and_its_tree_says_drafted_accepted_bonus(p
     sync_api.expect(page.locator("#sq-tree .gtitle").first).to_contain_text("5 drafted")
     title = page.locator("#sq-tree .gtitle").first.text_content()
     assert re.search(r"5 drafted, \d+ accepted, \+1 bonus", title) and " of " not in title, title
-    line = _settled_text(summary, timeout_s=120)
-    for reading in line.split("\n"):
+    _settled_text(summary, timeout_s=120)
+    for reading in summary.inner_text().split("\n"):   # rendered lines: each projection line is a paragraph
         assert len(re.findall(r"\d[\d.]*\s*[×x]\b", reading)) <= 1, reading   # one multiplier a line
     assert _errors(page) == []
 
