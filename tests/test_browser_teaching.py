@@ -42,6 +42,8 @@ def test_the_projector_view_sets_key_texts_to_20_px_at_1280x720(page, tmp_path):
     page.wait_for_function("document.body.classList.contains('sq-projector')")
     after = page.evaluate(SMALLEST_FONT, list(KEY_TEXTS))
     assert all(v is not None and v >= 20 for v in after.values()), after
+    # the tree redraws as the page settles after the run: wait for its labels rather than read a blank frame
+    page.wait_for_function(f"({TREE_LABELS})().length > 0")
     labels = page.evaluate(TREE_LABELS)
     assert labels and min(labels) >= 18, labels                    # the tree's token labels
     _screenshot(page, tmp_path, "projector-1280x720")
