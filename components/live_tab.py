@@ -276,7 +276,7 @@ def _run(ctx: AppContext, inputs: DecodeInputs, session: LiveSession):
         with closing(run_decode(ctx, replace(job, inspect=True), lambda: session.stopped)) as steps:
             yield from _stream_views(session, steps)
         if not session.stopped:   # Stop's handler drew the page; a stopped run is not projected
-            session.projection = projection_view.projection_markdown(session.records, ctx)
+            session.projection = projection_view.projection_markdown(session.records, ctx, DEFAULT_ENTRY)
             yield (gr.skip(),) * 3 + (summary(session), gr.skip(), session)
         yield from _measure_alone(ctx, req, job, session)
     except (ValueError, RuntimeError) as exc:

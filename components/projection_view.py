@@ -12,14 +12,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sequoia.core.optimizer import Choice, choose_tree
 from sequoia.core.profile import HardwareProfile
 from sequoia.core.projection import Elsewhere, Projection, decoding_steps, project, shipped_elsewhere
 from sequoia.core.trace import StepRecord
-from sequoia.runtime.finder import DEFAULT_ENTRY, AcceptanceEntry
 
 from . import roofline_view
+
+if TYPE_CHECKING:   # the finder loads the runtime (transformers): a view names its type only
+    from sequoia.runtime.finder import AcceptanceEntry
 
 HERE = "this machine (by its profile)"
 PROJECTED = "projected from measured costs"
@@ -57,7 +60,7 @@ def _choice(profile: HardwareProfile, acceptance: tuple[float, ...]) -> Choice:
 
 
 def projection_lines(records: Sequence[StepRecord], here: HardwareProfile | None,
-                     shipped: Sequence[Elsewhere], acceptance: AcceptanceEntry = DEFAULT_ENTRY) -> list[str]:
+                     shipped: Sequence[Elsewhere], acceptance: AcceptanceEntry) -> list[str]:
     """The summary's lines for a finished run ([] when it has no decoding step)."""
     steps = decoding_steps(records)
     if not steps:
@@ -74,9 +77,10 @@ def projection_lines(records: Sequence[StepRecord], here: HardwareProfile | None
     return [head] + [choice_line(label, _choice(prof, tuple(acceptance.values))) for label, prof in found]
 
 
-def projection_markdown(records: Sequence[StepRecord], ctx) -> str:
-    """The Live tab's projection of a finished run (``ctx``: the app's context; "" before any decoding step)."""
-    return "  \n".join(projection_lines(records, ctx.profile, elsewhere(Path(ctx.assets_dir))))
+def projection_markdown(records: Sequence[StepRecord], ctx, acceptance: AcceptanceEntry) -> str:
+    """The Live tab's projection of a finished run (``ctx``: the app's context; "" before any decoding step);
+    ``acceptance``: what prices the tree a run without one would have drawn."""
+    return "  \n".join(projection_lines(records, ctx.profile, elsewhere(Path(ctx.assets_dir)), acceptance))
 
 
 def roofline_figure(ctx):

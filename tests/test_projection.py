@@ -19,7 +19,7 @@ from sequoia.core.projection import (Roofline, decoding_steps, load_elsewhere, p
                                      relative_costs, shipped_elsewhere)
 from sequoia.core.trace import DRAFT, NGRAM, ROOT, StepRecord
 from sequoia.core.tree import Tree
-from sequoia.runtime.finder import find_acceptance
+from sequoia.runtime.finder import DEFAULT_ENTRY, find_acceptance
 
 ROOT_DIR = Path(__file__).resolve().parents[1]
 GPU_CHECK = ROOT_DIR / "docs" / "data" / "gpu-check-h100.json"
@@ -146,14 +146,14 @@ def test_the_summary_lines_project_a_run_with_trees_and_explain_one_without():
     shipped = shipped_elsewhere()
     tree = Tree.chain(4)
     records = [prompt_step()] + [StepRecord.fake(tree, (0, 1, 2, 3), step=i) for i in range(1, 4)]
-    lines = projection_view.projection_lines(records, here, shipped)
+    lines = projection_view.projection_lines(records, here, shipped, DEFAULT_ENTRY)
     assert len(lines) == 1 + len(shipped) + 1 and "4.00 a target call" in lines[0]
     h100 = next(x for x in lines if x.startswith("On an H100 at the 7B shapes this run's trees"))
     assert "tokens/s" in h100 and "x the target alone" in h100 and "projected from measured costs" in h100
     assert lines[-1].startswith("On this machine (by its profile)")
     plain = [prompt_step()] + [StepRecord.fake(Tree.root_only(), (0,), step=i) for i in range(1, 4)]
-    lines = projection_view.projection_lines(plain, here, shipped)
+    lines = projection_view.projection_lines(plain, here, shipped, DEFAULT_ENTRY)
     assert "drew no tree" in lines[0]
     assert any(x.startswith("On an H100 at the 7B shapes its tree of") for x in lines)
     assert lines[-1].startswith("On this machine (by its profile) no tree pays")
-    assert projection_view.projection_lines([prompt_step()], here, shipped) == []
+    assert projection_view.projection_lines([prompt_step()], here, shipped, DEFAULT_ENTRY) == []
