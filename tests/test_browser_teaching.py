@@ -1,6 +1,8 @@
 """The Live tab's teaching pieces in a real browser (tests/test_browser.py's server and Chromium, tiny pair):
 the projector view's font sizes at 1280x720, and step mode's buttons."""
 
+import time
+
 import pytest
 from test_browser import CHROMIUM, _decode, _screenshot, browser_context, page, server  # noqa: F401 (fixtures)
 
@@ -49,7 +51,12 @@ def test_the_projector_view_sets_key_texts_to_20_px_at_1280x720(page, tmp_path):
     _screenshot(page, tmp_path, "projector-1280x720")
     page.get_by_label("Projector view").uncheck()
     page.wait_for_function("!document.body.classList.contains('sq-projector')")
-    assert page.evaluate(SMALLEST_FONT, list(KEY_TEXTS)) == before
+    # buttons ease their font size back (a CSS transition): poll until they are back rather than read mid-way
+    deadline, now = time.monotonic() + 5.0, page.evaluate(SMALLEST_FONT, list(KEY_TEXTS))
+    while now != before and time.monotonic() < deadline:
+        page.wait_for_timeout(100)
+        now = page.evaluate(SMALLEST_FONT, list(KEY_TEXTS))
+    assert now == before, (now, before)
 
 
 def test_step_mode_walks_one_call_then_moves_the_slider_to_the_next(page):
