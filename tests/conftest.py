@@ -132,6 +132,20 @@ def tiny_app_pair(tiny_target):
     return app_pair(tiny_target, tiny_target)
 
 
+@pytest.fixture(scope="module")
+def demo(tiny_app_pair, tmp_path_factory, lanes):
+    """The whole app on the tiny pair, one a test module (a module with its own ``demo`` builds its own page)."""
+    import app
+
+    return app.build_demo(tiny_app_pair, assets_dir=tmp_path_factory.mktemp("assets"), max_budget=24, lanes=lanes)
+
+
+@pytest.fixture()
+def ctx(demo):
+    """The app context behind :func:`demo`."""
+    return demo.sequoia_context
+
+
 @pytest.fixture(scope="session")
 def embedded_pair_fp32():
     """The real embedded pair with an fp32 target: exactness tests need fp32 logits (docs/models.md)."""

@@ -22,16 +22,6 @@ from sequoia.runtime.runtime_choice import RuntimeDecision
 PROFILES = Path(__file__).resolve().parents[1] / "assets" / "profiles"
 
 
-@pytest.fixture(scope="module")
-def demo(tiny_app_pair, tmp_path_factory, lanes):
-    return app.build_demo(tiny_app_pair, assets_dir=tmp_path_factory.mktemp("assets"), max_budget=24, lanes=lanes)
-
-
-@pytest.fixture()
-def ctx(demo):
-    return demo.sequoia_context
-
-
 def _checkbox_choices(demo) -> list[str]:
     """The Compare checkboxes' choices as the built page holds them."""
     box = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "sq-compare-methods")

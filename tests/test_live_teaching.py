@@ -6,7 +6,6 @@ from __future__ import annotations
 import gradio as gr
 import pytest
 
-import app
 from components import live_tab, live_teaching, no_tree_view, step_mode
 from components.acceptance_choice import DEFAULT_ACCEPTANCE_LABEL
 from components.decode_inputs import DecodeInputs
@@ -17,11 +16,6 @@ from sequoia.runtime.methods import make_method
 
 #: Verifying n tokens costs n plain steps (a 2-core CPU): no tree pays, the automatic methods draw none.
 LINEAR = HardwareProfile.hand_made(target=lambda n: 40.0 * n, draft=lambda w: 20.0)
-
-
-@pytest.fixture(scope="module")
-def demo(tiny_app_pair, tmp_path_factory, lanes):
-    return app.build_demo(tiny_app_pair, assets_dir=tmp_path_factory.mktemp("assets"), max_budget=24, lanes=lanes)
 
 
 def _default_inputs(max_new: int = 10) -> DecodeInputs:

@@ -106,11 +106,6 @@ def test_sglang_words_count_in_the_singular():
 
 
 # ------------------------------------------------------------------ max new tokens 0 or -1
-@pytest.fixture(scope="module")
-def demo(tiny_app_pair, tmp_path_factory, lanes):
-    return app.build_demo(tiny_app_pair, assets_dir=tmp_path_factory.mktemp("assets"), max_budget=24, lanes=lanes)
-
-
 def _live_number(demo, label_start: str) -> gr.Number:
     found = [b for b in demo.blocks.values() if isinstance(b, gr.Number) and (b.label or "").startswith(label_start)]
     return found[0]   # the Live tab's comes first (Compare's has the same label)

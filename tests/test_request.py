@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-import app
 from components import live_tab, validation
 from components.decode_inputs import DecodeInputs
 from components.acceptance_choice import DEFAULT_ACCEPTANCE_LABEL
@@ -116,7 +115,6 @@ def test_the_registry_says_what_budget_and_depth_mean_per_method():
     assert live_tab.METHOD_OF_LABEL is rq.METHOD_OF_LABEL and "min(budget, depth)" in live_tab.budget_help()
 
 
-
 def test_a_dp_methods_solve_is_bounded_where_the_request_is_parsed():
     """A Sequoia request's DP work (budget² x depth x vector entries) is refused by the parser, naming the budget;
     the same numbers pass for a method that solves no DP, and the server's own default vector is not bounded."""
@@ -170,11 +168,6 @@ def test_the_colour_table_views_and_parser_load_no_transformers():
 
 
 # ------------------------------------------------------------------ parsed once, through the app
-@pytest.fixture(scope="module")
-def demo(tiny_app_pair, tmp_path_factory, lanes):
-    return app.build_demo(tiny_app_pair, assets_dir=tmp_path_factory.mktemp("assets"), max_budget=24, lanes=lanes)
-
-
 def _decode_args(**kw):
     return tuple({**GOOD, **kw}.values())
 

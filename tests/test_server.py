@@ -61,16 +61,6 @@ def test_a_prompt_longer_than_any_tree_decodes_and_matches_the_target():
 
 
 # ------------------------------------------------------------------ caps and validation
-@pytest.fixture(scope="module")
-def demo(tiny_app_pair, tmp_path_factory, lanes):
-    return app.build_demo(tiny_app_pair, assets_dir=tmp_path_factory.mktemp("assets"), max_budget=24, lanes=lanes)
-
-
-@pytest.fixture()
-def ctx(demo):
-    return demo.sequoia_context
-
-
 def test_the_request_limits_are_derived_once_from_the_device(lanes):
     from components.context import GPU_MAX_BUDGET, server_limits
 
