@@ -91,9 +91,14 @@ def rate_key(pair, prompt_ids: Sequence[int], config) -> tuple:
     return (id(pair.target), tuple(int(t) for t in prompt_ids), config.sampling.temperature, config.sampling.top_p)
 
 
+def decode_rate(records: Sequence[StepRecord]) -> float:
+    """A run's tokens/s after the prompt's forward (0: a run of one step has none)."""
+    return summarize(records).tokens_per_s if len(records) > 1 else 0.0
+
+
 def measured_rate(records: Sequence[StepRecord], what: str) -> TargetRate | None:
     """A run's decode rate as a measurement of the target alone (None: too short to have a rate)."""
-    rate = summarize(records).tokens_per_s if len(records) > 1 else 0.0
+    rate = decode_rate(records)
     return TargetRate(rate, True, what) if rate > 0 else None
 
 
@@ -110,10 +115,7 @@ def probe(run: Callable[[object], Iterable[StepRecord]], config, rounds_: int = 
     """Measure the target alone with ``run(config)`` (a target-alone decode of the run's prompt), ``rounds_``
     times over :data:`PROBE_TOKENS` tokens (or the run's own length if shorter): the median with its range."""
     n = max(min(PROBE_TOKENS, config.max_new_tokens), 2)
-    rates = []
-    for _ in range(rounds_):
-        records = list(run(replace(config, max_new_tokens=n)))
-        rates.append(summarize(records).tokens_per_s if len(records) > 1 else 0.0)
+    rates = [decode_rate(list(run(replace(config, max_new_tokens=n)))) for _ in range(rounds_)]
     return from_rounds(rates, f"measured on this prompt ({rounds_} runs of {n} tokens)")
 
 
