@@ -21,7 +21,8 @@ from sequoia.core.trace import StepRecord
 
 from . import roofline_view
 
-if TYPE_CHECKING:   # the finder loads the runtime (transformers): a view names its type only
+if TYPE_CHECKING:
+    # the finder loads the runtime (transformers): a view names its type only
     from sequoia.runtime.finder import AcceptanceEntry
 
 HERE = "this machine (by its profile)"
