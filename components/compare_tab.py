@@ -199,9 +199,11 @@ def _controls(ctx: AppContext) -> SimpleNamespace:
         # A number box, not a slider: a slider clamps 100000 to its maximum silently, while the
         # request check answers with the server's cap (before the request queues).
         new_cap = ctx.limits.max_new_tokens
-        c.max_new_tokens = gr.Number(min(DEFAULT_TOKENS, new_cap), precision=0, minimum=1,
+        # No minimum on either box: Gradio's own "less than minimum" toast names no field, while the request
+        # check refuses 0 or -1 naming it (as the Live tab's boxes do).
+        c.max_new_tokens = gr.Number(min(DEFAULT_TOKENS, new_cap), precision=0,
                                      label=f"max new tokens (at most {new_cap} here)", elem_classes="sq-max-new")
-        c.seed = gr.Number(0, precision=0, minimum=0, label="seed")
+        c.seed = gr.Number(0, precision=0, label="seed")
     c.acceptance = gr.Dropdown(choices, value=default_acceptance_label("code", 0.0, ctx.assets_dir),
                                label="acceptance vector (Sequoia tree)")
     c.methods = gr.CheckboxGroup(offered(ctx), value=ticked(ctx), label="methods", elem_id="sq-compare-methods",

@@ -14,6 +14,8 @@ import gradio as gr
 
 from sequoia.core.config import SamplingConfig
 from sequoia.core.distribution import DEFAULT_CHILDREN, DEFAULT_TRIALS, FOIL_FACTOR, RULES
+from sequoia.core.fields import whole
+from sequoia.core.request import SEED_MAX
 from sequoia.runtime.distribution_check import MAX_TRIALS, iter_check
 
 from . import distribution_view, serving
@@ -24,6 +26,8 @@ from .pair_room import LoadedPair
 #: foil caught in 99 of 100 LM-like cases); on the embedded pair at T=1, top-p 0.95, a haiku prompt, the foil
 #: slipped through at 5000 (p = 0.08) and was caught at 20000 (p = 5e-7), the whole check 22 s there.
 PAGE_TRIALS = max(DEFAULT_TRIALS, 20000)
+#: Fewest trials the tab takes: below this a chi-square test has too few counts in its bins to say anything.
+MIN_TRIALS = 100
 
 HOW_TO_READ = f"""\
 At temperature > 0 a speculative method's text differs from the target alone's run to run; what must match is the
@@ -42,6 +46,8 @@ against the cut p.
 def on_check(models: LoadedPair, prompt, temperature, top_p, trials, children, seed, chat):
     """Generator handler: the verdicts and bars appear rule by rule."""
     try:
+        trials = whole("trials N per rule", trials, MIN_TRIALS, MAX_TRIALS)
+        seed = whole("seed", seed, 0, SEED_MAX)
         temperature = float(temperature)
         if temperature <= 0:
             raise ValueError("the distribution check needs a temperature above 0 (at 0 the output is the argmax)")
@@ -75,10 +81,11 @@ def build(models: LoadedPair) -> None:
                 temperature = gr.Slider(0.05, 2, value=1.0, step=0.05, label="temperature")
                 top_p = gr.Slider(0.05, 1, value=0.95, step=0.05, label="top-p")
             with gr.Row():
-                trials = gr.Number(PAGE_TRIALS, precision=0, minimum=100, maximum=MAX_TRIALS,
-                                   label="trials N per rule")
+                # No minimum/maximum on the boxes: the handler refuses naming the field (Gradio's own toast
+                # names none).
+                trials = gr.Number(PAGE_TRIALS, precision=0, label=f"trials N per rule ({MIN_TRIALS}..{MAX_TRIALS})")
                 children = gr.Slider(1, 16, value=DEFAULT_CHILDREN, step=1, label="children at the root (k)")
-                seed = gr.Number(0, precision=0, minimum=0, label="seed")
+                seed = gr.Number(0, precision=0, label="seed")
             with gr.Row():
                 run_btn = gr.Button("Run the check", variant="primary")
                 stop_btn = gr.Button("Stop", variant="stop")

@@ -170,10 +170,14 @@ def summary_markdown(records: Sequence[StepRecord]) -> str:
         by = dict(s.accepted_by_source)
         tail = (f" · accepted: {by.get(DRAFT, 0)} from the draft model, {by.get(NGRAM, 0)} copied from the "
                 f"context{tail}")
-    first = f" after the first (the prompt's forward: {s.first_token_s:.2f} s)" if s.first_token_s else ""
+    if all(r.prompt_tokens for r in records):   # the prompt's forward only: no rate after it to show yet
+        rate = f"no decode rate yet (the prompt's forward: {s.total_s:.2f} s)"
+    else:
+        first = f" after the first (the prompt's forward: {s.first_token_s:.2f} s)" if s.first_token_s else ""
+        rate = f"**{s.tokens_per_s:.1f}** tokens/s{first}"
     return (f"**{counted(s.new_tokens, 'token')}** in **{counted(s.steps, 'target call')}** · "
             f"**{s.tokens_per_step:.2f}** tokens/step · {s.mean_accepted:.2f} accepted drafts/step · "
-            f"**{s.tokens_per_s:.1f}** tokens/s{first} · time {split}{tail}")
+            f"{rate} · time {split}{tail}")
 
 
 def speedup_markdown(records: Sequence[StepRecord], rate: TargetRate | None, itself: bool = False) -> str:

@@ -19,6 +19,7 @@ import os
 import platform
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 T0 = time.perf_counter()
@@ -52,7 +53,7 @@ def _guided(ctx, live_tab, inputs) -> dict:
             "summary": str(last[3]) if last is not None else ""}
 
 
-def measure(only_start: bool = False, timeout_s: float = 900.0) -> dict:
+def measure(only_start: bool = False, timeout_s: float = 900.0, compare_runs: int = 1, full: bool = False) -> dict:
     import app
     from components import compare_tab, live_tab
     from components.acceptance_choice import default_acceptance_label
@@ -76,13 +77,57 @@ def measure(only_start: bool = False, timeout_s: float = 900.0) -> dict:
                            temperature=0.0, top_p=1.0, max_new_tokens=compare_tab.DEFAULT_TOKENS, seed=0, chat=True,
                            acceptance=default_acceptance_label("code", 0.0, ctx.assets_dir))
     methods = compare_tab.ticked(ctx)
-    t1, last = time.perf_counter(), None
-    for frame in compare_tab.on_compare(ctx, compare, methods):
-        last = frame
-    out["compare_default"] = {"methods": methods, "total_s": time.perf_counter() - t1,
-                              "table": getattr(last[1], "value", last[1]) if last is not None else None}
+    out["compare_default"] = _compare(ctx, compare_tab, compare, methods)
+    runs = [_compare(ctx, compare_tab, compare, methods) for _ in range(max(compare_runs - 1, 0))]
+    if runs:
+        out["compare_default_runs"] = _summary([out["compare_default"], *runs])
+    if full:
+        out["compare_full"] = _compare(ctx, compare_tab, replace(compare, max_new_tokens=compare_tab.FULL_TOKENS),
+                                       compare_tab.ticked(ctx, full=True), rounds=compare_tab.FULL_ROUNDS)
     out["load_after"] = os.getloadavg()
     return out
+
+
+def _compare(ctx, compare_tab, inputs, methods, **kw) -> dict:
+    """One click of a Compare button through the tab's handler: its wall time and the rows as ``/compare`` gives
+    them (each ratio with its band over the rounds, the verdict)."""
+    from components import compare_view
+    from components.compare_methods import API_KEYS
+
+    seen, inner = [], compare_tab.iter_comparison
+
+    def watched(*a, **k):   # the handler's own comparison, its last state kept for the rows
+        for state in inner(*a, **k):
+            seen[:] = [state]
+            yield state
+
+    compare_tab.iter_comparison = watched
+    try:
+        t1 = time.perf_counter()
+        for _ in compare_tab.on_compare(ctx, inputs, methods, **kw):
+            pass
+        total = time.perf_counter() - t1
+    finally:
+        compare_tab.iter_comparison = inner
+    rows = compare_view.records(seen[0].rows, API_KEYS) if seen else []
+    return {"methods": methods, "tokens": inputs.max_new_tokens, "total_s": round(total, 2),
+            "rows": [{k: r[k] for k in ("label", "tokens/s", "tokens/s min", "tokens/s max", "speedup",
+                                        "speedup min", "speedup max", "verdict", "target calls")} for r in rows]}
+
+
+def _summary(runs: list[dict]) -> dict:
+    """Over repeated clicks: wall times, and per row its speedups, its widest band (half-width relative to the
+    ratio) and the verdicts it got."""
+    by_row: dict[str, dict] = {}
+    for run in runs:
+        for r in run["rows"]:
+            row = by_row.setdefault(r["label"], {"speedups": [], "band_half_widths": [], "verdicts": []})
+            sp, lo, hi = r["speedup"], r["speedup min"], r["speedup max"]
+            row["speedups"].append(sp)
+            if isinstance(sp, (int, float)) and isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and sp:
+                row["band_half_widths"].append(round((hi - lo) / 2 / sp, 3))
+            row["verdicts"].append(r["verdict"])
+    return {"runs": len(runs), "total_s": [r["total_s"] for r in runs], "rows": by_row}
 
 
 def main(argv: list[str]) -> int:
@@ -90,9 +135,12 @@ def main(argv: list[str]) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only-start", action="store_true", help="time start -> models ready only")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the models (default 900)")
+    ap.add_argument("--compare-runs", type=int, default=1,
+                    help="click Compare's default this many times (default 1); the rows' ratios and bands over them")
+    ap.add_argument("--full", action="store_true", help="also click Full comparison once (every method, 64 tokens)")
     ap.add_argument("--json", type=Path, help="also write the result here")
     args = ap.parse_args(argv)
-    result = measure(args.only_start, args.timeout)
+    result = measure(args.only_start, args.timeout, args.compare_runs, args.full)
     text = json.dumps(result, indent=1, default=str)
     print(text, flush=True)
     if args.json:

@@ -161,6 +161,45 @@ def test_summary_ratio_is_per_prompt():
     assert math.isnan(ar.vs_assisted)
 
 
+def test_rounds_pair_each_run_with_the_reference_of_its_own_round():
+    def run(method, idx, rnd, secs):
+        return RunResult(method, "s", idx, 0.0, 3, (1,) * 10, secs, 10, round=rnd)
+
+    # prompt 0: the reference's speed drifts round to round and the method follows it (1.0x every round,
+    # though across rounds its runs range 10-20 tokens/s); prompt 1: the method is 2x, 2x and 2.4x
+    runs = [run("hf-generate", 0, 0, 1.0), run("ar", 0, 0, 1.0),
+            run("hf-generate", 0, 1, 0.5), run("ar", 0, 1, 0.5),
+            run("hf-generate", 0, 2, 1.0), run("ar", 0, 2, 1.0),
+            run("hf-generate", 1, 0, 2.0), run("ar", 1, 0, 1.0),
+            run("hf-generate", 1, 1, 2.0), run("ar", 1, 1, 1.0),
+            run("hf-generate", 1, 2, 2.4), run("ar", 1, 2, 1.0)]
+    ar = next(s for s in summarize_runs(runs) if s.method == "ar")
+    assert (ar.prompts, ar.rounds, ar.runs) == (2, 3, 6)
+    assert (ar.speedup_lo, ar.speedup_hi) == pytest.approx((1.0, 2.0))   # per-prompt medians over the rounds
+    assert ar.speedup == pytest.approx(1.5)
+    assert ar.round_spread == pytest.approx((0.0 + 0.1) / 2)           # prompt 1: (2.4 - 2.0) / 2 / 2.0
+    assert ar.tokens_per_s == pytest.approx(10.0)                      # both prompts' median round: 10 tokens/s
+    table = markdown_table([ar])
+    assert "round to round" in table.splitlines()[0] and "(2 x 3 rounds)" in table and "±5%" in table
+    one = summarize_runs([r for r in runs if r.round == 0])            # one round: no such column
+    assert all(s.rounds == 1 and math.isnan(s.round_spread) for s in one)
+    assert "round to round" not in markdown_table(one)
+
+
+def test_a_bench_of_rounds_runs_every_method_once_a_round_in_one_order(tiny_pairs):
+    config = BenchConfig(max_new_tokens=4, temperatures=(0.0,), methods=("hf-generate", "ar", "chain"),
+                         warmup_tokens=0, rounds=3)
+    result = run_bench(_pair(tiny_pairs["noisy"]), PROMPTS[:1], config, progress=lambda *a: None)
+    runs = result.runs
+    assert len(runs) == 2 * 3 * 3 and [r.round for r in runs[:9]] == [0] * 3 + [1] * 3 + [2] * 3
+    for i in (0, 1):   # each prompt: the same order every round (the order rotates from prompt to prompt)
+        assert len({tuple(r.method for r in runs if r.prompt_index == i and r.round == k) for k in range(3)}) == 1
+    assert all(r.matches_reference for r in runs if r.method != "hf-generate")
+    assert "3 interleaved rounds per prompt" in markdown_report(result) and "round to round" in markdown_report(result)
+    with pytest.raises(ValueError, match="rounds"):
+        BenchConfig(rounds=0)
+
+
 def test_json_and_markdown(greedy_result, tmp_path):
     path = tmp_path / "bench.json"
     write_json(path, to_dict(greedy_result))

@@ -120,6 +120,29 @@ def test_the_live_number_boxes_leave_the_range_to_the_request_check(demo, label)
     assert box.preprocess(0) == 0 and box.preprocess(-1) == -1   # reaches the validator unrefused
 
 
+def test_no_number_box_on_the_page_has_a_range_gradio_would_enforce(demo):
+    """Every tab's number boxes (Compare's max new tokens and seed, the Distribution check's trials and seed
+    included): a range Gradio enforces itself answers with its own toast, naming no field."""
+    boxes = [b for b in demo.blocks.values() if isinstance(b, gr.Number)]
+    assert len(boxes) >= 8
+    ranged = [b.label for b in boxes if b.minimum is not None or b.maximum is not None]
+    assert ranged == [], ranged
+
+
+@pytest.mark.parametrize("trials, seed, field", [(50, 0, "trials N per rule"), (10 ** 9, 0, "trials N per rule"),
+                                                 (400, -1, "seed"), ("", 0, "trials N per rule")])
+def test_the_distribution_check_refuses_trials_and_seed_naming_the_field(trials, seed, field):
+    from components import distribution_tab
+
+    class NoPair:   # the refusal comes before the pair is asked for
+        def get(self):
+            raise AssertionError("the pair was used before the inputs were checked")
+
+    with pytest.raises(gr.Error) as err:
+        list(distribution_tab.on_check(NoPair(), "hello", 1.0, 1.0, trials, 3, seed, True))
+    assert str(err.value.message).startswith(f"{field} must be a whole number"), err.value.message
+
+
 @pytest.mark.parametrize("value", [0, -1])
 def test_max_new_tokens_0_or_negative_is_refused_naming_the_field(demo, value):
     ctx = demo.sequoia_context

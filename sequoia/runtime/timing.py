@@ -61,6 +61,7 @@ class RunResult:
     wall_s: float | None = None       # wall time of the call (differs from ``seconds`` on the process clock)
     first_token_s: float | None = None  # from the call to its first new tokens: the prompt's forward, mostly
     first_tokens: int = 0             # tokens out at that time (engine: 1; HF assisted: its first verified draft too)
+    round: int = 0                    # the bench's timed round this run belongs to (0-based; 0 elsewhere)
 
     @property
     def new_tokens(self) -> int:
@@ -98,7 +99,7 @@ class RunResult:
     def to_dict(self) -> dict:
         keys = ("method", "prompt_set", "prompt_index", "temperature", "prompt_tokens", "seconds", "target_calls",
                 "steps", "tree_size", "draft_s", "verify_s", "other_s", "reference", "matches_reference",
-                "agree_prefix", "load1", "wall_s", "first_token_s", "first_tokens")
+                "agree_prefix", "load1", "wall_s", "first_token_s", "first_tokens", "round")
         out = {k: getattr(self, k) for k in keys}
         out.update(new_tokens=self.new_tokens, tokens_per_s=self.tokens_per_s,
                    decode_tokens_per_s=self.decode_tokens_per_s,

@@ -3,7 +3,11 @@
 Methods run *interleaved*: for each prompt and temperature every method runs
 once before the next prompt starts (their order rotates from prompt to
 prompt), so slow drift of a shared machine (thermal state, other processes)
-lands on all methods alike instead of on whichever ran last.
+lands on all methods alike instead of on whichever ran last.  With
+``rounds`` R > 1 each prompt gets R such rounds back to back (A B C A B C),
+as the Compare tab runs them: the report pairs each run with the target
+alone's of the same round and shows the round-to-round spread of each ratio
+beside its median (:mod:`sequoia.core.rounds`).
 
 Each run goes through :func:`sequoia.runtime.timing.run_method`, whose rule
 the app and the scripts share: the whole call is timed (prefill included, for
@@ -48,6 +52,8 @@ BENCH_METHODS = ("hf-generate", "ar", "hf-assisted", "hf-prompt-lookup", "chain"
 WORKLOAD_METHODS = ("sequoia-dynamic", "ngram", "sequoia-ngram")
 #: Target-only greedy references, best first: outputs at T=0 are compared with the first one run.
 REFERENCES = ("hf-generate", "ar")
+#: The most timed rounds per prompt a bench may ask.
+MAX_ROUNDS = 10
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,8 @@ class BenchConfig:
     specinfer_width: int = 3
     specinfer_depth: int = 4
     warmup_tokens: int = 8        # one untimed run of every method first (0: none)
+    rounds: int = 1               # timed rounds per prompt and temperature, every method once a round
+
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.methods if m not in BENCH_METHODS]
@@ -80,6 +88,8 @@ class BenchConfig:
         GenerationConfig(max_new_tokens=self.max_new_tokens, seed=self.seed)
         if self.warmup_tokens < 0:
             raise ValueError("warmup_tokens must be >= 0")
+        if not 1 <= self.rounds <= MAX_ROUNDS:
+            raise ValueError(f"rounds must be in 1..{MAX_ROUNDS}, got {self.rounds}")
 
 
 @dataclass(frozen=True)
@@ -167,18 +177,20 @@ def run_bench(
     first_set, _, first_ids = encoded[0]
     warmup(engine, pair, first_ids, [(m, proposers.get((m, first_set, config.temperatures[0])))
                                      for m in config.methods], tokens=config.warmup_tokens, seed=config.seed)
-    tick = Progress(len(encoded) * len(config.temperatures) * len(config.methods), progress, "bench")
+    tick = Progress(len(encoded) * len(config.temperatures) * len(config.methods) * config.rounds, progress, "bench")
     try:
         for n, (set_name, index, ids) in enumerate(encoded):
             for temp in config.temperatures:
                 gen = GenerationConfig(max_new_tokens=config.max_new_tokens,
                                        sampling=SamplingConfig(temperature=temp), seed=config.seed + index)
-                group = []
-                for method in _rotated(config.methods, n):
-                    run = run_method(engine, pair, method, ids, gen, proposers.get((method, set_name, temp)))
-                    group.append(_label(run, set_name, index))
-                    tick(f"{set_name}#{index} T={temp:g} {method}: {run.tokens_per_s:.2f} tok/s")
-                result.runs.extend(_compare_with_reference(group) if temp == 0 else group)
+                for rnd in range(config.rounds):   # the same order every round: its runs pair up
+                    group = []
+                    for method in _rotated(config.methods, n):
+                        run = run_method(engine, pair, method, ids, gen, proposers.get((method, set_name, temp)))
+                        group.append(_label(run, set_name, index, rnd))
+                        where = f" round {rnd + 1}/{config.rounds}" if config.rounds > 1 else ""
+                        tick(f"{set_name}#{index} T={temp:g}{where} {method}: {run.tokens_per_s:.2f} tok/s")
+                    result.runs.extend(_compare_with_reference(group) if temp == 0 else group)
                 if checkpoint is not None:
                     result.seconds = time.perf_counter() - start
                     checkpoint(result)
@@ -248,9 +260,9 @@ def _rotated(methods: tuple[str, ...], n: int) -> tuple[str, ...]:
     return methods[k:] + methods[:k]
 
 
-def _label(run: RunResult, set_name: str, index: int) -> RunResult:
+def _label(run: RunResult, set_name: str, index: int, rnd: int = 0) -> RunResult:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    return replace(run, prompt_set=set_name, prompt_index=index, load1=load)
+    return replace(run, prompt_set=set_name, prompt_index=index, load1=load, round=rnd)
 
 
 def _compare_with_reference(group: list[RunResult]) -> list[RunResult]:

@@ -66,6 +66,9 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--out", default="out/bench", help="output directory")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup", type=int, default=8, help="tokens of the untimed warm-up run of every method (0: none)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="timed rounds per prompt, every method once a round in the same order (default 1); from 2 "
+                        "on the report shows how much each ratio moved from round to round")
     p.add_argument("--quick", action="store_true", help="smoke run: 1 prompt per set, 16 tokens, T=0, coarse profile")
     g = p.add_argument_group("trees")
     g.add_argument("--chain-budget", type=int, default=5)
@@ -111,7 +114,7 @@ def main_bench(args) -> int:
         max_new_tokens=args.max_new_tokens, temperatures=_floats(args.temperatures, "--temperatures"),
         methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()), seed=args.seed,
         chain_budget=args.chain_budget, specinfer_width=args.specinfer_width,
-        specinfer_depth=args.specinfer_depth, warmup_tokens=args.warmup,
+        specinfer_depth=args.specinfer_depth, warmup_tokens=args.warmup, rounds=args.rounds,
     )
     sets = load_prompt_sets(args.prompts, ASSETS / "prompts", args.limit)
     if args.threads is not None:

@@ -19,7 +19,10 @@ apart, as serving benchmarks report time to first token and time per token.
 Every ratio is a median of per-prompt ratios (Spec-Bench's per-prompt speedups) through the statistics the
 Compare tab uses (:mod:`sequoia.core.rounds`: paired ratios, their median and range); ``speedup_lo`` and
 ``speedup_hi`` are the range over the prompts, shown beside the median, so a ratio whose range holds 1
-reads as what it is.
+reads as what it is.  A bench of R > 1 rounds pairs each run with the reference's run of the same prompt
+*and round*; a prompt's ratio is the median of its rounds' ratios, a prompt's rate the median of its
+rounds' rates, and ``round_spread`` (the median over prompts of half the rounds' range, relative) says how
+much the same ratio moved from round to round: the machine's noise, apart from how prompts differ.
 """
 
 from __future__ import annotations
@@ -70,6 +73,10 @@ class MethodSummary:
                                            # (hf-generate for Hugging Face rows, RUNTIME:ar for RUNTIME:* rows)
     speedup_lo: float = math.nan      # the smallest and largest per-prompt ratio to hf-generate
     speedup_hi: float = math.nan
+    prompts: int = 0                  # prompts run (runs = prompts x rounds)
+    rounds: int = 1                   # timed rounds per prompt
+    round_spread: float = math.nan    # median over prompts of the half range of the rounds' ratios to
+                                      # hf-generate, relative (0.05: +-5%); nan with one round
 
 
 def runtime_of(method: str) -> str:
@@ -98,28 +105,43 @@ def summarize_runs(runs: list[RunResult]) -> list[MethodSummary]:
     groups: dict[tuple, list[RunResult]] = {}
     for r in runs:
         groups.setdefault((r.prompt_set, r.temperature, r.method), []).append(r)
-    index = {(r.prompt_set, r.temperature, r.method, r.prompt_index): r for r in runs}
+    index = {(r.prompt_set, r.temperature, r.method, r.prompt_index, r.round): r for r in runs}
     out = []
     for (set_name, temp, method), rs in sorted(groups.items(),
                                                key=lambda kv: (kv[0][0], kv[0][1], _report_order(kv[0][2]))):
         alone = f"{runtime_of(method)}:ar" if runtime_of(method) else "hf-generate"
-        band = _ratio_band(rs, index, "hf-generate")
+        band, noise = _ratio_band(rs, index, "hf-generate"), _round_spread(rs, index, "hf-generate")
+        by_prompt = _by_prompt(rs)
         out.append(MethodSummary(
             method=method, prompt_set=set_name, temperature=temp, runs=len(rs),
-            tokens_per_s=statistics.median(r.tokens_per_s for r in rs),
-            wall_tokens_per_s=statistics.median(r.new_tokens / (r.wall_s or r.seconds) for r in rs),
+            tokens_per_s=_per_prompt_median(by_prompt, lambda r: r.tokens_per_s),
+            wall_tokens_per_s=_per_prompt_median(by_prompt, lambda r: r.new_tokens / (r.wall_s or r.seconds)),
             speedup=band.median if band else math.nan, speedup_lo=band.lo if band else math.nan,
             speedup_hi=band.hi if band else math.nan, vs_assisted=_median_ratio(rs, index, "hf-assisted"),
             vs_best_hf=_median_ratio(rs, index, *BEST_HF),
             tokens_per_call=statistics.median(r.tokens_per_call for r in rs),
             new_tokens=sum(r.new_tokens for r in rs), **_split(rs), **_equality(rs),
-            first_token_s=_median(r.first_token_s for r in rs),
-            decode_tokens_per_s=_median(r.decode_tokens_per_s for r in rs),
+            first_token_s=_per_prompt_median(by_prompt, lambda r: r.first_token_s),
+            decode_tokens_per_s=_per_prompt_median(by_prompt, _decode),
             decode_speedup=_median_ratio(rs, index, "hf-generate", rate=_decode),
             decode_vs_best_hf=_median_ratio(rs, index, *BEST_HF, rate=_decode),
             vs_runtime_alone=_median_ratio(rs, index, alone),
+            prompts=len(by_prompt), rounds=max(len(v) for v in by_prompt.values()),
+            round_spread=noise,
         ))
     return out
+
+
+def _by_prompt(rs: list[RunResult]) -> dict[int, list[RunResult]]:
+    out: dict[int, list[RunResult]] = {}
+    for r in rs:
+        out.setdefault(r.prompt_index, []).append(r)
+    return out
+
+
+def _per_prompt_median(by_prompt: dict[int, list[RunResult]], value: Callable[[RunResult], float | None]) -> float:
+    """Median over prompts of each prompt's median over its rounds (values that are missing are left out)."""
+    return _median(_median(value(r) for r in rs) for rs in by_prompt.values())
 
 
 def _decode(r: RunResult) -> float | None:
@@ -128,22 +150,40 @@ def _decode(r: RunResult) -> float | None:
 
 def _median(values) -> float:
     """Median of the values that are there (nan if none is: e.g. runs from a bench file without them)."""
-    have = [v for v in values if v is not None]
+    have = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
     return statistics.median(have) if have else math.nan
+
+
+def _round_ratios(rs: list[RunResult], index: dict, others: tuple[str, ...],
+                  rate: Callable[[RunResult], float | None]) -> dict[int, tuple[float, ...]]:
+    """Prompt index -> the ratios of ``rate`` to the fastest of ``others``, one per round, each paired with
+    the runs of the same prompt and round (rounds where a rate is missing are left out)."""
+    mine: dict[int, list[float]] = {}
+    bases: dict[int, list[float]] = {}
+    for r in rs:
+        base = [index.get((r.prompt_set, r.temperature, o, r.prompt_index, r.round)) for o in others]
+        if rate(r) is None or any(b is None or rate(b) is None for b in base):
+            continue
+        mine.setdefault(r.prompt_index, []).append(rate(r))
+        bases.setdefault(r.prompt_index, []).append(max(rate(b) for b in base))
+    return {i: rounds.paired_ratios(mine[i], bases[i]) for i in mine if rounds.paired_ratios(mine[i], bases[i])}
 
 
 def _ratio_band(rs: list[RunResult], index: dict, *others: str,
                 rate: Callable[[RunResult], float | None] = lambda r: r.tokens_per_s) -> rounds.Spread | None:
-    """Per-prompt ratios of ``rate`` (tokens/s) to the fastest of methods ``others`` on the same prompt, paired
-    prompt by prompt: their median and range (None where none of them ran there, or a rate is missing)."""
-    mine, bases = [], []
-    for r in rs:
-        base = [index.get((r.prompt_set, r.temperature, o, r.prompt_index)) for o in others]
-        if rate(r) is None or any(b is None or rate(b) is None for b in base):
-            continue
-        mine.append(rate(r))
-        bases.append(max(rate(b) for b in base))
-    return rounds.ratio_band(mine, bases)
+    """Per-prompt ratios of ``rate`` (tokens/s) to the fastest of methods ``others`` on the same prompt (each
+    the median of its rounds' paired ratios): their median and range over the prompts (None where none of them
+    ran there, or a rate is missing)."""
+    per_prompt = [statistics.median(v) for v in _round_ratios(rs, index, others, rate).values()]
+    return rounds.spread(per_prompt) if per_prompt else None
+
+
+def _round_spread(rs: list[RunResult], index: dict, *others: str) -> float:
+    """Median over prompts of the half range of its rounds' ratios, relative to their median (nan: fewer than
+    two rounds anywhere)."""
+    halves = [rounds.spread(v).half_width for v in _round_ratios(rs, index, others, lambda r: r.tokens_per_s).values()
+              if len(v) > 1]
+    return statistics.median(halves) if halves else math.nan
 
 
 def _median_ratio(rs: list[RunResult], index: dict, *others: str,
@@ -208,7 +248,9 @@ def markdown_table(summaries: list[MethodSummary], wall_column: bool = False) ->
     """
     best_column = any(not math.isnan(s.vs_best_hf) for s in summaries)
     runtime_column = any(runtime_of(s.method) for s in summaries)
-    columns = (_COLUMNS[:4] + (("wall tokens/s",) if wall_column else ()) + _COLUMNS[4:6]
+    noise_column = any(s.rounds > 1 for s in summaries)
+    columns = (_COLUMNS[:4] + (("wall tokens/s",) if wall_column else ()) + _COLUMNS[4:5]
+               + (("round to round",) if noise_column else ()) + _COLUMNS[5:6]
                + (("vs best HF",) if best_column else ()) + (("vs its runtime alone",) if runtime_column else ())
                + _COLUMNS[6:])
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
@@ -216,9 +258,12 @@ def markdown_table(summaries: list[MethodSummary], wall_column: bool = False) ->
         split = ("-" if s.draft_frac is None else
                  f"{s.draft_frac:.0%} / {s.verify_frac:.0%} / {s.other_frac:.0%}")
         equal = "-" if s.compared is None else f"{s.compared - s.mismatches}/{s.compared}"
-        cells = (f"{s.prompt_set} ({s.runs})", f"{s.temperature:g}", s.method, f"{s.tokens_per_s:.2f}",
+        count = f"{s.prompts or s.runs}" + (f" x {s.rounds} rounds" if s.rounds > 1 else "")
+        cells = (f"{s.prompt_set} ({count})", f"{s.temperature:g}", s.method, f"{s.tokens_per_s:.2f}",
                  *((f"{s.wall_tokens_per_s:.2f}",) if wall_column else ()),
-                 _x_band(s.speedup, s.speedup_lo, s.speedup_hi, s.runs), _x(s.vs_assisted), *((_x(s.vs_best_hf),) if best_column else ()),
+                 _x_band(s.speedup, s.speedup_lo, s.speedup_hi, s.prompts or s.runs),
+                 *((_pm(s.round_spread),) if noise_column else ()),
+                 _x(s.vs_assisted), *((_x(s.vs_best_hf),) if best_column else ()),
                  *((_x(s.vs_runtime_alone),) if runtime_column else ()),
                  _num(s.first_token_s), _num(s.decode_tokens_per_s), _x(s.decode_speedup),
                  f"{s.tokens_per_call:.2f}", split, equal)
@@ -240,9 +285,13 @@ def markdown_report(result: BenchResult) -> str:
         f"# Bench: {result.pair}", "",
         f"{result.device}; {cfg.max_new_tokens} new tokens; "
         f"temperatures {', '.join(f'{t:g}' for t in cfg.temperatures)}; "
-        f"{result.seconds / 60:.1f} min in all (started {result.started}).", "",
+        + (f"{cfg.rounds} interleaved rounds per prompt; " if cfg.rounds > 1 else "")
+        + f"{result.seconds / 60:.1f} min in all (started {result.started}).", "",
         "Medians over the prompts of each set.  *tokens/s*: absolute; *vs target alone*: tokens/s over "
-        "`hf-generate` (target alone) on the same prompt, its range over the prompts in brackets; *vs assisted*: over `hf-assisted`; *vs best HF*: over "
+        "`hf-generate` (target alone) on the same prompt, its range over the prompts in brackets; "
+        + ("*round to round*: how much that ratio moved between the rounds of one prompt (half its range, the "
+           "median over prompts: the machine's noise); " if cfg.rounds > 1 else "")
+        + "*vs assisted*: over `hf-assisted`; *vs best HF*: over "
         "the faster of `hf-assisted` and `hf-prompt-lookup` on that prompt; *first token*: time to the first "
         "output (mostly the prompt's forward, alike for every method); *decode tokens/s*: the rate after it, "
         "and *decode vs target* its per-prompt ratio to the target alone's; *tokens/call*: new tokens per "
@@ -290,6 +339,11 @@ def _x_band(v: float, lo: float, hi: float, prompts: int) -> str:
     if math.isnan(v) or prompts < 2 or math.isnan(lo):
         return _x(v)
     return f"{v:.2f}x ({lo:.2f}-{hi:.2f})"
+
+
+def _pm(v: float) -> str:
+    """A relative half range as "+-4%" ("-" for none)."""
+    return "-" if math.isnan(v) else f"±{100 * v:.0f}%"
 
 
 def _num(v: float) -> str:
