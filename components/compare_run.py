@@ -5,7 +5,8 @@ and 12.3 tokens/s in three runs, and methods doing its very work read 1.21x-1.42
 the page and through ``/compare``, runs:
 
 1. a **warm-up round**: each method once, a few tokens, untimed (first-call costs land on no row; the
-   llama.cpp reference loads here, on its first use);
+   llama.cpp reference loads here, on its first use); a method already warmed up on this pair by an earlier
+   comparison skips it (those costs are paid once per process: ``AppContext.warmed``);
 2. **R timed rounds**: each method once in turn, every round in the same order, so a machine's drift between
    rounds lands on all of them and each round's runs pair up (:mod:`sequoia.core.rounds`: the ratio of a
    method to the target alone is the median of its per-round ratios, its band their range).
@@ -90,14 +91,31 @@ def row_of(label: str, runs: list[RunResult]) -> compare_view.CompareRow:
         reference_work=all(r.new_tokens == r.target_calls for r in runs))
 
 
+def _warmed(run_ctx: AppContext, m: CompareMethod, req) -> bool:
+    """``m`` already warmed up on this pair (an earlier comparison in this process)."""
+    return _warm_key(m, req) in run_ctx.warmed.get(run_ctx.pair(), ())
+
+
 def _warm_up(run_ctx: AppContext, m: CompareMethod, req) -> None:
-    """A short untimed greedy run of ``m`` on the prompt, as the bench does before timing."""
+    """A short untimed greedy run of ``m`` on the prompt, as the bench does before timing; remembered on the
+    pair when it worked."""
+    pair = run_ctx.pair()
     runs = [(m.hf, None)] if m.hf else [(req.proposer.name, req.proposer)]
     try:
-        warmup(run_ctx.engine(), run_ctx.pair(), req.prompt_ids, runs, min(WARMUP_TOKENS, req.config.max_new_tokens))
+        warmup(run_ctx.engine(), pair, req.prompt_ids, runs, min(WARMUP_TOKENS, req.config.max_new_tokens))
     except _HF_ERRORS:
         if not m.hf:
             raise   # a Hugging Face baseline's row says why when it runs
+        return
+    run_ctx.warmed.setdefault(pair, set()).add(_warm_key(m, req))
+
+
+def _warm_key(m: CompareMethod, req) -> tuple:
+    """What a warm-up warms: the method, the shape of a fixed tree (a runtime may capture per size) and whether
+    it samples."""
+    tree = getattr(req.proposer, "tree", None)
+    return (m.label, getattr(tree, "size", None), getattr(tree, "depth", None),
+            req.config.sampling.temperature > 0)
 
 
 def _prepare(ctx: AppContext, inputs: DecodeInputs, include_hf: bool, methods) -> tuple[list, object, dict, list]:
@@ -128,9 +146,10 @@ def _warm_up_all(ctx: AppContext, state: CompareState, chosen, base, reqs) -> It
             except (OSError, RuntimeError, ValueError) as exc:   # a reference that cannot load costs its row only
                 state.notes.append(f"{m.label} was not run: {exc}")
                 continue
-        state.phase, state.running, state.tokens = "warming", m.label, 0
-        yield state
-        _warm_up(run_ctx, m, req)
+        if not _warmed(run_ctx, m, req):
+            state.phase, state.running, state.tokens = "warming", m.label, 0
+            yield state
+            _warm_up(run_ctx, m, req)
         state.plan.append((m, run_ctx, req))
 
 

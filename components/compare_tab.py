@@ -53,8 +53,11 @@ __all__ = ["API_KEYS", "DEFAULT_METHODS", "FULL_METHODS", "FULL_TOKENS", "METHOD
 DEFAULT_TOKENS = 16
 #: Timed rounds of "Full comparison" and the /compare API (every method, FULL_TOKENS tokens each).
 FULL_ROUNDS = DEFAULT_ROUNDS
-#: The fixed tree's budget and depth when the tab opens ("Sequoia (budget & depth)").
-DEFAULT_BUDGET, DEFAULT_DEPTH = 32, 8
+#: The fixed tree's budget and depth when the tab opens ("Sequoia (budget & depth)"): the Live tab's tree
+#: (components.live_tab.GUIDED), so a class compares the very tree it watched.  On a 2-vCPU CPU a verify of
+#: n tokens costs about as much as n tokens of the prompt's forward (arithmetic-bound), so the 32/8 tree this
+#: tab opened on before cost 0.7 s a step there and was half of the default's wait (Zen 3: 16 of 40 s).
+DEFAULT_BUDGET, DEFAULT_DEPTH = 12, 5
 
 
 def run_comparison(ctx: AppContext, prompt, budget, depth, temperature, top_p, max_new_tokens, seed,

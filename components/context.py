@@ -17,6 +17,7 @@ dataclasses inside ``gr.State`` in each tab.
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +77,28 @@ def _request_memo() -> RequestMemo:
     return RequestMemo(MEMO_SIZE)
 
 
+class PerPair:
+    """A value per live pair object, dropped with the pair (a ``ModelPair`` is an unhashable dataclass, so no
+    ``WeakKeyDictionary``: entries are kept by ``id`` and checked against a weak reference)."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[weakref.ref, object]] = {}
+
+    def get(self, pair, default=None):
+        entry = self._by_id.get(id(pair))
+        return entry[1] if entry is not None and entry[0]() is pair else default
+
+    def setdefault(self, pair, value):
+        entry = self._by_id.get(id(pair))
+        if entry is None or entry[0]() is not pair:   # new, or an id reused after its pair was freed
+            self._by_id = {k: e for k, e in self._by_id.items() if e[0]() is not None}
+            entry = self._by_id[id(pair)] = (weakref.ref(pair), value)
+        return entry[1]
+
+    def clear(self) -> None:
+        self._by_id.clear()
+
+
 @dataclass
 class AppContext:
     """Server-wide state: the rooms, what one request may ask, and the owner switch."""
@@ -93,6 +116,10 @@ class AppContext:
     # The target alone's rate measured per prompt and settings (components.target_rate), shared by every view of
     # this context: its key holds the target, so exact mode's float32 target keeps its own entries.
     target_rates: TargetRates = field(default_factory=TargetRates, repr=False)
+    # The comparison methods whose untimed warm-up already ran on a pair (components.compare_run): first-call
+    # costs are paid once per process, so a second comparison skips them.  Keyed weakly by the pair, so a
+    # reloaded pair warms up again.
+    warmed: PerPair = field(default_factory=lambda: PerPair(), repr=False)
 
     @classmethod
     def from_pair_or_loader(cls, pair_or_loader: ModelPair | Callable[[], ModelPair], *, assets_dir: Path = ASSETS,

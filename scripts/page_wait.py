@@ -73,7 +73,8 @@ def measure(only_start: bool = False, timeout_s: float = 900.0, compare_runs: in
                           acceptance=default_acceptance_label("code", g["temperature"], ctx.assets_dir))
     out["guided"] = _guided(ctx, live_tab, guided)
     out["guided_again"] = _guided(ctx, live_tab, guided)
-    compare = DecodeInputs(prompt=COMPARE_PROMPT, method="Sequoia (budget & depth)", budget=32, depth=8,
+    compare = DecodeInputs(prompt=COMPARE_PROMPT, method="Sequoia (budget & depth)", budget=compare_tab.DEFAULT_BUDGET,
+                           depth=compare_tab.DEFAULT_DEPTH,
                            temperature=0.0, top_p=1.0, max_new_tokens=compare_tab.DEFAULT_TOKENS, seed=0, chat=True,
                            acceptance=default_acceptance_label("code", 0.0, ctx.assets_dir))
     methods = compare_tab.ticked(ctx)

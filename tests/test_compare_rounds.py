@@ -72,6 +72,7 @@ def test_rounds_interleave_the_methods_after_a_warm_up_round(ctx, monkeypatch):
     real_warmup = compare_run.warmup
     monkeypatch.setattr(compare_run, "iter_run", spy)
     monkeypatch.setattr(compare_run, "warmup", warm)
+    ctx.warmed.clear()   # nothing warmed in this process yet
     lines = []
     rows, notes = compare_tab.run_comparison(ctx, "x = 1", 8, 3, 0.0, 1.0, 6, 0, include_hf=False,
                                              methods=["Chain", "Sequoia (dynamic)"], rounds=3,
@@ -82,6 +83,20 @@ def test_rounds_interleave_the_methods_after_a_warm_up_round(ctx, monkeypatch):
     assert [len(r.rates) for r in rows] == [3, 3, 3] and all(r.identical for r in rows)
     assert any(line.startswith("*Round 2 of 3: running **Chain**") for line in lines)
     assert lines[0].startswith("*Warm-up round")
+
+    # A second comparison: first-call costs are paid, so only the method new to this pair warms up (and a
+    # fixed tree of another shape counts as new: a runtime may capture per size).
+    order.clear(), lines.clear()
+    compare_tab.run_comparison(ctx, "x = 2", 8, 3, 0.0, 1.0, 4, 0, include_hf=False,
+                               methods=["Chain", "SpecInfer"], rounds=1, progress=lambda f, line: lines.append(line))
+    assert order == [("warm-up", compare_run.WARMUP_TOKENS)] + [(m, 4) for m in ("target only", "chain", "specinfer")]
+    assert sum(line.startswith("*Warm-up round") for line in lines) == 1
+    order.clear()
+    compare_tab.run_comparison(ctx, "x = 2", 8, 3, 0.0, 1.0, 4, 0, include_hf=False,
+                               methods=["Sequoia (budget & depth)"], rounds=1)
+    compare_tab.run_comparison(ctx, "x = 2", 6, 3, 0.0, 1.0, 4, 0, include_hf=False,
+                               methods=["Sequoia (budget & depth)"], rounds=1)
+    assert [o for o in order if o[0] == "warm-up"] == [("warm-up", compare_run.WARMUP_TOKENS)] * 2
 
 
 def test_a_row_that_did_the_target_alones_work_is_named_so(ctx):
@@ -144,3 +159,26 @@ def _fake_step(seconds: float, prompt_tokens: int = 0) -> StepRecord:
     """A step of one token taking ``seconds`` (``prompt_tokens``: the prompt's forward)."""
     return replace(StepRecord.fake(Tree((-1,)), (0,)), draft_s=0.0, verify_s=seconds, other_s=0.0,
                    prompt_tokens=prompt_tokens)
+
+
+def test_compare_opens_on_the_live_tabs_tree():
+    from components import live_tab
+
+    assert (compare_tab.DEFAULT_BUDGET, compare_tab.DEFAULT_DEPTH) == (live_tab.GUIDED["budget"], live_tab.GUIDED["depth"])
+
+
+def test_per_pair_values_go_with_their_pair():
+    import gc
+
+    from components.context import PerPair
+
+    class Pair:   # unhashable, as the ModelPair dataclass
+        __hash__ = None
+
+    memo, a, b = PerPair(), Pair(), Pair()
+    memo.setdefault(a, set()).add("Chain")
+    assert memo.get(a) == {"Chain"} and memo.get(b) is None
+    del a
+    gc.collect()
+    memo.setdefault(b, set())
+    assert len(memo._by_id) == 1 and memo.get(b) == set()
