@@ -14,11 +14,11 @@ import gradio as gr
 
 from sequoia.core.config import SamplingConfig
 from sequoia.core.distribution import DEFAULT_CHILDREN, DEFAULT_TRIALS, FOIL_FACTOR, RULES
-from sequoia.core.fields import whole
+from sequoia.core.fields import Errors, RequestError, real, whole
 from sequoia.core.request import SEED_MAX
 from sequoia.runtime.distribution_check import MAX_TRIALS, iter_check
 
-from . import distribution_view, serving
+from . import distribution_view, serving, validation
 from .context import MODEL_WORK
 from .pair_room import LoadedPair
 
@@ -43,20 +43,49 @@ against the cut p.
 """
 
 
+#: The check's inputs in the order of the button's event.
+FIELDS = ("prompt", "temperature", "top_p", "trials", "children", "seed", "chat")
+
+
+def parse(prompt, temperature, top_p, trials, children, seed, chat) -> tuple[str, SamplingConfig, int, int, int]:
+    """(prompt, sampling, trials, children, seed) from the tab's raw values; RequestError naming every bad field."""
+    e = Errors()
+    text = e.check("prompt", lambda v: v if isinstance(v, str) and v.strip() else _empty(), prompt)
+    t = e.check("temperature", _temperature, temperature)
+    p = e.check("top_p", real, "top-p", top_p)
+    n = e.check("trials", whole, "trials N per rule", trials, MIN_TRIALS, MAX_TRIALS)
+    k = e.check("children", whole, "children", children, 1, 16)
+    s = e.check("seed", whole, "seed", seed, 0, SEED_MAX)
+    e.raise_any()
+    return text, SamplingConfig(temperature=t, top_p=p), n, k, s
+
+
+def _empty():
+    raise ValueError("prompt is empty: type something to continue")
+
+
+def _temperature(value) -> float:
+    t = real("temperature", value)
+    if t <= 0:
+        raise ValueError("the distribution check needs a temperature above 0 (at 0 the output is the argmax)")
+    return t
+
+
+def validator(prompt, temperature, top_p, trials, children, seed, chat):
+    """Before the check queues: each bad field's message on its input (as the Live and Compare tabs)."""
+    return validation.answer(FIELDS, lambda: parse(prompt, temperature, top_p, trials, children, seed, chat))
+
+
 def on_check(models: LoadedPair, prompt, temperature, top_p, trials, children, seed, chat):
     """Generator handler: the verdicts and bars appear rule by rule."""
     try:
-        trials = whole("trials N per rule", trials, MIN_TRIALS, MAX_TRIALS)
-        seed = whole("seed", seed, 0, SEED_MAX)
-        temperature = float(temperature)
-        if temperature <= 0:
-            raise ValueError("the distribution check needs a temperature above 0 (at 0 the output is the argmax)")
-        sampling = SamplingConfig(temperature=temperature, top_p=float(top_p))
+        prompt, sampling, trials, children, seed = parse(prompt, temperature, top_p, trials, children, seed, chat)
+        temperature, top_p = sampling.temperature, sampling.top_p
         pair = models.get()
         ids = pair.encode_prompt(prompt, chat=bool(chat))
         decode = lambda t: pair.tokenizer.decode([t])  # noqa: E731
         yield gr.skip(), "*Forwarding the prompt through both models…*"
-        for state in iter_check(pair, ids, sampling, int(trials), int(children), int(seed)):
+        for state in iter_check(pair, ids, sampling, trials, children, seed):
             title = f"first emitted token after the prompt, T={temperature:g}, top-p={float(top_p):g}"
             fig = distribution_view.figure(state.p, state.results, decode, title)
             md = distribution_view.summary(state.results, state.p, state.seconds if state.running is None else None)
@@ -64,6 +93,8 @@ def on_check(models: LoadedPair, prompt, temperature, top_p, trials, children, s
                 label = next(r.label for r in RULES if r.name == state.running)
                 md = f"*Running **{label}** ({len(state.results) + 1} of {len(RULES)}), {state.n} trials…*\n\n" + md
             yield fig, md
+    except RequestError as exc:   # the validator answered these beside their fields; an API caller reads this
+        raise gr.Error("; ".join(exc.errors.values()), title="Cannot run the check") from None
     except ValueError as exc:
         raise gr.Error(str(exc), title="Cannot run the check") from None
 
@@ -98,5 +129,5 @@ def build(models: LoadedPair) -> None:
         yield from on_check(models, *args)
 
     event = run_btn.click(handler, [prompt, temperature, top_p, trials, children, seed, chat], [plot, verdicts],
-                          api_visibility="private", **MODEL_WORK)
+                          api_visibility="private", validator=validator, **MODEL_WORK)
     stop_btn.click(None, None, None, cancels=[event], api_visibility="private")

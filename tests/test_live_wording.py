@@ -143,6 +143,16 @@ def test_the_distribution_check_refuses_trials_and_seed_naming_the_field(trials,
     assert str(err.value.message).startswith(f"{field} must be a whole number"), err.value.message
 
 
+def test_the_distribution_checks_validator_puts_each_message_on_its_field():
+    from components import distribution_tab
+
+    answers = distribution_tab.validator("hello", 0, 1.0, 50, 3, -1, True)
+    bad = {distribution_tab.FIELDS[i]: a["message"] for i, a in enumerate(answers) if not a["is_valid"]}
+    assert set(bad) == {"temperature", "trials", "seed"}, bad
+    assert bad["trials"].startswith("trials N per rule must be a whole number in 100..")
+    assert all(a["is_valid"] for a in distribution_tab.validator("hello", 1.0, 0.95, 400, 3, 0, True))
+
+
 @pytest.mark.parametrize("value", [0, -1])
 def test_max_new_tokens_0_or_negative_is_refused_naming_the_field(demo, value):
     ctx = demo.sequoia_context
