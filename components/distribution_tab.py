@@ -50,7 +50,7 @@ FIELDS = ("prompt", "temperature", "top_p", "trials", "children", "seed", "chat"
 def parse(prompt, temperature, top_p, trials, children, seed, chat) -> tuple[str, SamplingConfig, int, int, int]:
     """(prompt, sampling, trials, children, seed) from the tab's raw values; RequestError naming every bad field."""
     e = Errors()
-    text = e.check("prompt", lambda v: v if isinstance(v, str) and v.strip() else _empty(), prompt)
+    text = e.check("prompt", _prompt, prompt)
     t = e.check("temperature", _temperature, temperature)
     p = e.check("top_p", real, "top-p", top_p)
     n = e.check("trials", whole, "trials N per rule", trials, MIN_TRIALS, MAX_TRIALS)
@@ -60,8 +60,10 @@ def parse(prompt, temperature, top_p, trials, children, seed, chat) -> tuple[str
     return text, SamplingConfig(temperature=t, top_p=p), n, k, s
 
 
-def _empty():
-    raise ValueError("prompt is empty: type something to continue")
+def _prompt(value) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("prompt is empty: type something to continue")
+    return value
 
 
 def _temperature(value) -> float:
@@ -112,8 +114,8 @@ def build(models: LoadedPair) -> None:
                 temperature = gr.Slider(0.05, 2, value=1.0, step=0.05, label="temperature")
                 top_p = gr.Slider(0.05, 1, value=0.95, step=0.05, label="top-p")
             with gr.Row():
-                # No minimum/maximum on the boxes: the handler refuses naming the field (Gradio's own toast
-                # names none).
+                # No minimum/maximum on the boxes: the validator refuses beside the field, naming it (Gradio's
+                # own range check answers with a toast that names none).
                 trials = gr.Number(PAGE_TRIALS, precision=0, label=f"trials N per rule ({MIN_TRIALS}..{MAX_TRIALS})")
                 children = gr.Slider(1, 16, value=DEFAULT_CHILDREN, step=1, label="children at the root (k)")
                 seed = gr.Number(0, precision=0, label="seed")

@@ -22,7 +22,8 @@ Compare tab uses (:mod:`sequoia.core.rounds`: paired ratios, their median and ra
 reads as what it is.  A bench of R > 1 rounds pairs each run with the reference's run of the same prompt
 *and round*; a prompt's ratio is the median of its rounds' ratios, a prompt's rate the median of its
 rounds' rates, and ``round_spread`` (the median over prompts of half the rounds' range, relative) says how
-much the same ratio moved from round to round: the machine's noise, apart from how prompts differ.
+much a row's ratio to its own runtime's target alone moved from round to round: the machine's noise, apart
+from how prompts differ.
 """
 
 from __future__ import annotations
@@ -75,8 +76,8 @@ class MethodSummary:
     speedup_hi: float = math.nan
     prompts: int = 0                  # prompts run (runs = prompts x rounds)
     rounds: int = 1                   # timed rounds per prompt
-    round_spread: float = math.nan    # median over prompts of the half range of the rounds' ratios to
-                                      # hf-generate, relative (0.05: +-5%); nan with one round
+    round_spread: float = math.nan    # median over prompts of the half range of the rounds' ratios to its own
+                                      # runtime's target alone, relative (0.05: +-5%); nan with one round
 
 
 def runtime_of(method: str) -> str:
@@ -110,7 +111,7 @@ def summarize_runs(runs: list[RunResult]) -> list[MethodSummary]:
     for (set_name, temp, method), rs in sorted(groups.items(),
                                                key=lambda kv: (kv[0][0], kv[0][1], _report_order(kv[0][2]))):
         alone = f"{runtime_of(method)}:ar" if runtime_of(method) else "hf-generate"
-        band, noise = _ratio_band(rs, index, "hf-generate"), _round_spread(rs, index, "hf-generate")
+        band, noise = _ratio_band(rs, index, "hf-generate"), _round_spread(rs, index, alone)
         by_prompt = _by_prompt(rs)
         out.append(MethodSummary(
             method=method, prompt_set=set_name, temperature=temp, runs=len(rs),
@@ -289,8 +290,8 @@ def markdown_report(result: BenchResult) -> str:
         + f"{result.seconds / 60:.1f} min in all (started {result.started}).", "",
         "Medians over the prompts of each set.  *tokens/s*: absolute; *vs target alone*: tokens/s over "
         "`hf-generate` (target alone) on the same prompt, its range over the prompts in brackets; "
-        + ("*round to round*: how much that ratio moved between the rounds of one prompt (half its range, the "
-           "median over prompts: the machine's noise); " if cfg.rounds > 1 else "")
+        + ("*round to round*: how much a row's ratio to its own runtime's target alone moved between the rounds "
+           "of one prompt (half its range, the median over prompts: the machine's noise); " if cfg.rounds > 1 else "")
         + "*vs assisted*: over `hf-assisted`; *vs best HF*: over "
         "the faster of `hf-assisted` and `hf-prompt-lookup` on that prompt; *first token*: time to the first "
         "output (mostly the prompt's forward, alike for every method); *decode tokens/s*: the rate after it, "
