@@ -117,14 +117,15 @@ def _compare(ctx, compare_tab, inputs, methods, **kw) -> dict:
 
 
 def _summary(runs: list[dict]) -> dict:
-    """Over repeated clicks: wall times, and per row its speedups, its widest band (half-width relative to the
-    ratio) and the verdicts it got."""
+    """Over repeated clicks: wall times, and per row its speedups, its bands (min, max) with their half-widths
+    relative to the ratio, and the verdicts it got."""
     by_row: dict[str, dict] = {}
     for run in runs:
         for r in run["rows"]:
-            row = by_row.setdefault(r["label"], {"speedups": [], "band_half_widths": [], "verdicts": []})
+            row = by_row.setdefault(r["label"], {"speedups": [], "bands": [], "band_half_widths": [], "verdicts": []})
             sp, lo, hi = r["speedup"], r["speedup min"], r["speedup max"]
             row["speedups"].append(sp)
+            row["bands"].append([lo, hi])
             if isinstance(sp, (int, float)) and isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and sp:
                 row["band_half_widths"].append(round((hi - lo) / 2 / sp, 3))
             row["verdicts"].append(r["verdict"])
