@@ -107,10 +107,16 @@ def speedups(rows: Sequence[CompareRow], reference: str = REFERENCE) -> list[flo
     return [b.median if b is not None else None for b in bands(rows, reference)]
 
 
+def judged(rows: Sequence[CompareRow], reference: str = REFERENCE) -> list[tuple[rounds.Spread | None, str | None]]:
+    """Each row's band (:func:`bands`) with the verdict it gives (:func:`sequoia.core.rounds.verdict`; None
+    without a reference): every band computed once."""
+    return [(b, rounds.verdict(b, r.reference_work, r.method == reference) if b is not None else None)
+            for r, b in zip(rows, bands(rows, reference))]
+
+
 def verdicts(rows: Sequence[CompareRow], reference: str = REFERENCE) -> list[str | None]:
     """Each row's verdict (:func:`sequoia.core.rounds.verdict`; None without a reference)."""
-    return [rounds.verdict(b, r.reference_work, r.method == reference) if b is not None else None
-            for r, b in zip(rows, bands(rows, reference))]
+    return [v for _, v in judged(rows, reference)]
 
 
 def span(lo: str, hi: str) -> str:
@@ -246,7 +252,7 @@ def figure(rows: Sequence[CompareRow], reference: str = REFERENCE, title: str = 
         return fig
     names = [r.method for r in rows]
     colors = [method_color(n) for n in names]
-    bands_, verdicts_ = bands(rows, reference), verdicts(rows, reference)
+    bands_, verdicts_ = map(list, zip(*judged(rows, reference)))   # rows is not empty here
     hover = [f"{_flag(r)}<br>{ratio_text(b, v)}" for r, b, v in zip(rows, bands_, verdicts_)]
     for col, (_, value, fmt) in enumerate(_PANELS, start=1):
         xs = [value(r, b, v) for r, b, v in zip(rows, bands_, verdicts_)]
@@ -269,7 +275,7 @@ def table(rows: Sequence[CompareRow], reference: str = REFERENCE, checking: bool
     the ratio with their spread over the rounds; ``checking``: differing rows read "checking" (their near-tie
     check has not answered yet)."""
     out = []
-    for r, b, v in zip(rows, bands(rows, reference), verdicts(rows, reference)):
+    for r, (b, v) in zip(rows, judged(rows, reference)):
         per_call = r.tokens_per_call
         out.append([
             r.method, r.tokens, number(r.seconds),
@@ -292,7 +298,7 @@ def records(rows: Sequence[CompareRow], keys: dict[str, str], reference: str = R
     (the band of the per-round ratios) and ``verdict`` (:mod:`sequoia.core.rounds`: "same within noise",
     "reference's work", "faster", "slower", "one round", "reference")."""
     out = []
-    for r, b, v in zip(rows, bands(rows, reference), verdicts(rows, reference)):
+    for r, (b, v) in zip(rows, judged(rows, reference)):
         per_call, spread_ = r.tokens_per_call, r.rate_spread
         values = [keys.get(r.method, r.method), r.tokens, round(r.seconds, 3), _rounded(r.first_token_s, 3),
                   round(r.tokens_per_s, 2), r.target_calls if r.target_calls is not None else "–",

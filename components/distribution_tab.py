@@ -16,7 +16,7 @@ from sequoia.core.config import SamplingConfig
 from sequoia.core.distribution import DEFAULT_CHILDREN, DEFAULT_TRIALS, FOIL_FACTOR, RULES
 from sequoia.core.fields import Errors, RequestError, real, whole
 from sequoia.core.request import SEED_MAX
-from sequoia.runtime.distribution_check import MAX_TRIALS, iter_check
+from sequoia.runtime.distribution_check import MAX_CHILDREN, MAX_TRIALS, iter_check
 
 from . import distribution_view, serving, validation
 from .context import MODEL_WORK
@@ -54,7 +54,7 @@ def parse(prompt, temperature, top_p, trials, children, seed, chat) -> tuple[str
     t = e.check("temperature", _temperature, temperature)
     p = e.check("top_p", real, "top-p", top_p)
     n = e.check("trials", whole, "trials N per rule", trials, MIN_TRIALS, MAX_TRIALS)
-    k = e.check("children", whole, "children", children, 1, 16)
+    k = e.check("children", whole, "children", children, 1, MAX_CHILDREN)
     s = e.check("seed", whole, "seed", seed, 0, SEED_MAX)
     e.raise_any()
     return text, SamplingConfig(temperature=t, top_p=p), n, k, s
@@ -117,7 +117,7 @@ def build(models: LoadedPair) -> None:
                 # No minimum/maximum on the boxes: the validator refuses beside the field, naming it (Gradio's
                 # own range check answers with a toast that names none).
                 trials = gr.Number(PAGE_TRIALS, precision=0, label=f"trials N per rule ({MIN_TRIALS}..{MAX_TRIALS})")
-                children = gr.Slider(1, 16, value=DEFAULT_CHILDREN, step=1, label="children at the root (k)")
+                children = gr.Slider(1, MAX_CHILDREN, value=DEFAULT_CHILDREN, step=1, label="children at the root (k)")
                 seed = gr.Number(0, precision=0, label="seed")
             with gr.Row():
                 run_btn = gr.Button("Run the check", variant="primary")

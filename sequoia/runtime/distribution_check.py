@@ -23,6 +23,8 @@ from ..runners.base import shared_vocab
 from .engine import model_lock
 
 MAX_TRIALS = 20000
+#: Most children drawn at the root (the tab's slider goes this far).
+MAX_CHILDREN = 16
 
 
 @dataclass
@@ -56,8 +58,8 @@ def iter_check(pair, prompt_ids: list[int], sampling: SamplingConfig, n: int = D
     """Run the check rule by rule, yielding the state before each rule and once at the end."""
     if not 1 <= int(n) <= MAX_TRIALS:
         raise ValueError(f"trials must be in 1..{MAX_TRIALS}, got {n}")
-    if not 1 <= int(k) <= 16:
-        raise ValueError(f"children must be in 1..16, got {k}")
+    if not 1 <= int(k) <= MAX_CHILDREN:
+        raise ValueError(f"children must be in 1..{MAX_CHILDREN}, got {k}")
     chosen = [RULES_BY_NAME[r] for r in rules] if rules is not None else list(RULES)
     t0 = time.perf_counter()
     p, q = head_of(*root_distributions(pair, prompt_ids, sampling))

@@ -74,7 +74,6 @@ class BenchConfig:
     warmup_tokens: int = 8        # one untimed run of every method first (0: none)
     rounds: int = 1               # timed rounds per prompt and temperature, every method once a round
 
-
     def __post_init__(self) -> None:
         unknown = [m for m in self.methods if m not in BENCH_METHODS]
         if unknown or not self.methods:

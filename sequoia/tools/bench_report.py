@@ -167,7 +167,8 @@ def _round_ratios(rs: list[RunResult], index: dict, others: tuple[str, ...],
             continue
         mine.setdefault(r.prompt_index, []).append(rate(r))
         bases.setdefault(r.prompt_index, []).append(max(rate(b) for b in base))
-    return {i: rounds.paired_ratios(mine[i], bases[i]) for i in mine if rounds.paired_ratios(mine[i], bases[i])}
+    paired = {i: rounds.paired_ratios(mine[i], bases[i]) for i in mine}
+    return {i: ratios for i, ratios in paired.items() if ratios}
 
 
 def _ratio_band(rs: list[RunResult], index: dict, *others: str,
