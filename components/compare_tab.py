@@ -49,14 +49,15 @@ __all__ = ["API_KEYS", "DEFAULT_METHODS", "FULL_METHODS", "FULL_TOKENS", "METHOD
 #: New tokens of each run when the tab opens.  The arithmetic, on the default runtime of a 2-vCPU Zen 4 (llama.cpp,
 #: the embedded pair, issue 42): one round of the default rows at 32 tokens took 15 s there (the fixed 32/8 tree
 #: about 0.3x the target alone, the automatic methods about 1x); three rounds at 16 tokens are 1.5 times the
-#: tokens, about 22 s plus the warm-up round: under the 30 s a class waits.
+#: tokens, about 22 s plus the warm-up round: under the 30 s a class waits.  An AVX2-only Zen 3 runs llama.cpp
+#: 3-4x slower: 45-52 s a click there, measured (docs/benchmarks.md, "What a class waits for").
 DEFAULT_TOKENS = 16
 #: Timed rounds of "Full comparison" and the /compare API (every method, FULL_TOKENS tokens each).
 FULL_ROUNDS = DEFAULT_ROUNDS
 #: The fixed tree's budget and depth when the tab opens ("Sequoia (budget & depth)"): the Live tab's tree
 #: (components.live_tab.GUIDED), so a class compares the very tree it watched.  On a 2-vCPU CPU a verify of
-#: n tokens costs about as much as n tokens of the prompt's forward (arithmetic-bound), so the 32/8 tree this
-#: tab opened on before cost 0.7 s a step there and was half of the default's wait (Zen 3: 16 of 40 s).
+#: n tokens costs about as much as n tokens of the prompt's forward (arithmetic-bound): a 32/8 tree costs 0.7 s a
+#: step on an AVX2-only Zen 3, 16 of the default's 40 s there.
 DEFAULT_BUDGET, DEFAULT_DEPTH = 12, 5
 
 
