@@ -19,14 +19,15 @@ method must reproduce the target alone's output token for token, which the
 "identical" column checks ("checking" while a difference is being traced to a
 kernel near-tie).  The handler streams: a line says what loads, warms up or
 runs (round k of R), the bars and table grow as each run finishes, and Stop
-closes the running decode between two steps.
+ends the run between two steps (:class:`CompareSession`), keeping the rows of
+the runs that finished.
 """
 
 # No ``from __future__ import annotations``: gr.api reads the return annotation.
 
 import functools
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 import gradio as gr
@@ -83,14 +84,16 @@ ROUNDS_NOTE = ("Timed in {rounds} interleaved rounds after an untimed warm-up ro
                "work\" where every target call made one token.")
 
 
-def _notes_markdown(rows, notes, temperature, checked: bool = True) -> str:
-    """The notes under the table; ``checked=False``: the differing rows are not yet checked for near-ties."""
+def _notes_markdown(rows, notes, temperature, checked: bool = True, stopped: bool = False) -> str:
+    """The notes under the table; ``checked=False``: the differing rows are not yet checked for near-ties
+    (``stopped``: and never will be, Stop ended the run)."""
     lines = list(notes)
     if float(temperature) == 0:
         unchecked = [r.method for r in rows if r.identical is False and r.near_tie_at is None]
+        then = "not checked for a kernel near-tie (the run was stopped)" if stopped else \
+            "checking whether at a kernel near-tie…"
         lines.append(compare_view.verdict(rows) if checked or not unchecked else
-                     f"*{', '.join(unchecked)}: the text parts from the target alone's; checking whether at a "
-                     "kernel near-tie…*")
+                     f"*{', '.join(unchecked)}: the text parts from the target alone's; {then}*")
     else:
         lines.append("At temperature > 0 outputs differ by design; only their distribution matches the target's.")
     most = max((len(r.rates) for r in rows), default=0)
@@ -101,14 +104,88 @@ def _notes_markdown(rows, notes, temperature, checked: bool = True) -> str:
     return "\n\n".join(line for line in lines if line)
 
 
-def on_compare(ctx: AppContext, inputs: DecodeInputs, methods: list[str], exact: bool = False,
-               rounds: int = DEFAULT_ROUNDS):
+@dataclass
+class CompareSession:
+    """One browser session's comparison (kept in ``gr.State``): Stop's handler and the run share this object.
+
+    Why not Gradio's ``cancels``: a comparison cancelled while a step computed ended with a red "Error" on the
+    bars, the table and the notes (issue 42), and its progress line stayed as the run last drew it.  Stop sets
+    ``stopped`` and draws the rows so far at once; the run reads the flag after every step and ends there (a
+    step cannot be cut), and a run still waiting in the queue never starts.
+    """
+
+    waiting: bool = False             # a click's run is queued (begin_comparison) and has not started
+    running: bool = False             # the run's handler has started and not ended
+    stopped: bool = False             # Stop was pressed
+    temperature: float = 0.0          # the run's (the notes at T=0 speak of identical outputs)
+    state: CompareState | None = None   # where the run stands: Stop's handler draws its rows
+
+
+def begin_comparison(ctx: AppContext, inputs: DecodeInputs, methods: list[str], session: CompareSession | None):
+    """A click's first, light event: a fresh session for the run that follows (Stop finds it while that run
+    waits in the queue).  A refused request (the validator says why beside its field) or a click while this
+    page's run is on (and not stopped) leaves the state as it is, and the run that follows then does nothing;
+    a click after Stop starts a new run, which waits for the stopped one's last step."""
+    if session is not None and (session.running or session.waiting) and not session.stopped:
+        return gr.skip()
+    try:
+        validation.page_request(ctx, inputs)   # remembered: the validator's and the handler's parse reuse it
+    except ValueError:
+        return gr.skip()
+    return CompareSession(waiting=True, temperature=inputs.temperature)
+
+
+def stopped_line(state: CompareState | None) -> str:
+    """What the notes say of a comparison Stop ended."""
+    if state is None or not state.runs:
+        return "**Stopped** before a timed run finished: nothing was timed."
+    return (f"**Stopped** in round {state.round} of {state.rounds}: the rows show the {state.runs} timed runs that "
+            "finished (each row's median over its rounds so far).")
+
+
+def stopped_views(session: CompareSession) -> tuple:
+    """(bars, table, notes) of a stopped comparison: the rows of the runs that finished, and the Stop line."""
+    state = session.state
+    rows = state.rows if state is not None else []
+    md = stopped_line(state)
+    if rows:
+        md += "\n\n" + _notes_markdown(rows, state.notes, session.temperature, checked=False, stopped=True)
+    return (compare_view.figure(rows), compare_view.table(rows), md) if rows else (gr.skip(), gr.skip(), md)
+
+
+def stop_comparison(session: CompareSession | None) -> tuple:
+    """Stop's handler: (bars, table, notes) settled at once from the runs done so far, however long the step in
+    flight takes; it sets the flag the run reads.  Pressed with no comparison on, it changes nothing."""
+    if session is None or not (session.running or session.waiting):
+        return gr.skip(), gr.skip(), gr.skip()
+    session.stopped = True
+    return stopped_views(session)
+
+
+def on_compare(ctx: AppContext, inputs: DecodeInputs, methods: list[str], session: CompareSession | None = None,
+               exact: bool = False, rounds: int = DEFAULT_ROUNDS):
     """Generator handler of the tab's inputs (the acceptance a catalogue label): the bars and table grow as each
     run finishes; a line says what runs now (round k of R).
 
-    ``methods``: the ticked checkbox labels (:data:`METHODS`).  ``exact``: run on the exact-mode pair
+    ``methods``: the ticked checkbox labels (:data:`METHODS`).  ``session``: the page's, as its click's first
+    event left it (:func:`begin_comparison`); Stop may have stopped it while the run waited in the queue (then
+    nothing runs), and a session that is not waiting belongs to a run already on (the click is ignored).  None
+    (scripts, tests): a session of this call's own.  ``exact``: run on the exact-mode pair
     (:meth:`AppContext.exact_context`); at T=0 a differing output gets its first divergence explained.
     """
+    if session is not None and (not session.waiting or session.stopped):
+        yield gr.skip(), gr.skip(), gr.skip()   # stopped in the queue (Stop drew the page), or a run is on: a
+        return                                  # generator that yields nothing would blank every output
+    session = session or CompareSession(temperature=inputs.temperature)
+    session.waiting, session.running = False, True
+    try:
+        yield from _compare(ctx, inputs, methods, session, exact, rounds)
+    finally:
+        session.running = False
+
+
+def _compare(ctx: AppContext, inputs: DecodeInputs, methods: list[str], session: CompareSession, exact: bool,
+             rounds: int):
     temperature = inputs.temperature
     checking = float(temperature) == 0   # a differing row reads "checking" until its near-tie check answers
     inputs = replace(inputs, acceptance=acceptance_catalogue(ctx.assets_dir).get(inputs.acceptance))
@@ -118,6 +195,9 @@ def on_compare(ctx: AppContext, inputs: DecodeInputs, methods: list[str], exact:
             yield gr.skip(), gr.skip(), divergence_view.LOADING
         run_ctx = ctx.exact_context() if exact else ctx
         for state in iter_comparison(run_ctx, inputs, methods=list(methods or ()), rounds=rounds):
+            session.state = state
+            if session.stopped:   # ends the engine's run at this step (closing this loop closes it)
+                break
             now = (state.runs, state.phase, state.running, state.round)
             if now == seen and not frame.due(time.monotonic()):
                 continue  # only the "n tokens so far" line would change: at most once a frame
@@ -128,6 +208,10 @@ def on_compare(ctx: AppContext, inputs: DecodeInputs, methods: list[str], exact:
                 yield compare_view.figure(state.rows), compare_view.table(state.rows, checking=checking), md
             else:
                 yield gr.skip(), gr.skip(), md
+        if session.stopped:
+            # Stop's handler drew these already; drawn again last, so no frame of the run lands after them.
+            yield stopped_views(session)
+            return
         yield from after_comparison(run_ctx, inputs.prompt, inputs.chat, state.rows, temperature, exact,
                                     lambda rows: _notes_markdown(rows, state.notes, temperature))
     except ValueError as exc:
@@ -236,26 +320,36 @@ def _gpu_seconds(runs_per_method: int):
 def _wire(ctx: AppContext, c: SimpleNamespace, outputs: list) -> None:
     """Run, exact mode and Stop; the ``/compare`` endpoint.  The handlers take the page's named parameters: a
     refusal before the queue names the input it is about (components.validation)."""
-    inputs = [getattr(c, name) for name in COMPARE_FIELDS]
-    method = validation.COMPARE_METHOD
-    handler = compare_handler(functools.partial(on_compare, ctx), method)
-    exact_handler = compare_handler(functools.partial(on_compare, ctx, exact=True), method)
-    full_handler = compare_handler(functools.partial(on_compare, ctx, rounds=FULL_ROUNDS), method)
-    event = c.run_btn.click(serving.on_gpu(handler, _gpu_seconds(DEFAULT_ROUNDS)), inputs, outputs,
-                            api_name="compare_stream", api_visibility="private",
-                            **MODEL_WORK)  # the name: components.validation finds it
-    exact_event = c.exact_btn.click(serving.on_gpu(exact_handler, _gpu_seconds(DEFAULT_ROUNDS + 1)), inputs, outputs,
-                                    api_visibility="private", **MODEL_WORK)
+    session = gr.State(CompareSession())
+    inputs = [*(getattr(c, name) for name in COMPARE_FIELDS), session]
+    method, extra = validation.COMPARE_METHOD, ("session",)
+    handler = compare_handler(functools.partial(on_compare, ctx), method, extra)
+    exact_handler = compare_handler(functools.partial(on_compare, ctx, exact=True), method, extra)
+    full_handler = compare_handler(functools.partial(on_compare, ctx, rounds=FULL_ROUNDS), method, extra)
+    # Each click first leaves a fresh session in the state (light: it never waits behind a run), then the run
+    # follows it (``then``) and gets that very session, which Stop flags (stop_comparison).
+    light = dict(api_visibility="private", show_progress="hidden", concurrency_limit=None)
+    begin = compare_handler(functools.partial(begin_comparison, ctx), method, extra)
+
+    def begun(trigger):
+        return trigger(begin, inputs, session, **light)
+
+    begun(c.run_btn.click).then(serving.on_gpu(handler, _gpu_seconds(DEFAULT_ROUNDS)), inputs, outputs,
+                                api_name="compare_stream", api_visibility="private",
+                                **MODEL_WORK)  # the name: components.validation finds it
+    begun(c.exact_btn.click).then(serving.on_gpu(exact_handler, _gpu_seconds(DEFAULT_ROUNDS + 1)), inputs, outputs,
+                                  api_visibility="private", **MODEL_WORK)
     # The full run: tick every method and set the tokens where the visitor sees them, then run as Run does.  The
     # choices are set with the ticks: both read this server's methods now, so the ticks are always among them
     # (issue 42: a tick missing from choices fixed before the pair loaded was refused with HTTP 400).
     full_tokens = min(FULL_TOKENS, ctx.limits.max_new_tokens)
-    full_event = c.full_btn.click(
+    ticks = c.full_btn.click(
         lambda: (gr.update(choices=offered(ctx), value=ticked(ctx, full=True)), full_tokens), None,
-        [c.methods, c.max_new_tokens], queue=False, api_visibility="private").then(
-        serving.on_gpu(full_handler, _gpu_seconds(FULL_ROUNDS)), inputs, outputs, api_name="compare_full",
-        api_visibility="private", **MODEL_WORK)
-    c.stop_btn.click(None, None, None, cancels=[event, exact_event, full_event], api_visibility="private")
+        [c.methods, c.max_new_tokens], queue=False, api_visibility="private")
+    begun(ticks.then).then(serving.on_gpu(full_handler, _gpu_seconds(FULL_ROUNDS)), inputs, outputs,
+                           api_name="compare_full", api_visibility="private", **MODEL_WORK)
+    # Stop: its own light handler settles the outputs at once and sets the flag the run reads.
+    c.stop_btn.click(stop_comparison, session, outputs, **light)
     gr.api(compare_api_fn(ctx), api_name="compare", **MODEL_WORK)
     follow_temperature(c.temperature, c.acceptance, ctx.assets_dir)
     for slider, name in ((c.budget, "budget"), (c.depth, "depth")):

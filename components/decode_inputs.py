@@ -86,13 +86,16 @@ def page_handler(fn: Callable[..., T], extra: Sequence[str] = ()) -> Callable[..
     return with_parameters((*PAGE_FIELDS, *extra), call)
 
 
-def compare_handler(fn: Callable[[DecodeInputs, list[str]], T], method: str) -> Callable[..., T]:
-    """``fn(inputs, methods)`` as a handler of the Compare tab's widgets (:data:`COMPARE_FIELDS`, in order), the
-    request's method set to ``method``."""
-    def split(values: tuple) -> tuple[DecodeInputs, list[str]]:
-        named = dict(zip(COMPARE_FIELDS, values, strict=True))
+def compare_handler(fn: Callable[..., T], method: str, extra: Sequence[str] = ()) -> Callable[..., T]:
+    """``fn(inputs, methods, *rest)`` as a handler of the Compare tab's widgets (:data:`COMPARE_FIELDS`, in order)
+    followed by inputs named ``extra`` (e.g. the tab's session state), passed on as ``rest``; the request's method
+    set to ``method``."""
+    n = len(COMPARE_FIELDS)
+
+    def split(values: tuple) -> tuple:
+        named = dict(zip(COMPARE_FIELDS, values[:n], strict=True))
         methods = list(named.pop("methods") or ())
-        return DecodeInputs(method=method, **named), methods
+        return DecodeInputs(method=method, **named), methods, *values[n:]
 
     if inspect.isgeneratorfunction(fn):
         def call(*values):
@@ -100,7 +103,7 @@ def compare_handler(fn: Callable[[DecodeInputs, list[str]], T], method: str) -> 
     else:
         def call(*values):
             return fn(*split(values))
-    return with_parameters(COMPARE_FIELDS, call)
+    return with_parameters((*COMPARE_FIELDS, *extra), call)
 
 
 def api_signature(fn: Callable[..., T], returns: type) -> Callable[..., T]:

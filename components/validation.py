@@ -43,7 +43,7 @@ INPUT_FIELDS = {
     "decode": API_FIELDS,
     "decode_stream": (*PAGE_FIELDS, None),     # then the page's session state
     "compare": ("prompt", "budget", "depth", "temperature", "top_p", "max_new_tokens", "seed", None),
-    "compare_stream": (*COMPARE_FIELDS[:-1], None),
+    "compare_stream": (*COMPARE_FIELDS[:-1], None, None),   # then the methods ticked and the tab's session state
     "dp": ("acceptance", "budget", "depth"),
 }
 #: The method a comparison's request is parsed (and its budget checked) with; each row then takes its own.
@@ -166,13 +166,13 @@ def validators(ctx: AppContext) -> dict[str, Callable[..., list[dict]]]:
         return answer(INPUT_FIELDS["compare"], lambda: decode_request(
             ctx, prompt, COMPARE_METHOD, budget, depth, temperature, top_p, max_new_tokens, seed))
 
-    def compare_stream(inputs: DecodeInputs, methods: list[str]):
+    def compare_stream(inputs: DecodeInputs, methods: list[str], session=None):   # session: the tab's state
         return answer(INPUT_FIELDS["compare_stream"], lambda: page_request(ctx, inputs))
 
     def dp(acceptance, budget=32, depth=8):
         return answer(INPUT_FIELDS["dp"], lambda: dp_request(ctx.lanes.dp_requests, acceptance, budget, depth))
 
-    stream = compare_handler(compare_stream, COMPARE_METHOD)
+    stream = compare_handler(compare_stream, COMPARE_METHOD, ("session",))
     return {"decode": api_signature(decode, list), "decode_stream": page_handler(decode_stream, ("session",)),
             "compare": compare, "compare_stream": stream, "compare_full": stream,   # compare_full: Compare's full run
             "dp": dp}

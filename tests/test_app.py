@@ -283,6 +283,46 @@ def test_compare_streams_rows_and_stops(ctx, monkeypatch):
     assert closed == [True]  # the interrupted run is closed (its caches freed) at once
 
 
+def test_compares_stop_ends_the_run_at_a_step_and_keeps_its_rows(ctx):
+    """Stop (issue 42) flags the session instead of cancelling the event: its handler draws the rows so far at
+    once, the run ends at its next step and draws the same again, last; no near-tie check runs after it."""
+    inputs = DecodeInputs("x = 1", validation.COMPARE_METHOD, 8, 3, max_new_tokens=6, acceptance=CODE)
+    picked = ["Chain", "Sequoia (budget & depth)"]
+    session = compare_tab.begin_comparison(ctx, inputs, picked, compare_tab.CompareSession())
+    assert session.waiting and not session.running
+    outs, said = [], None
+    run = compare_tab.on_compare(ctx, inputs, picked, session)
+    for out in run:
+        outs.append(out)
+        assert session.running
+        if said is None and isinstance(out[1], list) and len(out[1]) == 2:   # two rows of round 1 are in
+            said = compare_tab.stop_comparison(session)
+    assert said is not None and not session.running and session.stopped
+    bars, table, notes = outs[-1]
+    assert notes == said[2] and notes.startswith("**Stopped** in round 1 of 3: the rows show the 2 timed runs")
+    assert [row[0] for row in table] == ["Target alone", "Chain"] == [row[0] for row in said[1]]
+    assert "checking" not in notes and "Identical at T=0" in notes
+    # Stop again, with no run on: nothing changes
+    assert all(isinstance(v, type(gr.skip())) for v in compare_tab.stop_comparison(session))
+
+
+def test_compares_stop_in_the_queue_runs_nothing_and_a_second_click_is_ignored(ctx, monkeypatch):
+    inputs = DecodeInputs("x = 1", validation.COMPARE_METHOD, 8, 3, max_new_tokens=4, acceptance=CODE)
+    monkeypatch.setattr(compare_tab, "iter_comparison", lambda *a, **k: pytest.fail("nothing may run"))
+    waiting = compare_tab.begin_comparison(ctx, inputs, [], None)
+    notes = compare_tab.stop_comparison(waiting)[2]
+    assert notes == "**Stopped** before a timed run finished: nothing was timed."
+    assert [all(isinstance(v, type(gr.skip())) for v in out) for out in compare_tab.on_compare(ctx, inputs, [],
+                                                                                              waiting)] == [True]
+    on = compare_tab.CompareSession(running=True)   # this page's run is on: a click leaves it alone
+    assert isinstance(compare_tab.begin_comparison(ctx, inputs, [], on), type(gr.skip()))
+    assert len(list(compare_tab.on_compare(ctx, inputs, [], on))) == 1 and on.running and not on.stopped
+    on.stopped = True   # ... but after Stop a click starts a new run (it waits for the stopped one's last step)
+    assert compare_tab.begin_comparison(ctx, inputs, [], on).waiting
+    bad = replace(inputs, max_new_tokens=0)   # refused by the validator: no session waits for a run
+    assert isinstance(compare_tab.begin_comparison(ctx, bad, [], None), type(gr.skip()))
+
+
 def test_compare_api_rows(ctx):
     rows = asyncio.run(compare_tab.compare_api_fn(ctx)("x", 4, 2, 0.0, 1.0, 4, 0, False))
     assert [r["method"] for r in rows] == ["target only", "chain", "specinfer", "sequoia", "sequoia-auto",
