@@ -3,12 +3,13 @@
 One forward of each model gives p and q after the prompt; then each rule (Sequoia, SpecInfer, chain and a
 broken teaching foil) runs one verification step N times and its first emitted tokens are tested against
 p (:mod:`sequoia.core.distribution`, :mod:`sequoia.runtime.distribution_check`).  Stop ends the check
-between two rules.
+between two chunks of trials (:class:`CheckSession`), keeping the verdicts so far.
 """
 
 # No ``from __future__ import annotations``: gradio reads handler annotations.
 
 import functools
+from dataclasses import dataclass
 
 import gradio as gr
 
@@ -73,13 +74,70 @@ def _temperature(value) -> float:
     return t
 
 
-def validator(prompt, temperature, top_p, trials, children, seed, chat):
-    """Before the check queues: each bad field's message on its input (as the Live and Compare tabs)."""
-    return validation.answer(FIELDS, lambda: parse(prompt, temperature, top_p, trials, children, seed, chat))
+def validator(prompt, temperature, top_p, trials, children, seed, chat, session=None):
+    """Before the check queues: each bad field's message on its input (as the Live and Compare tabs); the
+    session state is the last input."""
+    return validation.answer((*FIELDS, None), lambda: parse(prompt, temperature, top_p, trials, children, seed, chat))
 
 
-def on_check(models: LoadedPair, prompt, temperature, top_p, trials, children, seed, chat):
-    """Generator handler: the verdicts and bars appear rule by rule."""
+@dataclass
+class CheckSession:
+    """One browser session's check (kept in ``gr.State``), shared by the run and Stop's handler: Stop sets
+    ``stopped`` and the run ends between two chunks of trials (a cancelled event could end with Gradio's red
+    "Error" on its outputs: components.compare_tab.CompareSession)."""
+
+    waiting: bool = False      # a click's check is queued (begin_check) and has not started
+    running: bool = False      # the check's handler has started and not ended
+    stopped: bool = False      # Stop was pressed
+    done: str = ""             # the verdicts so far, as the page shows them
+
+
+def begin_check(prompt, temperature, top_p, trials, children, seed, chat, session: CheckSession | None):
+    """A click's first, light event: a fresh session for the check that follows (Stop finds it while the check
+    waits in the queue); a refused request or a click while a check is on (and not stopped) leaves it as is."""
+    if session is not None and (session.running or session.waiting) and not session.stopped:
+        return gr.skip()
+    try:
+        parse(prompt, temperature, top_p, trials, children, seed, chat)
+    except ValueError:
+        return gr.skip()
+    return CheckSession(waiting=True)
+
+
+def stopped_summary(session: CheckSession) -> str:
+    """What the verdicts say of a check Stop ended (the rules done keep their lines: a rule cut short is tested
+    on the trials it ran, its count in the table)."""
+    if not session.done:
+        return "**Stopped** before a rule finished: nothing was tested."
+    return "**Stopped**: the rules below are the ones that ran.\n\n" + session.done
+
+
+def stop_check(session: CheckSession | None):
+    """Stop's handler: (plot, verdicts) settled at once; sets the flag the check reads.  With no check on, it
+    changes nothing."""
+    if session is None or not (session.running or session.waiting):
+        return gr.skip(), gr.skip()
+    session.stopped = True
+    return gr.skip(), stopped_summary(session)
+
+
+def on_check(models: LoadedPair, prompt, temperature, top_p, trials, children, seed, chat,
+             session: CheckSession | None = None):
+    """Generator handler: the verdicts and bars appear rule by rule.  ``session``: the page's, as its click's
+    first event left it (:func:`begin_check`): stopped in the queue, nothing runs; one that is not waiting
+    belongs to a check already on (the click is ignored).  None (scripts, tests): a session of its own."""
+    if session is not None and (not session.waiting or session.stopped):
+        yield gr.skip(), gr.skip()   # a generator that yields nothing would blank both outputs
+        return
+    session = session or CheckSession()
+    session.waiting, session.running = False, True
+    try:
+        yield from _check(models, prompt, temperature, top_p, trials, children, seed, chat, session)
+    finally:
+        session.running = False
+
+
+def _check(models: LoadedPair, prompt, temperature, top_p, trials, children, seed, chat, session: CheckSession):
     try:
         prompt, sampling, trials, children, seed = parse(prompt, temperature, top_p, trials, children, seed, chat)
         temperature, top_p = sampling.temperature, sampling.top_p
@@ -87,10 +145,14 @@ def on_check(models: LoadedPair, prompt, temperature, top_p, trials, children, s
         ids = pair.encode_prompt(prompt, chat=bool(chat))
         decode = lambda t: pair.tokenizer.decode([t])  # noqa: E731
         yield gr.skip(), "*Forwarding the prompt through both models…*"
-        for state in iter_check(pair, ids, sampling, trials, children, seed):
+        for state in iter_check(pair, ids, sampling, trials, children, seed, should_stop=lambda: session.stopped):
             title = f"first emitted token after the prompt, T={temperature:g}, top-p={float(top_p):g}"
             fig = distribution_view.figure(state.p, state.results, decode, title)
             md = distribution_view.summary(state.results, state.p, state.seconds if state.running is None else None)
+            session.done = distribution_view.summary(state.results, state.p)   # Stop's words: no "finished in"
+            if session.stopped:   # the rules done, drawn last: no frame of the check lands over Stop's words
+                yield fig, stopped_summary(session)
+                return
             if state.running is not None:
                 label = next(r.label for r in RULES if r.name == state.running)
                 md = f"*Running **{label}** ({len(state.results) + 1} of {len(RULES)}), {state.n} trials…*\n\n" + md
@@ -121,15 +183,19 @@ def build(models: LoadedPair) -> None:
                 seed = gr.Number(0, precision=0, label="seed")
             with gr.Row():
                 run_btn = gr.Button("Run the check", variant="primary")
-                stop_btn = gr.Button("Stop", variant="stop")
+                stop_btn = gr.Button("Stop", variant="stop", elem_id="sq-check-stop")
         with gr.Column(scale=2):
-            verdicts = gr.Markdown()
+            verdicts = gr.Markdown(elem_id="sq-check-verdicts")
             plot = gr.Plot(label="target p vs emitted tokens")
+    session = gr.State(CheckSession())
 
     @functools.partial(serving.on_gpu, duration=lambda *a: 60)  # ZeroGPU only
     def handler(*args):
         yield from on_check(models, *args)
 
-    event = run_btn.click(handler, [prompt, temperature, top_p, trials, children, seed, chat], [plot, verdicts],
-                          api_visibility="private", validator=validator, **MODEL_WORK)
-    stop_btn.click(None, None, None, cancels=[event], api_visibility="private")
+    inputs = [prompt, temperature, top_p, trials, children, seed, chat, session]
+    light = dict(api_visibility="private", show_progress="hidden", concurrency_limit=None)
+    # The click leaves a fresh session (light: never behind a run); the check follows it and reads its flag.
+    run_btn.click(begin_check, inputs, session, **light).then(
+        handler, inputs, [plot, verdicts], api_visibility="private", validator=validator, **MODEL_WORK)
+    stop_btn.click(stop_check, session, [plot, verdicts], **light)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import gradio as gr
 import pytest
 import torch
 
@@ -197,6 +198,22 @@ def test_distribution_tab_handler_and_app(tiny_pairs, tmp_path, lanes):
         list(distribution_tab.on_check(ctx.models, "hello", 0.0, 1.0, 400, 3, 0, True))
     demo = app.build_demo(ctx.pair(), assets_dir=tmp_path, max_budget=24, lanes=lanes)
     assert "Distribution check" in demo.config["components"].__repr__()
+    # Stop flags the session (no cancelled event, no red Error): the check ends after its current chunk of
+    # trials, the rules done keep their lines, and the check draws Stop's words again, last
+    args = ("hello", 1.0, 1.0, 400, 3, 0, True)
+    session = distribution_tab.begin_check(*args, None)
+    frames, said = [], None
+    for frame in distribution_tab.on_check(ctx.models, *args, session):
+        frames.append(frame)
+        if said is None and "| Sequoia" in str(frame[1]):   # the first rule's verdict is in
+            said = distribution_tab.stop_check(session)[1]
+    assert said.startswith("**Stopped**: the rules below") and frames[-1][1] == said and not session.running
+    assert "Finished in" not in said and said.count("\n| ") < len(RULES)
+    assert all(isinstance(v, type(gr.skip())) for v in distribution_tab.stop_check(session))   # no check on
+    waiting = distribution_tab.begin_check(*args, None)   # stopped in the queue: nothing runs
+    assert distribution_tab.stop_check(waiting)[1] == "**Stopped** before a rule finished: nothing was tested."
+    assert len(list(distribution_tab.on_check(None, *args, waiting))) == 1
+    assert isinstance(distribution_tab.begin_check("hello", 0.0, 1.0, 400, 3, 0, True, None), type(gr.skip()))
 
 
 def test_cli_exact_flag_loads_the_exact_pair(monkeypatch):
