@@ -94,7 +94,7 @@ def build_demo(pair_or_loader: ModelPair | Callable[[], ModelPair], assets_dir: 
             with gr.Tab("Compare"):
                 compare_tab.build(ctx)
             with gr.Tab("Distribution check"):
-                distribution_tab.build(ctx.models)
+                distribution_tab.build(ctx.models, ctx.limits)
             with gr.Tab("Hardware") as hardware:
                 hardware_tab.build(ctx, demo, refresh_on=(hardware.select, ready.change))
         _wire_status(ctx, demo, banner, ready)

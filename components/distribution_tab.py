@@ -15,8 +15,8 @@ import gradio as gr
 
 from sequoia.core.config import SamplingConfig
 from sequoia.core.distribution import DEFAULT_CHILDREN, DEFAULT_TRIALS, FOIL_FACTOR, RULES
-from sequoia.core.fields import Errors, RequestError, real, whole
-from sequoia.core.request import SEED_MAX
+from sequoia.core.fields import Errors, RequestError, whole
+from sequoia.core.request import SEED_MAX, Limits, check_chat, check_prompt, check_temperature, check_top_p
 from sequoia.runtime.distribution_check import MAX_CHILDREN, MAX_TRIALS, iter_check
 
 from . import distribution_view, serving, validation
@@ -48,36 +48,34 @@ against the cut p.
 FIELDS = ("prompt", "temperature", "top_p", "trials", "children", "seed", "chat")
 
 
-def parse(prompt, temperature, top_p, trials, children, seed, chat) -> tuple[str, SamplingConfig, int, int, int]:
-    """(prompt, sampling, trials, children, seed) from the tab's raw values; RequestError naming every bad field."""
+def parse(prompt, temperature, top_p, trials, children, seed, chat, limits: Limits = Limits()
+          ) -> tuple[str, SamplingConfig, int, int, int, bool]:
+    """(prompt, sampling, trials, children, seed, chat) from the tab's raw values, under this server's ``limits``
+    (the prompt's length and the temperature, as a decode request's); RequestError naming every bad field."""
     e = Errors()
-    text = e.check("prompt", _prompt, prompt)
-    t = e.check("temperature", _temperature, temperature)
-    p = e.check("top_p", real, "top-p", top_p)
+    text = e.check("prompt", check_prompt, prompt, limits)
+    t = e.check("temperature", _temperature, temperature, limits)
+    p = e.check("top_p", check_top_p, top_p)
     n = e.check("trials", whole, "trials N per rule", trials, MIN_TRIALS, MAX_TRIALS)
     k = e.check("children", whole, "children", children, 1, MAX_CHILDREN)
     s = e.check("seed", whole, "seed", seed, 0, SEED_MAX)
+    c = e.check("chat", check_chat, chat)
     e.raise_any()
-    return text, SamplingConfig(temperature=t, top_p=p), n, k, s
+    return text, SamplingConfig(temperature=t, top_p=p), n, k, s, c
 
 
-def _prompt(value) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError("prompt is empty: type something to continue")
-    return value
-
-
-def _temperature(value) -> float:
-    t = real("temperature", value)
+def _temperature(value, limits: Limits) -> float:
+    t = check_temperature(value, limits)
     if t <= 0:
         raise ValueError("the distribution check needs a temperature above 0 (at 0 the output is the argmax)")
     return t
 
 
-def validator(prompt, temperature, top_p, trials, children, seed, chat, session=None):
+def validator(prompt, temperature, top_p, trials, children, seed, chat, session=None, *, limits: Limits = Limits()):
     """Before the check queues: each bad field's message on its input (as the Live and Compare tabs); the
     session state is the last input."""
-    return validation.answer((*FIELDS, None), lambda: parse(prompt, temperature, top_p, trials, children, seed, chat))
+    return validation.answer((*FIELDS, None), lambda: parse(prompt, temperature, top_p, trials, children, seed, chat,
+                                                            limits))
 
 
 @dataclass
@@ -92,13 +90,14 @@ class CheckSession:
     done: str = ""             # the verdicts so far, as the page shows them
 
 
-def begin_check(prompt, temperature, top_p, trials, children, seed, chat, session: CheckSession | None):
+def begin_check(prompt, temperature, top_p, trials, children, seed, chat, session: CheckSession | None, *,
+                limits: Limits = Limits()):
     """A click's first, light event: a fresh session for the check that follows (Stop finds it while the check
     waits in the queue); a refused request or a click while a check is on (and not stopped) leaves it as is."""
     if session is not None and (session.running or session.waiting) and not session.stopped:
         return gr.skip()
     try:
-        parse(prompt, temperature, top_p, trials, children, seed, chat)
+        parse(prompt, temperature, top_p, trials, children, seed, chat, limits)
     except ValueError:
         return gr.skip()
     return CheckSession(waiting=True)
@@ -122,7 +121,7 @@ def stop_check(session: CheckSession | None):
 
 
 def on_check(models: LoadedPair, prompt, temperature, top_p, trials, children, seed, chat,
-             session: CheckSession | None = None):
+             session: CheckSession | None = None, *, limits: Limits = Limits()):
     """Generator handler: the verdicts and bars appear rule by rule.  ``session``: the page's, as its click's
     first event left it (:func:`begin_check`): stopped in the queue, nothing runs; one that is not waiting
     belongs to a check already on (the click is ignored).  None (scripts, tests): a session of its own."""
@@ -132,17 +131,20 @@ def on_check(models: LoadedPair, prompt, temperature, top_p, trials, children, s
     session = session or CheckSession()
     session.waiting, session.running = False, True
     try:
-        yield from _check(models, prompt, temperature, top_p, trials, children, seed, chat, session)
+        yield from _check(models, (prompt, temperature, top_p, trials, children, seed, chat), session, limits)
     finally:
         session.running = False
 
 
-def _check(models: LoadedPair, prompt, temperature, top_p, trials, children, seed, chat, session: CheckSession):
+def _check(models: LoadedPair, raw: tuple, session: CheckSession, limits: Limits):
     try:
-        prompt, sampling, trials, children, seed = parse(prompt, temperature, top_p, trials, children, seed, chat)
+        prompt, sampling, trials, children, seed, chat = parse(*raw, limits)
         temperature, top_p = sampling.temperature, sampling.top_p
         pair = models.get()
-        ids = pair.encode_prompt(prompt, chat=bool(chat))
+        ids = pair.encode_prompt(prompt, chat=chat)
+        if len(ids) > limits.max_prompt_tokens:
+            raise ValueError(f"prompt has {len(ids)} tokens; this server takes at most {limits.max_prompt_tokens} "
+                             f"per request on {limits.device}")
         decode = lambda t: pair.tokenizer.decode([t])  # noqa: E731
         yield gr.skip(), "*Forwarding the prompt through both models…*"
         for state in iter_check(pair, ids, sampling, trials, children, seed, should_stop=lambda: session.stopped):
@@ -163,8 +165,9 @@ def _check(models: LoadedPair, prompt, temperature, top_p, trials, children, see
         raise gr.Error(str(exc), title="Cannot run the check") from None
 
 
-def build(models: LoadedPair) -> None:
-    """Lay out the tab inside the current ``gr.Blocks`` and wire its events (it needs the pair alone)."""
+def build(models: LoadedPair, limits: Limits = Limits()) -> None:
+    """Lay out the tab inside the current ``gr.Blocks`` and wire its events (it needs the pair and this server's
+    request limits alone)."""
     with gr.Accordion("How to read this", open=False):
         gr.Markdown(HOW_TO_READ)
     with gr.Row():
@@ -191,11 +194,12 @@ def build(models: LoadedPair) -> None:
 
     @functools.partial(serving.on_gpu, duration=lambda *a: 60)  # ZeroGPU only
     def handler(*args):
-        yield from on_check(models, *args)
+        yield from on_check(models, *args, limits=limits)
 
     inputs = [prompt, temperature, top_p, trials, children, seed, chat, session]
     light = dict(api_visibility="private", show_progress="hidden", concurrency_limit=None)
     # The click leaves a fresh session (light: never behind a run); the check follows it and reads its flag.
-    run_btn.click(begin_check, inputs, session, **light).then(
-        handler, inputs, [plot, verdicts], api_visibility="private", validator=validator, **MODEL_WORK)
+    run_btn.click(functools.partial(begin_check, limits=limits), inputs, session, **light).then(
+        handler, inputs, [plot, verdicts], api_visibility="private",
+        validator=functools.partial(validator, limits=limits), **MODEL_WORK)
     stop_btn.click(stop_check, session, [plot, verdicts], **light)

@@ -153,6 +153,31 @@ def test_the_distribution_checks_validator_puts_each_message_on_its_field():
     assert all(a["is_valid"] for a in distribution_tab.validator("hello", 1.0, 0.95, 400, 3, 0, True))
 
 
+def test_the_distribution_check_takes_the_servers_prompt_and_temperature_limits():
+    """Its prompt is capped as a decode request's (a megabyte of text is refused before tokenizing, naming the
+    prompt), its temperature and top-p ranges are the request's, and a prompt over the token cap is refused after
+    tokenizing: the check forwards it through both models."""
+    from components import distribution_tab
+    from sequoia.core.request import Limits
+
+    limits = Limits(max_prompt_tokens=8)
+    answers = distribution_tab.validator("x" * 10 ** 6, 500.0, 1.5, 400, 3, 0, "maybe", limits=limits)
+    bad = {distribution_tab.FIELDS[i]: a["message"] for i, a in enumerate(answers) if not a["is_valid"]}
+    assert set(bad) == {"prompt", "temperature", "top_p", "chat"}, bad
+    assert bad["prompt"].startswith("prompt has 1000000 characters; this server takes at most 8 tokens")
+
+    class Pair:
+        def encode_prompt(self, prompt, chat):
+            return list(range(len(prompt.split())))
+
+    class Models:
+        def get(self):
+            return Pair()
+
+    with pytest.raises(gr.Error, match="prompt has 9 tokens; this server takes at most 8"):
+        list(distribution_tab.on_check(Models(), "a b c d e f g h i", 1.0, 1.0, 400, 3, 0, True, limits=limits))
+
+
 @pytest.mark.parametrize("value", [0, -1])
 def test_max_new_tokens_0_or_negative_is_refused_naming_the_field(demo, value):
     ctx = demo.sequoia_context

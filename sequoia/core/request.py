@@ -246,7 +246,8 @@ class DecodeRequest:
         return replace(self, prompt_ids=tuple(int(t) for t in ids))
 
 
-def _prompt(value: Any, limits: Limits) -> str:
+def check_prompt(value: Any, limits: Limits) -> str:
+    """The prompt text, refused when empty or longer than ``limits`` can take (before tokenizing it)."""
     if not isinstance(value, str):
         raise ValueError(f"prompt must be text, got {type(value).__name__}")
     if not value.strip():
@@ -273,21 +274,24 @@ def _new_tokens(value: Any, limits: Limits) -> int:
     return n
 
 
-def _temperature(value: Any, limits: Limits) -> float:
+def check_temperature(value: Any, limits: Limits) -> float:
+    """A temperature in 0..``limits.max_temperature`` (0: greedy)."""
     t = real("temperature", value)
     if not 0 <= t <= limits.max_temperature:
         raise ValueError(f"temperature must be in 0..{limits.max_temperature:g} (0 = greedy), got {t:g}")
     return t
 
 
-def _top_p(value: Any) -> float:
+def check_top_p(value: Any) -> float:
+    """A top-p in (0, 1]."""
     p = real("top-p", value)
     if not 0 < p <= 1:
         raise ValueError(f"top-p must be in (0, 1], got {p:g}")
     return p
 
 
-def _chat(value: Any) -> bool:
+def check_chat(value: Any) -> bool:
+    """Whether to apply the chat template, from a bool, 0/1 or their text."""
     if isinstance(value, bool) or value in (0, 1):
         return bool(value)
     if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", ""):
@@ -311,15 +315,15 @@ def parse_decode(prompt: Any, method: Any, budget: Any, depth: Any, temperature:
     :class:`RequestError` naming every bad field.
     """
     e = Errors()
-    text = e.check("prompt", _prompt, prompt, limits)
+    text = e.check("prompt", check_prompt, prompt, limits)
     name = e.check("method", resolve_method, method)
     b = e.check("budget", _budget, budget, limits)
     d = e.check("depth", whole, "depth", depth, 1, MAX_DEPTH)
-    t = e.check("temperature", _temperature, temperature, limits)
-    p = e.check("top_p", _top_p, top_p)
+    t = e.check("temperature", check_temperature, temperature, limits)
+    p = e.check("top_p", check_top_p, top_p)
     n = e.check("max_new_tokens", _new_tokens, max_new_tokens, limits)
     s = e.check("seed", whole, "seed", seed, 0, SEED_MAX)
-    c = e.check("chat", _chat, chat)
+    c = e.check("chat", check_chat, chat)
     vec = e.check("acceptance", _acceptance, acceptance)
     e.raise_any()
     e.check("budget", BY_NAME[name].check_bounds, b, d, vec)
