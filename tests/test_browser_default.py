@@ -17,9 +17,9 @@ from types import SimpleNamespace
 import pytest
 
 import app
-from components import live_tab
+from components import live_tab, live_teaching
 from sequoia.core.request import METHOD_OF_LABEL
-from test_browser import (_click_decode, _free_port, _screenshot, _settled_text, _unsettled, _wait_for,
+from test_browser import (_click_decode, _compare_rows, _free_port, _screenshot, _settled_text, _unsettled, _wait_for,
                           browser_context, sync_api)
 
 pytestmark = [pytest.mark.browser, pytest.mark.embedded, pytest.mark.slow,
@@ -359,4 +359,96 @@ def test_a_walk_of_every_live_tab_control_shows_no_error_badge(page, default_ser
         sync_api.expect(summary).to_contain_text(re.compile("finished|Cannot"), timeout=600_000)
         check("exact mode")
     _screenshot(page, tmp_path, "default-walk")
+    assert seen == [], seen
+
+
+def _quiet(page, timeout_s: float = 600) -> None:
+    """Once no output of the page shows Gradio's progress (the event clicked has ended)."""
+    time.sleep(1.0)
+    _wait_for(lambda: page.locator(".pending, .generating").count() == 0, timeout_s)
+
+
+def test_a_walk_of_every_other_control_shows_no_error_badge(page, default_server, tmp_path):
+    """The controls the Live walk above leaves, used as a visitor would on the default runtime with the embedded
+    pair, each to its end: step mode and the next target call, the worked example, projector view, "Run the
+    fastest here" (where this runtime has one), Compare's run (3 rounds of 4 tokens), the DP explorer's Solve and
+    a cell, the distribution check (1,000 trials) and the Hardware tab's Measure.  Never an error toast or an
+    Error badge.  (Full comparison and both Stops: their own tests above; exact mode: SEQUOIA_WALK_EXACT=1 in the
+    Live walk; Profile now is the server owner's, off on a shared page.)"""
+    seen, summary = [], page.locator("#sq-summary")
+
+    def check(what: str) -> None:
+        time.sleep(0.5)
+        bad = _errors(page)
+        if bad:
+            seen.append((what, bad))
+
+    page.locator("#sq-prompt textarea").fill("def add(a, b):")
+    _set(page, ".sq-max-new input", "6")
+    _click_decode(page)
+    sync_api.expect(summary).to_contain_text("finished", timeout=600_000)
+    _settled_text(summary, quiet_s=2.0, timeout_s=600)
+    words = page.locator("#sq-step-text")
+    page.locator("#sq-step-btn").click()
+    sync_api.expect(words).to_contain_text("Target call 1 · phase 1 of")
+    for _ in range(3):
+        page.locator("#sq-step-btn").click()
+        check("Step")
+    page.locator("#sq-next-call").click()
+    check("Next target call")
+    page.get_by_text(live_teaching.WORKED_LABEL).click()
+    sync_api.expect(page.locator("#sq-worked-text")).to_be_visible()
+    check("the worked example")
+    page.get_by_label("Projector view").check()
+    page.wait_for_function("document.body.classList.contains('sq-projector')")
+    check("projector view")
+    page.get_by_label("Projector view").uncheck()
+    fastest = page.locator("#sq-fastest")
+    if fastest.is_visible():
+        fastest.click()
+        sync_api.expect(summary).to_contain_text("finished", timeout=600_000)
+        _settled_text(summary, quiet_s=2.0, timeout_s=600)
+        check("Run the fastest here")
+    else:
+        print("\nno 'Run the fastest here' on this runtime: the page's method is the fastest measured")
+
+    page.get_by_role("tab", name="Compare", exact=True).click()
+    box = page.get_by_label(re.compile("^max new tokens")).filter(visible=True).first
+    box.fill("4")
+    box.press("Enter")
+    time.sleep(0.5)
+    page.get_by_role("button", name="Run comparison", exact=True).click()
+    notes = page.locator("#sq-compare-notes")
+    sync_api.expect(notes).to_contain_text("interleaved rounds", timeout=900_000)
+    _quiet(page)
+    rows = _compare_rows(page)
+    check("Run comparison")
+    assert rows[0] == "Target alone" and len(rows) >= 2, rows
+
+    page.get_by_role("tab", name="DP explorer", exact=True).click()
+    page.get_by_role("button", name="Solve", exact=True).click()
+    _quiet(page, 120)
+    cell = page.get_by_label("tree size n").filter(visible=True).last
+    cell.fill("12")
+    cell.press("Enter")
+    _quiet(page, 120)
+    check("the DP explorer's Solve and a cell")
+
+    page.get_by_role("tab", name="Distribution check", exact=True).click()
+    trials = page.get_by_label(re.compile("^trials N per rule")).filter(visible=True).first
+    trials.fill("1000")
+    trials.press("Enter")
+    time.sleep(0.5)
+    page.get_by_role("button", name="Run the check", exact=True).click()
+    sync_api.expect(page.locator("#sq-check-verdicts")).to_contain_text("Finished in", timeout=600_000)
+    check("the distribution check")
+
+    page.get_by_role("tab", name="Hardware", exact=True).click()
+    if default_server.ctx.profile is not None:
+        page.get_by_role("button", name="Measure predicted vs real", exact=True).click()
+        _quiet(page)
+        check("Measure predicted vs real")
+    else:
+        print("\nno hardware profile here: Measure answers with the reason (tests/test_app.py), not walked")
+    _screenshot(page, tmp_path, "default-walk-other-tabs")
     assert seen == [], seen
