@@ -7,7 +7,9 @@ server-wide, since it describes the machine, and "Sequoia (auto)" in the other
 tabs uses it.  *Profile now* re-measures it, for the server's owner only
 (``SEQUOIA_OWNER=1``).
 "Measure" decodes a short prompt with the chosen tree and with the target
-alone to put measured ms/token beside the predictions.  "Eager and graph
+alone, in interleaved rounds after a warm-up as Compare does, to put each one's
+median ms/token (its range over the rounds as an error bar) beside the
+predictions.  "Eager and graph
 runners" sets the two runners' measured costs side by side where this machine
 has profiles of both (on a CPU only the eager one applies).
 """
@@ -19,6 +21,7 @@ from functools import partial
 import gradio as gr
 import torch
 
+from sequoia.core import rounds
 from sequoia.core.optimizer import choose_tree, predict
 from sequoia.core.request import MethodSpec
 from sequoia.core.tree import Tree
@@ -40,17 +43,29 @@ QUICK_TARGET_GRID = (1, 2, 4, 8, 16, 32, 64, 128)
 QUICK_DRAFT_GRID = (1, 2, 4, 8, 16, 32)
 MEASURE_PROMPT = "Write a Python function that returns the n-th Fibonacci number."
 MEASURE_TOKENS = 48
+#: Timed rounds of Measure (each decodes the target alone, then the chosen tree), after an untimed warm-up.
+MEASURE_ROUNDS = 3
 PROFILE_NOW_DISABLED = ("Profile now changes the profile for every visitor, so it is disabled here; the server's "
                         "owner enables it by starting the app with SEQUOIA_OWNER=1")
 
 
 @dataclass
 class HardwareSession:
-    measured: dict[str, float] = field(default_factory=dict)  # prediction label -> measured ms/token
+    measured: dict[str, tuple[float, ...]] = field(default_factory=dict)  # label -> measured ms/token, each round
 
 
-def predictions(ctx: AppContext, acceptance, budget: int, depth: int, measured: dict[str, float]):
-    """(choice, rows): the optimizer's pick and predicted ms/token of it and the fixed shapes."""
+def _measured(label: str, label_ms: dict[str, tuple[float, ...]]) -> dict:
+    """A prediction row's measured fields: the median of its rounds and their range (none when not measured)."""
+    values = label_ms.get(label)
+    if not values:
+        return {}
+    band = rounds.spread(values)
+    return {"measured_ms": band.median, "measured_lo": band.lo, "measured_hi": band.hi, "rounds": band.n}
+
+
+def predictions(ctx: AppContext, acceptance, budget: int, depth: int, measured: dict[str, tuple[float, ...]]):
+    """(choice, rows): the optimizer's pick and predicted ms/token of it and the fixed shapes; ``measured``:
+    Measure's ms/token of each round, by label."""
     prof = ctx.profile
     choice = choose_tree(acceptance, prof, max_budget=budget, max_depth=depth)
     chain = MethodSpec("chain", budget, depth).engine_args(dynamic_depth=depth)       # the registry's meaning
@@ -61,8 +76,9 @@ def predictions(ctx: AppContext, acceptance, budget: int, depth: int, measured: 
     }
     # The chosen row is what Sequoia (auto) runs: a tree, or the target alone where none pays (never drawn as one).
     chosen = f"sequoia n={choice.budget} d={choice.depth}" if choice.budget else "target alone (no tree pays)"
-    rows = [hardware_view.PredictionRow("target only", choice.baseline_ms, measured.get("target only")),
-            hardware_view.PredictionRow(chosen, choice.ms_per_token, measured.get("sequoia (chosen)"), chosen=True)]
+    rows = [hardware_view.PredictionRow("target only", choice.baseline_ms, **_measured("target only", measured)),
+            hardware_view.PredictionRow(chosen, choice.ms_per_token, chosen=True,
+                                        **_measured("sequoia (chosen)", measured))]
     for name, tree in shapes.items():
         rows.append(hardware_view.PredictionRow(f"{name} n={tree.size}", predict(tree, acceptance, prof).ms_per_token))
     return choice, rows
@@ -83,6 +99,8 @@ def views(ctx: AppContext, acceptance_name, budget, depth, session: HardwareSess
                 *runner_views(ctx))
     choice, rows = predictions(ctx, acc, budget, depth, (session or HardwareSession()).measured)
     md = hardware_view.choice_markdown(choice, acceptance_name) + f"\n\n{ctx.profile_note()}"
+    measured = hardware_view.measured_markdown(rows, MEASURE_TOKENS)
+    md += f"\n\n{measured}" if measured else ""
     grid = dp_view.heatmap(choice.grid, selected=(choice.budget, choice.depth) if choice.budget else None,
                            zlabel="ms/token (predicted)", colorscale="Viridis_r",
                            title="predicted ms per token of the DP tree of every cell")
@@ -164,11 +182,13 @@ def profile_now(ctx: AppContext, quick: bool, progress=None) -> str:
     return copy
 
 
-def measure(ctx: AppContext, budget: int, depth: int, acceptance) -> dict[str, float]:
-    """Measured ms/token of the target alone and of the auto-chosen tree on a fixed prompt.
+def measure(ctx: AppContext, budget: int, depth: int, acceptance, rounds_: int = MEASURE_ROUNDS,
+            progress=None) -> dict[str, tuple[float, ...]]:
+    """Measured ms/token of the target alone and of the auto-chosen tree on a fixed prompt, one value a round.
 
-    The bench's rule (:mod:`sequoia.runtime.timing`): one short untimed warm-up run of both, then the
-    whole call timed, prefill included.
+    The bench's rule (:mod:`sequoia.runtime.timing`), as Compare runs it (components.compare_run): one short
+    untimed warm-up run of both, then ``rounds_`` rounds in which each runs once in turn (a busy machine slows
+    both alike), each whole call timed, prefill included.  ``progress(fraction, words)``: after each run.
     """
     base = validation.decode_request(ctx, MEASURE_PROMPT, "Target only", budget, depth, 0.0, 1.0, MEASURE_TOKENS, 0,
                                      True, acceptance)
@@ -177,14 +197,20 @@ def measure(ctx: AppContext, budget: int, depth: int, acceptance) -> dict[str, f
     engine, pair = ctx.engine(), ctx.pair()
     ids = reqs["target only"].prompt_ids
     warmup(engine, pair, ids, [(r.proposer.name, r.proposer) for r in reqs.values()], tokens=2)
-    return {label: run_method(engine, pair, r.proposer.name, r.prompt_ids, r.config, r.proposer).ms_per_token
-            for label, r in reqs.items()}
+    out: dict[str, list[float]] = {label: [] for label in reqs}
+    for k in range(rounds_):
+        for i, (label, r) in enumerate(reqs.items()):
+            if progress:
+                progress((k * len(reqs) + i) / (rounds_ * len(reqs)), f"round {k + 1} of {rounds_}: {label}")
+            out[label].append(run_method(engine, pair, r.proposer.name, r.prompt_ids, r.config, r.proposer)
+                              .ms_per_token)
+    return {label: tuple(values) for label, values in out.items()}
 
 
 HOW_TO_READ = """\
 **Profile**: what one target forward of n tokens and one draft level of width w cost on this server, measured on a machine with the fingerprint shown (a profile from another machine is never used).
 **Choice**: the (budget, depth) whose DP tree minimises predicted ms per token under that profile; the heatmap shows every cell, and no tree at all when none beats the target alone.
-**Measure**: decodes the chosen tree and the target alone here, to check the prediction against real time.
+**Measure**: decodes the chosen tree and the target alone here, to check the prediction against real time: an untimed warm-up, then {rounds} interleaved rounds of {tokens} tokens (the target alone, then the tree); each bar is the median ms/token, its whisker the range over the rounds.
 """
 
 
@@ -192,7 +218,7 @@ def build(ctx: AppContext, demo: gr.Blocks, refresh_on=()) -> None:
     """Lay out the tab; it refreshes on page load and on each of ``refresh_on`` (event triggers such as the
     tab's ``select``: the profile is server-wide and may change under an open page)."""
     with gr.Accordion("How to read this", open=False):
-        gr.Markdown(HOW_TO_READ)
+        gr.Markdown(HOW_TO_READ.format(rounds=MEASURE_ROUNDS, tokens=MEASURE_TOKENS))
     with gr.Row():
         with gr.Column(scale=1, min_width=300):
             acceptance, budget, depth, choice_md, quick, prof_btn, prof_file, measure_btn = _controls(ctx)
@@ -261,12 +287,13 @@ def _on_profile(ctx: AppContext, q, name, b, d, s, progress=gr.Progress()):
     return (gr.File(path, visible=True), *views(ctx, name, b, d, s))
 
 
-def _on_measure(ctx: AppContext, name, b, d, s):
+def _on_measure(ctx: AppContext, name, b, d, s, progress=gr.Progress()):
     try:
         ctx.pair()  # ModelsNotReady while loading: say so rather than "no profile"
         if ctx.profile is None:
             raise ValueError(ctx.profile_note())
-        measured = measure(ctx, int(b), int(d), acceptance_catalogue(ctx.assets_dir).get(name))
+        measured = measure(ctx, int(b), int(d), acceptance_catalogue(ctx.assets_dir).get(name),
+                           progress=lambda fraction, words: progress(fraction, desc=words))
     except ValueError as exc:
         raise gr.Error(str(exc)) from None
     s = HardwareSession(measured)

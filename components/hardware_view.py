@@ -43,8 +43,11 @@ class CostSeries:
 class PredictionRow:
     label: str                          # e.g. "sequoia n=32 d=6"
     predicted_ms: float                 # predicted ms per generated token
-    measured_ms: float | None = None    # measured ms per generated token, once run
+    measured_ms: float | None = None    # measured ms per generated token, once run (the median of its rounds)
     chosen: bool = False
+    measured_lo: float | None = None    # the fastest and slowest round's ms per token
+    measured_hi: float | None = None
+    rounds: int = 0                     # rounds measured
 
 
 def cost_figure(cost: CostSeries, chosen_n: int | None = None) -> go.Figure:
@@ -89,8 +92,17 @@ def prediction_figure(rows: Sequence[PredictionRow]) -> go.Figure:
                          marker_color="#9ecae1", hovertemplate="%{x}: %{y:.1f} ms/token<extra>predicted</extra>"))
     measured = [r.measured_ms for r in rows]
     if any(m is not None for m in measured):
-        fig.add_trace(go.Bar(x=labels, y=measured, name="measured", marker_color=COLORS["bonus"],
-                             hovertemplate="%{x}: %{y:.1f} ms/token<extra>measured</extra>"))
+        # The whisker: the range over the rounds (none where a row was not measured or ran once).
+        up = [r.measured_hi - r.measured_ms if r.measured_hi is not None and r.measured_ms is not None else 0
+              for r in rows]
+        down = [r.measured_ms - r.measured_lo if r.measured_lo is not None and r.measured_ms is not None else 0
+                for r in rows]
+        words = [f"median of {r.rounds} rounds ({r.measured_lo:.1f}–{r.measured_hi:.1f})"
+                 if r.rounds > 1 and r.measured_lo is not None else "" for r in rows]
+        fig.add_trace(go.Bar(x=labels, y=measured, name="measured (median, range over rounds)",
+                             marker_color=COLORS["bonus"], customdata=words,
+                             error_y=dict(type="data", symmetric=False, array=up, arrayminus=down, color="#444"),
+                             hovertemplate="%{x}: %{y:.1f} ms/token, %{customdata}<extra>measured</extra>"))
     else:
         fig.add_annotation(text=NOT_MEASURED_YET, xref="paper", yref="paper", x=0.99, y=1.0, xanchor="right",
                            yanchor="bottom", showarrow=False, font=dict(size=12, color="#666"))
@@ -101,6 +113,23 @@ def prediction_figure(rows: Sequence[PredictionRow]) -> go.Figure:
     fig.update_xaxes(tickangle=-25)
     fig.update_yaxes(gridcolor="#eee")
     return fig
+
+
+def measured_markdown(rows: Sequence[PredictionRow], tokens: int) -> str:
+    """One line on what Measure timed ("" before it ran): each measured row's median ms/token with its range and
+    how far the prediction was from it."""
+    done = [r for r in rows if r.measured_ms is not None]
+    if not done:
+        return ""
+    rounds_ = max(r.rounds for r in done)
+    parts = []
+    for r in done:
+        band = f" ({r.measured_lo:.1f}–{r.measured_hi:.1f})" if r.rounds > 1 else ""
+        off = (r.measured_ms / r.predicted_ms - 1) * 100 if r.predicted_ms else None
+        vs = f", {off:+.0f}% vs predicted" if off is not None else ""
+        parts.append(f"{r.label} **{r.measured_ms:.1f} ms/token**{band}{vs}")
+    return (f"**Measured here** (median of {rounds_} interleaved rounds of {tokens} tokens, prefill included; range "
+            f"in brackets): " + "; ".join(parts) + ".")
 
 
 def cost_series(profile) -> CostSeries:

@@ -1,6 +1,7 @@
 """The Gradio layer on a tiny random-weight pair: handlers, errors, API endpoints, loading, queueing."""
 
 import asyncio
+import statistics
 import threading
 import time
 from dataclasses import replace
@@ -436,10 +437,15 @@ def test_hardware_tab_with_hand_made_profile(ctx, monkeypatch):
         # The pair in use (hf) with its profile, beside any other runtime profiled on this machine.
         assert runtimes.data[0].name == "Hugging Face (torch): target" and "Fastest here" in runtimes_md
         assert "| ★ Hugging Face (torch)<br><small>" in runtimes_md and "costs: in use" in runtimes_md
-        measured = hardware_tab.measure(ctx, 16, 4, DEFAULT_ACCEPTANCE)
+        said = []
+        measured = hardware_tab.measure(ctx, 16, 4, DEFAULT_ACCEPTANCE, progress=lambda f, w: said.append((f, w)))
         assert set(measured) == {"target only", "sequoia (chosen)"}
+        assert all(len(v) == hardware_tab.MEASURE_ROUNDS and min(v) > 0 for v in measured.values())
+        assert said[0] == (0.0, "round 1 of 3: target only") and said[-1][1] == "round 3 of 3: sequoia (chosen)"
         pred = hardware_tab.views(ctx, CODE, 16, 4, hardware_tab.HardwareSession(measured))[3]
-        assert [t.name for t in pred.data] == ["predicted", "measured"]
+        assert [t.name for t in pred.data] == ["predicted", "measured (median, range over rounds)"]
+        alone = statistics.median(measured["target only"])   # the bar: the median, the whisker the range
+        assert pred.data[1].y[0] == alone and pred.data[1].error_y.array[0] == max(measured["target only"]) - alone
     finally:
         ctx.profile = None
 

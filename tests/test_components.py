@@ -382,7 +382,7 @@ def test_hardware_figures():
     rows = [hardware_view.PredictionRow("sequoia n=15", 100, 120, chosen=True),
             hardware_view.PredictionRow("chain n=4", 150)]
     fig = hardware_view.prediction_figure(rows)
-    assert [t.name for t in fig.data] == ["predicted", "measured"]
+    assert [t.name for t in fig.data] == ["predicted", "measured (median, range over rounds)"]
     assert fig.data[0].x[0].startswith("★")
     with pytest.raises(ValueError):
         hardware_view.cost_figure(hardware_view.CostSeries((1, 2), (0.1,)))

@@ -206,11 +206,18 @@ def test_the_chosen_bar_is_the_target_alone_where_no_tree_pays_and_measured_is_a
     assert fig.layout.showlegend and [t.name for t in fig.data] == ["predicted"]
     assert fig.layout.annotations[0].text == hardware_view.NOT_MEASURED_YET
     ctx = SimpleNamespace(profile=HardwareProfile.hand_made(lambda n: 100.0 + 0.5 * n, lambda w: 2.0))
-    _, rows = hardware_tab.predictions(ctx, CODE, 16, 4, {"target only": 100.0, "sequoia (chosen)": 50.0})
+    _, rows = hardware_tab.predictions(ctx, CODE, 16, 4, {"target only": (100.0, 104.0, 98.0),
+                                                          "sequoia (chosen)": (50.0, 60.0, 45.0)})
     chosen = [r for r in rows if r.chosen][0]
-    assert chosen.label.startswith("sequoia n=") and chosen.measured_ms == 50.0
+    assert chosen.label.startswith("sequoia n=") and (chosen.measured_ms, chosen.measured_lo, chosen.measured_hi,
+                                                      chosen.rounds) == (50.0, 45.0, 60.0, 3)
     fig = hardware_view.prediction_figure(rows)
-    assert [t.name for t in fig.data] == ["predicted", "measured"] and not fig.layout.annotations
+    assert [t.name for t in fig.data] == ["predicted", "measured (median, range over rounds)"] and not fig.layout.annotations
+    assert list(fig.data[1].error_y.array[:2]) == [4.0, 10.0] and list(fig.data[1].error_y.arrayminus[:2]) == [2.0, 5.0]
+    assert fig.data[1].customdata[1] == "median of 3 rounds (45.0–60.0)" and fig.data[1].customdata[2] == ""
+    md = hardware_view.measured_markdown(rows, 48)
+    assert md.startswith("**Measured here** (median of 3 interleaved rounds of 48 tokens") and md.count("ms/token") == 2
+    assert "target only **100.0 ms/token** (98.0–104.0), " in md and hardware_view.measured_markdown(rows[2:], 48) == ""
 
 
 def test_log_axes_have_a_few_readable_ticks():
