@@ -208,12 +208,17 @@ def _compare(ctx: AppContext, inputs: DecodeInputs, methods: list[str], session:
                 yield compare_view.figure(state.rows), compare_view.table(state.rows, checking=checking), md
             else:
                 yield gr.skip(), gr.skip(), md
+        # Then, at T=0, where outputs part (replays of the prefix): Stop ends that too.
+        after = () if session.stopped else after_comparison(
+            run_ctx, inputs.prompt, inputs.chat, state.rows, temperature, exact,
+            lambda rows: _notes_markdown(rows, state.notes, temperature))
+        for out in after:
+            if session.stopped:
+                break
+            yield out
         if session.stopped:
             # Stop's handler drew these already; drawn again last, so no frame of the run lands after them.
             yield stopped_views(session)
-            return
-        yield from after_comparison(run_ctx, inputs.prompt, inputs.chat, state.rows, temperature, exact,
-                                    lambda rows: _notes_markdown(rows, state.notes, temperature))
     except ValueError as exc:
         raise gr.Error(str(exc), title="Cannot compare") from None
     except RuntimeError as exc:

@@ -307,6 +307,21 @@ def test_compares_stop_ends_the_run_at_a_step_and_keeps_its_rows(ctx):
     assert all(isinstance(v, type(gr.skip())) for v in compare_tab.stop_comparison(session))
 
 
+def test_compares_stop_during_the_near_tie_check_ends_it(ctx, monkeypatch):
+    """At T=0 a differing row's check replays the prefix after the rounds: Stop ends that too, its words last."""
+    session = compare_tab.CompareSession(waiting=True)
+
+    def check(*args):
+        yield gr.skip(), gr.skip(), "*Finding where the outputs part (replaying the prefix)…*"
+        compare_tab.stop_comparison(session)   # pressed while the replay runs
+        yield gr.skip(), gr.skip(), "the replay's answer"
+
+    monkeypatch.setattr(compare_tab, "after_comparison", check)
+    inputs = DecodeInputs("x = 1", validation.COMPARE_METHOD, 8, 3, max_new_tokens=3, acceptance=CODE)
+    notes = [out[2] for out in compare_tab.on_compare(ctx, inputs, [], session, rounds=1)]
+    assert "the replay's answer" not in notes and notes[-1].startswith("**Stopped** in round 1 of 1")
+
+
 def test_compares_stop_in_the_queue_runs_nothing_and_a_second_click_is_ignored(ctx, monkeypatch):
     inputs = DecodeInputs("x = 1", validation.COMPARE_METHOD, 8, 3, max_new_tokens=4, acceptance=CODE)
     monkeypatch.setattr(compare_tab, "iter_comparison", lambda *a, **k: pytest.fail("nothing may run"))

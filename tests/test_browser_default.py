@@ -68,6 +68,17 @@ def _errors(page) -> list[str]:
     return [e.text_content().strip()[:200] for e in page.locator(ERROR_BADGES).all() if e.is_visible()]
 
 
+def _badge_check(page, seen: list):
+    """``check(what)``: half a second after a control was used, any error toast or badge on the page is added
+    to ``seen`` under ``what``."""
+    def check(what: str) -> None:
+        time.sleep(0.5)
+        bad = _errors(page)
+        if bad:
+            seen.append((what, bad))
+    return check
+
+
 def _set(page, selector: str, value: str) -> None:
     box = page.locator(selector)
     box.fill(value)
@@ -76,6 +87,16 @@ def _set(page, selector: str, value: str) -> None:
 
 def _max_new(page):
     return page.locator(".sq-max-new input").first
+
+
+def _type_then_click(page, label: str, value: str, button: str) -> None:
+    """Type ``value`` into the visible field whose label starts with ``label``, then click ``button`` as a visitor
+    does (after the field's own events have answered)."""
+    box = page.get_by_label(re.compile("^" + re.escape(label))).filter(visible=True).first
+    box.fill(value)
+    box.press("Enter")
+    time.sleep(0.5)
+    page.get_by_role("button", name=button, exact=True).filter(visible=True).click()
 
 
 def _pick(page, label: str, option: str) -> None:
@@ -134,11 +155,7 @@ def test_the_other_tabs_number_boxes_are_refused_by_the_app_naming_the_field(pag
     """Compare's and the Distribution check's boxes leave their range to the app (Gradio's own "less than minimum"
     toast names no field): the app's words beside the field, no toast, no run."""
     page.get_by_role("tab", name=tab, exact=True).click()
-    box = page.get_by_label(re.compile("^" + re.escape(label))).filter(visible=True).first
-    box.fill(value)
-    box.press("Enter")
-    time.sleep(0.5)
-    page.get_by_role("button", name=button, exact=True).filter(visible=True).click()
+    _type_then_click(page, label, value, button)
     message = page.get_by_text(words).filter(visible=True).first
     try:   # beside its field for a few seconds only: reported, not asserted (see the Live tab's test above)
         message.wait_for(timeout=10_000)
@@ -292,12 +309,7 @@ def test_a_walk_of_every_live_tab_control_shows_no_error_badge(page, default_ser
     Exact mode is walked only with SEQUOIA_WALK_EXACT=1: on llama.cpp its first use converts the target and loads
     it in float32 (~6 GB)."""
     seen, summary = [], page.locator("#sq-summary")
-
-    def check(what: str) -> None:
-        time.sleep(0.5)
-        bad = _errors(page)
-        if bad:
-            seen.append((what, bad))
+    check = _badge_check(page, seen)
 
     page.get_by_role("button", name=re.compile("^How to read this")).click()
     check("How to read this")
@@ -376,12 +388,7 @@ def test_a_walk_of_every_other_control_shows_no_error_badge(page, default_server
     Error badge.  (Full comparison and both Stops: their own tests above; exact mode: SEQUOIA_WALK_EXACT=1 in the
     Live walk; Profile now is the server owner's, off on a shared page.)"""
     seen, summary = [], page.locator("#sq-summary")
-
-    def check(what: str) -> None:
-        time.sleep(0.5)
-        bad = _errors(page)
-        if bad:
-            seen.append((what, bad))
+    check = _badge_check(page, seen)
 
     page.locator("#sq-prompt textarea").fill("def add(a, b):")
     _set(page, ".sq-max-new input", "6")
@@ -413,11 +420,7 @@ def test_a_walk_of_every_other_control_shows_no_error_badge(page, default_server
         print("\nno 'Run the fastest here' on this runtime: the page's method is the fastest measured")
 
     page.get_by_role("tab", name="Compare", exact=True).click()
-    box = page.get_by_label(re.compile("^max new tokens")).filter(visible=True).first
-    box.fill("4")
-    box.press("Enter")
-    time.sleep(0.5)
-    page.get_by_role("button", name="Run comparison", exact=True).click()
+    _type_then_click(page, "max new tokens", "4", "Run comparison")
     notes = page.locator("#sq-compare-notes")
     sync_api.expect(notes).to_contain_text("interleaved rounds", timeout=900_000)
     _quiet(page)
@@ -435,11 +438,7 @@ def test_a_walk_of_every_other_control_shows_no_error_badge(page, default_server
     check("the DP explorer's Solve and a cell")
 
     page.get_by_role("tab", name="Distribution check", exact=True).click()
-    trials = page.get_by_label(re.compile("^trials N per rule")).filter(visible=True).first
-    trials.fill("1000")
-    trials.press("Enter")
-    time.sleep(0.5)
-    page.get_by_role("button", name="Run the check", exact=True).click()
+    _type_then_click(page, "trials N per rule", "1000", "Run the check")
     sync_api.expect(page.locator("#sq-check-verdicts")).to_contain_text("Finished in", timeout=600_000)
     check("the distribution check")
 
