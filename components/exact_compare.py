@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 import gradio as gr
 
 from sequoia.runtime.divergence import explain_all
+from sequoia.runtime.engine import model_lock
 from sequoia.runtime.exactness import certify
 from sequoia.runners.base import shared_vocab
 
@@ -36,11 +37,13 @@ def after_comparison(ctx, prompt: str, chat: bool, rows: Sequence[CompareRow], t
     extra = []
     if exact:
         yield gr.skip(), gr.skip(), notes + "\n\n*Checking the target's margins along its path (one more replay)…*"
-        gap = None if differing else certify(pair.target, ids, ref.token_ids, vocab)
+        with model_lock(pair):   # the replays share the runners with the background profiler (engine.model_lock)
+            gap = None if differing else certify(pair.target, ids, ref.token_ids, vocab)
         extra.append(divergence_view.exact_markdown(not differing, gap))
     if differing:
         yield gr.skip(), gr.skip(), notes + "\n\n*Finding where the outputs part (replaying the prefix)…*"
-        found = explain_all(pair.target, pair.tokenizer, ids, ref.token_ids, differing, vocab)
+        with model_lock(pair):
+            found = explain_all(pair.target, pair.tokenizer, ids, ref.token_ids, differing, vocab)
         if not exact:   # in exact mode a difference is never a rounding near-tie
             rows = mark_near_ties(rows, {d.method: d.position + 1 for d in found if d.near_tie})
         extra.append(divergence_view.markdown(found))

@@ -5,6 +5,7 @@ import statistics
 import threading
 import time
 from dataclasses import replace
+from types import SimpleNamespace
 
 import gradio as gr
 import pytest
@@ -320,6 +321,33 @@ def test_compares_stop_during_the_near_tie_check_ends_it(ctx, monkeypatch):
     inputs = DecodeInputs("x = 1", validation.COMPARE_METHOD, 8, 3, max_new_tokens=3, acceptance=CODE)
     notes = [out[2] for out in compare_tab.on_compare(ctx, inputs, [], session, rounds=1)]
     assert "the replay's answer" not in notes and notes[-1].startswith("**Stopped** in round 1 of 1")
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_compares_replays_at_t0_hold_the_pairs_model_lock(monkeypatch, exact):
+    """Where the outputs part (and exact mode's certificate) replays the target outside the engine: under the
+    pair's one model lock, as every step is, so the background profiler never runs on the same runners at once."""
+    from components import exact_compare, compare_view
+
+    class Lock:
+        held = 0
+
+        def __enter__(self):
+            self.held += 1
+
+        def __exit__(self, *exc):
+            self.held -= 1
+
+    lock, seen = Lock(), []
+    pair = SimpleNamespace(lock=lock, tokenizer=None, target="target", encode_prompt=lambda prompt, chat: [1, 2])
+    monkeypatch.setattr(exact_compare, "shared_vocab", lambda p: 8)
+    monkeypatch.setattr(exact_compare, "certify", lambda *a: seen.append(("certify", lock.held)) or None)
+    monkeypatch.setattr(exact_compare, "explain_all", lambda *a: seen.append(("explain", lock.held)) or [])
+    rows = [compare_view.CompareRow(compare_view.REFERENCE, 2, 1.0, token_ids=(3, 4)),
+            compare_view.CompareRow("Chain", 2, 1.0, token_ids=(3, 5), identical=exact)]
+    list(exact_compare.after_comparison(SimpleNamespace(pair=lambda: pair), "x", True, rows, 0.0, exact,
+                                        lambda rows: ""))
+    assert seen == ([("certify", 1)] if exact else []) + ([] if exact else [("explain", 1)]) and lock.held == 0
 
 
 def test_compares_stop_in_the_queue_runs_nothing_and_a_second_click_is_ignored(ctx, monkeypatch):
