@@ -109,3 +109,22 @@ def test_without_the_lock_the_guard_sees_the_overlap():
     assert model_lock(pair).__class__.__name__ == "nullcontext"
     _work(pair, errors)
     assert guard.overlaps > 0
+
+
+def test_a_hugging_face_baseline_runs_under_the_pairs_lock(monkeypatch):
+    """Hugging Face generate runs the target's module outside the engine (Compare's HF rows, the bench): it takes
+    the same lock, so the background profiler or a graph capture never runs on those weights at once."""
+    from sequoia.runtime import timing
+    from sequoia.runtime.baselines import BaselineRun
+
+    lock, held = threading.RLock(), []
+
+    def generate(pair, ids, gen, **kwargs):
+        held.append(lock._is_owned())   # the RLock's own test: held by this thread
+        return BaselineRun("hf-assisted", tokens=(7, 8), seconds=0.1, target_calls=2, first_token_s=0.05, first_tokens=1)
+
+    monkeypatch.setattr(timing, "hf_generate", generate)
+    pair = SimpleNamespace(**{**vars(make_pair(tiny_model(1), tiny_model(0), 48)), "lock": lock})
+    config = GenerationConfig(max_new_tokens=2, stop_at_eos=False)
+    timing.run_method(SpeculativeEngine(pair), pair, "hf-assisted", [1, 5, 3], config)
+    assert held == [True] and not lock._is_owned()

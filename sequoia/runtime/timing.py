@@ -32,7 +32,7 @@ from ..core.config import GenerationConfig
 from ..core.trace import StepRecord
 from .baselines import hf_generate
 from .drafter import Proposer
-from .engine import SpeculativeEngine, sync
+from .engine import SpeculativeEngine, model_lock, sync
 from .texts import stop_test
 
 #: Hugging Face ``generate`` baselines timed here like an engine method.
@@ -143,11 +143,14 @@ def iter_run(engine: SpeculativeEngine, pair, method: str, ids: list[int], gen: 
     first_s, first_n = None, 0
     before = pair.target.forward_calls   # engine methods: every session forward of the target
     if method in HF_METHODS:
-        w0, t0 = time.perf_counter(), clock()
-        hf = hf_generate(pair, ids, gen, assisted=method == "hf-assisted",
-                         prompt_lookup=method == "hf-prompt-lookup", clock=clock)
-        sync(pair.device)
-        seconds, wall = clock() - t0, time.perf_counter() - w0
+        # Under the pair's one model lock, as every engine step is: Hugging Face generate runs the target's
+        # module outside the engine, and the background profiler or a graph capture may hold its runners.
+        with model_lock(pair):
+            w0, t0 = time.perf_counter(), clock()
+            hf = hf_generate(pair, ids, gen, assisted=method == "hf-assisted",
+                             prompt_lookup=method == "hf-prompt-lookup", clock=clock)
+            sync(pair.device)
+            seconds, wall = clock() - t0, time.perf_counter() - w0
         tokens, first_s, first_n = hf.tokens, hf.first_token_s, hf.first_tokens
         calls = hf.target_calls
     else:
