@@ -16,7 +16,8 @@ import gradio as gr
 from sequoia.core.config import SamplingConfig
 from sequoia.core.distribution import DEFAULT_CHILDREN, DEFAULT_TRIALS, FOIL_FACTOR, RULES
 from sequoia.core.fields import Errors, RequestError, whole
-from sequoia.core.request import SEED_MAX, Limits, check_chat, check_prompt, check_temperature, check_top_p
+from sequoia.core.request import (SEED_MAX, Limits, check_chat, check_prompt, check_prompt_ids, check_temperature,
+                                  check_top_p)
 from sequoia.runtime.distribution_check import MAX_CHILDREN, MAX_TRIALS, iter_check
 
 from . import distribution_view, serving, validation
@@ -142,9 +143,7 @@ def _check(models: LoadedPair, raw: tuple, session: CheckSession, limits: Limits
         temperature, top_p = sampling.temperature, sampling.top_p
         pair = models.get()
         ids = pair.encode_prompt(prompt, chat=chat)
-        if len(ids) > limits.max_prompt_tokens:
-            raise ValueError(f"prompt has {len(ids)} tokens; this server takes at most {limits.max_prompt_tokens} "
-                             f"per request on {limits.device}")
+        check_prompt_ids(ids, limits)
         decode = lambda t: pair.tokenizer.decode([t])  # noqa: E731
         yield gr.skip(), "*Forwarding the prompt through both models…*"
         for state in iter_check(pair, ids, sampling, trials, children, seed, should_stop=lambda: session.stopped):

@@ -240,10 +240,15 @@ class DecodeRequest:
 
     def tokenized(self, ids: Sequence[int], limits: Limits) -> DecodeRequest:
         """This request with its prompt's token ids, checked against ``limits``."""
-        if len(ids) > limits.max_prompt_tokens:
-            raise RequestError({"prompt": f"prompt has {len(ids)} tokens; this server takes at most "
-                                          f"{limits.max_prompt_tokens} per request on {limits.device}"})
+        check_prompt_ids(ids, limits)
         return replace(self, prompt_ids=tuple(int(t) for t in ids))
+
+
+def check_prompt_ids(ids: Sequence[int], limits: Limits) -> None:
+    """RequestError naming the prompt when its token ids are more than ``limits`` takes."""
+    if len(ids) > limits.max_prompt_tokens:
+        raise RequestError({"prompt": f"prompt has {len(ids)} tokens; this server takes at most "
+                                      f"{limits.max_prompt_tokens} per request on {limits.device}"})
 
 
 def check_prompt(value: Any, limits: Limits) -> str:
