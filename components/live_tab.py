@@ -180,6 +180,11 @@ def stop_views(session: LiveSession | None):
     if session is None or not (session.running or session.waiting):
         return (gr.skip(),) * 8
     session.stopped = True
+    return stopped_views(session)
+
+
+def stopped_views(session: LiveSession):
+    """The 8 outputs of :func:`stop_views` for a stopped session: the steps done when Stop was pressed."""
     recs = session.records
     last = len(recs) - 1 if recs else None
     node, inspect_fig, words = inspect_choices(last or 0, session)
@@ -256,6 +261,10 @@ def decode_stream(ctx: AppContext, inputs: DecodeInputs, session: LiveSession | 
     try:
         yield (gr.skip(),) * 5 + (session,)
         yield from _run(ctx, inputs, session)
+        if session.stopped:
+            # Stop's handler drew these at once; drawn again last, so that a frame the run sent just before it
+            # saw the flag cannot land after Stop's words (seen once under a full test run's load).
+            yield (*stopped_views(session)[:5], session)
     finally:
         session.running = False
 

@@ -144,9 +144,10 @@ def test_stop_ends_the_run_within_a_step_and_its_views_say_so(ctx, monkeypatch):
     assert summary.startswith("**Stopped** before the first step") and "def f(x):" in text and tree is None
     assert "reading the prompt" not in text and node.choices == []
     rest = list(stream)   # the engine's generator ends after the step in flight: no run to 200 tokens
-    # Issue 42: that step is dropped, never drawn: Stop's message is the last the page gets.
-    assert rest == [] and session.records == [] and not session.running
-    assert live_tab.summary(session) == summary
+    # Issue 42: that step is dropped, never drawn: Stop's message is the last the page gets (the run draws Stop's
+    # very views once more, last, so that no frame it sent before it saw the flag lands after them).
+    assert [frame[3] for frame in rest] == [summary] and session.records == [] and not session.running
+    assert rest[0][0] == text and rest[0][-1] is session and live_tab.summary(session) == summary
 
     monkeypatch.setattr(live_tab, "FRAME_S", 0.0)   # one frame a step: Stop comes after the third
     stream = live_tab.decode_stream(ctx, inputs)
@@ -157,7 +158,8 @@ def test_stop_ends_the_run_within_a_step_and_its_views_say_so(ctx, monkeypatch):
     n = sum(len(r.new_tokens) for r in session.records)
     assert f"**Stopped** after {n} tokens" in summary and tree is not None and node.value is not None
     rest = list(stream)   # the engine runs ahead in a worker thread (frames.paced); what it did after Stop is dropped
-    assert rest == [] and sum(len(r.new_tokens) for r in session.records) == n and not session.running
+    assert [frame[3] for frame in rest] == [summary] and rest[0][0] == text
+    assert sum(len(r.new_tokens) for r in session.records) == n and not session.running
     assert live_tab.summary(session) == summary
     # Pressed with no run on, Stop changes nothing.
     assert live_tab.stop_views(session) == (gr.skip(),) * 8
