@@ -43,6 +43,7 @@ from .context import MODEL_WORK, AppContext
 from .decode_inputs import COMPARE_FIELDS, DecodeInputs, compare_handler
 from .exact_compare import after_comparison
 from .frames import FRAME_S, Throttle
+from .run_flags import RunFlags
 
 __all__ = ["API_KEYS", "DEFAULT_METHODS", "FULL_METHODS", "FULL_TOKENS", "METHODS", "CompareState", "choose_methods",
            "iter_comparison", "offered", "ticked"]
@@ -105,18 +106,11 @@ def _notes_markdown(rows, notes, temperature, checked: bool = True, stopped: boo
 
 
 @dataclass
-class CompareSession:
-    """One browser session's comparison (kept in ``gr.State``): Stop's handler and the run share this object.
+class CompareSession(RunFlags):
+    """One browser session's comparison (kept in ``gr.State``; :mod:`components.run_flags`): a comparison
+    cancelled while a step computed ended with a red "Error" on the bars, the table and the notes (issue 42).
+    Stop draws the rows so far at once; the run reads the flag after every step and ends there."""
 
-    Why not Gradio's ``cancels``: a comparison cancelled while a step computed ended with a red "Error" on the
-    bars, the table and the notes (issue 42), and its progress line stayed as the run last drew it.  Stop sets
-    ``stopped`` and draws the rows so far at once; the run reads the flag after every step and ends there (a
-    step cannot be cut), and a run still waiting in the queue never starts.
-    """
-
-    waiting: bool = False             # a click's run is queued (begin_comparison) and has not started
-    running: bool = False             # the run's handler has started and not ended
-    stopped: bool = False             # Stop was pressed
     temperature: float = 0.0          # the run's (the notes at T=0 speak of identical outputs)
     state: CompareState | None = None   # where the run stands: Stop's handler draws its rows
 
@@ -126,7 +120,7 @@ def begin_comparison(ctx: AppContext, inputs: DecodeInputs, methods: list[str], 
     waits in the queue).  A refused request (the validator says why beside its field) or a click while this
     page's run is on (and not stopped) leaves the state as it is, and the run that follows then does nothing;
     a click after Stop starts a new run, which waits for the stopped one's last step."""
-    if session is not None and (session.running or session.waiting) and not session.stopped:
+    if session is not None and session.on and not session.stopped:
         return gr.skip()
     try:
         validation.page_request(ctx, inputs)   # remembered: the validator's and the handler's parse reuse it
@@ -156,9 +150,8 @@ def stopped_views(session: CompareSession) -> tuple:
 def stop_comparison(session: CompareSession | None) -> tuple:
     """Stop's handler: (bars, table, notes) settled at once from the runs done so far, however long the step in
     flight takes; it sets the flag the run reads.  Pressed with no comparison on, it changes nothing."""
-    if session is None or not (session.running or session.waiting):
+    if session is None or not session.stop():
         return gr.skip(), gr.skip(), gr.skip()
-    session.stopped = True
     return stopped_views(session)
 
 

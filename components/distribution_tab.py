@@ -23,6 +23,7 @@ from sequoia.runtime.distribution_check import MAX_CHILDREN, MAX_TRIALS, iter_ch
 from . import distribution_view, serving, validation
 from .context import MODEL_WORK
 from .pair_room import LoadedPair
+from .run_flags import RunFlags
 
 #: Trials the tab opens with.  tests/test_distribution.py checks the verdicts at DEFAULT_TRIALS (5000: the
 #: foil caught in 99 of 100 LM-like cases); on the embedded pair at T=1, top-p 0.95, a haiku prompt, the foil
@@ -80,14 +81,10 @@ def validator(prompt, temperature, top_p, trials, children, seed, chat, session=
 
 
 @dataclass
-class CheckSession:
-    """One browser session's check (kept in ``gr.State``), shared by the run and Stop's handler: Stop sets
-    ``stopped`` and the run ends between two chunks of trials (a cancelled event could end with Gradio's red
-    "Error" on its outputs: components.compare_tab.CompareSession)."""
+class CheckSession(RunFlags):
+    """One browser session's check (kept in ``gr.State``; :mod:`components.run_flags`): the run ends between two
+    chunks of trials once Stop is pressed."""
 
-    waiting: bool = False      # a click's check is queued (begin_check) and has not started
-    running: bool = False      # the check's handler has started and not ended
-    stopped: bool = False      # Stop was pressed
     done: str = ""             # the verdicts so far, as the page shows them
 
 
@@ -95,7 +92,7 @@ def begin_check(prompt, temperature, top_p, trials, children, seed, chat, sessio
                 limits: Limits = Limits()):
     """A click's first, light event: a fresh session for the check that follows (Stop finds it while the check
     waits in the queue); a refused request or a click while a check is on (and not stopped) leaves it as is."""
-    if session is not None and (session.running or session.waiting) and not session.stopped:
+    if session is not None and session.on and not session.stopped:
         return gr.skip()
     try:
         parse(prompt, temperature, top_p, trials, children, seed, chat, limits)
@@ -115,9 +112,8 @@ def stopped_summary(session: CheckSession) -> str:
 def stop_check(session: CheckSession | None):
     """Stop's handler: (plot, verdicts) settled at once; sets the flag the check reads.  With no check on, it
     changes nothing."""
-    if session is None or not (session.running or session.waiting):
+    if session is None or not session.stop():
         return gr.skip(), gr.skip()
-    session.stopped = True
     return gr.skip(), stopped_summary(session)
 
 

@@ -31,6 +31,7 @@ from .context import AppContext
 from .decode_inputs import DecodeInputs, api_signature
 from .runtimes_here import fastest_elsewhere
 from .frames import FRAME_S, Throttle, paced
+from .run_flags import RunFlags
 from .validation import EngineInputs
 
 #: Long enough that the rate is the method's, not the first step's (the prompt's forward and warm caches).
@@ -70,18 +71,15 @@ _STATS_EVERY_S = 2.0   # the six-panel statistics
 
 
 @dataclass
-class LiveSession:
-    """Per-browser-session state (kept in ``gr.State``)."""
+class LiveSession(RunFlags):
+    """Per-browser-session state (kept in ``gr.State``; its run's flags, which Stop's handler reads on the very
+    object the run fills: :mod:`components.run_flags`)."""
 
     records: list[StepRecord] = field(default_factory=list)
     prompt: str = ""
     rate: target_rate.TargetRate | None = None   # the target alone's rate, measured or predicted (it says which)
     itself: bool = False              # this run is the target alone: its own reference (1.00×)
     elsewhere: str = ""               # the fastest configuration measured here, when another one (see context)
-    # Stop's handler reads these on the very object the run fills (gr.State keeps it by reference):
-    waiting: bool = False             # the first frame is on the page and its run has not started yet
-    running: bool = False             # the run's handler has started and not ended
-    stopped: bool = False             # Stop was pressed: the engine ends after its current step (or never starts)
     no_tree: str = ""                 # why this automatic method draws no tree here (components.no_tree_view)
     projection: str = ""              # after a run: what its trees would do elsewhere (components.projection_view)
 
@@ -177,9 +175,8 @@ def stop_views(session: LiveSession | None):
     prompt…", for good), and one cancelled while its step computed ended with a red "Error" on every output.
     Pressed with no run on, Stop changes nothing.
     """
-    if session is None or not (session.running or session.waiting):
+    if session is None or not session.stop():
         return (gr.skip(),) * 8
-    session.stopped = True
     return stopped_views(session)
 
 
