@@ -24,16 +24,21 @@ from pathlib import Path
 
 import gradio as gr
 
-from components import (compare_tab, distribution_tab, dp_tab, hardware_tab, live_layout, runtime_view, status_view,
-                        validation)
-from components.context import ASSETS, AppContext, LoadStatus
+from components.app_state import validation
+from components.app_state.context import ASSETS, AppContext, LoadStatus
+from components.app_state.extra_runners import ExtraLoader
+from components.app_state.lanes import WorkLanes
+from components.compare import compare_tab
+from components.distribution import distribution_tab
+from components.dp_explorer import dp_tab
+from components.hardware import hardware_tab
+from components.live import live_layout
 from components.served_trees import served_trees
-from components.extra_runners import ExtraLoader
-from components.lanes import WorkLanes
+from components.widgets import runtime_view, status_view
 from sequoia.runners.embedded import default_cache_dir
+from sequoia.runtime.measuring.runtime_choice import RuntimeDecision, decision_from
 from sequoia.runtime.memory import MemoryBudget, gguf_size_bytes, parse_memory_gb
 from sequoia.runtime.models import ModelPair
-from sequoia.runtime.runtime_choice import RuntimeDecision, decision_from
 
 CSS_PATH = ASSETS / "studio.css"
 #: Parameters of the embedded target as converted (Qwen2.5-Coder-1.5B; the shipped GGUF has its own head), for
@@ -62,7 +67,7 @@ def build_demo(pair_or_loader: ModelPair | Callable[[], ModelPair], assets_dir: 
     A loader runs on first use, or in the background once ``demo.sequoia_context.models.start_loading()``
     is called; ``status`` is the progress object the loader reports to (shown in the page banner).
     ``max_budget`` and ``device`` (where a loader will put the pair; None: the CPU) set what one request may ask
-    (components.context.server_limits: the tree budget, by device when ``max_budget`` is None, and token caps).
+    (components.app_state.context.server_limits: the tree budget, by device when ``max_budget`` is None, and token caps).
     ``auto_profile``: when no cached or shipped profile matches this machine, measure one in the background
     once the pair is loaded (cached under ``cache_dir``).  ``owner``: allow server-wide changes (Profile now).
     ``exact_loader``: (pair, progress) -> the float32 target of exact mode, loaded on its first use (None: a
@@ -98,7 +103,7 @@ def build_demo(pair_or_loader: ModelPair | Callable[[], ModelPair], assets_dir: 
             with gr.Tab("Hardware") as hardware:
                 hardware_tab.build(ctx, demo, refresh_on=(hardware.select, ready.change))
         _wire_status(ctx, demo, banner, ready)
-    # Model work runs one request at a time (components.context.MODEL_WORK); the rest waits in one queue.
+    # Model work runs one request at a time (components.app_state.context.MODEL_WORK); the rest waits in one queue.
     # Bad requests to the API endpoints and the Live tab are refused before they queue behind a decode.
     validation.attach_validators(demo, ctx)
     demo.queue(default_concurrency_limit=1, max_size=QUEUE_MAX_SIZE)
@@ -182,7 +187,7 @@ def offload_from_env(env: Mapping[str, str] = os.environ) -> bool | None:
 def runtime_from_env(env: Mapping[str, str] = os.environ) -> RuntimeDecision:
     """The runtime the pair named by the environment serves on, and why: SEQUOIA_BACKEND when set (a clear
     ValueError naming it for an unknown one), else the one this machine runs fastest by its measured or
-    shipped costs (:mod:`sequoia.runtime.runtime_choice`)."""
+    shipped costs (:mod:`sequoia.runtime.measuring.runtime_choice`)."""
     return decision_from(env.get("SEQUOIA_BACKEND"), "SEQUOIA_BACKEND", device=env.get("SEQUOIA_DEVICE") or None,
                          draft=env.get("SEQUOIA_DRAFT") or "embedded", target=env.get("SEQUOIA_TARGET") or "embedded",
                          cache_dir=default_cache_dir(env))
@@ -219,7 +224,7 @@ def exact_loader_from_env(env: Mapping[str, str] = os.environ):
     with the plain forward, on the same device: widened from the bf16 target in memory where the pair holds one
     (the same numbers, without the file read's transient peak), else read again from its converted files."""
     def load(pair, progress):
-        from sequoia.runtime.exactness import load_exact_target, widened_target
+        from sequoia.runtime.checks.exactness import load_exact_target, widened_target
 
         progress(0.0, "widening the target to float32")
         widened = widened_target(pair.target, pair.target_name)
@@ -255,7 +260,7 @@ def reference_loader_from_env(env: Mapping[str, str] = os.environ):
 
 @dataclass(frozen=True)
 class MemoryOptions:
-    """What the app plans its on-demand loads with (components.extra_runners.ExtraRunners: memory, exact_bytes, ...)."""
+    """What the app plans its on-demand loads with (components.app_state.extra_runners.ExtraRunners: memory, exact_bytes, ...)."""
 
     budget: MemoryBudget
     exact_bytes: Callable[[ModelPair], int] | None = None       # pair -> bytes exact mode's target adds

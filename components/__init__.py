@@ -11,7 +11,7 @@ token in the text view mean the same thing.
 
 from __future__ import annotations
 
-from sequoia.core.request import LABEL_OF  # plain data: importing the views loads no model code
+from sequoia.core.requests.request import LABEL_OF  # plain data: importing the views loads no model code
 
 #: Node / token status colours shared by every view.
 COLORS = {

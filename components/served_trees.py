@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sequoia.core.dp import optimal_tree
-from sequoia.core.tree import Tree
-from sequoia.runtime.finder import find_acceptance
+from sequoia.core.trees.dp import optimal_tree
+from sequoia.core.trees.tree import Tree
+from sequoia.runtime.measuring.finder import find_acceptance
 
-from .compare_tab import DEFAULT_BUDGET, DEFAULT_DEPTH
-from .live_tab import GUIDED
+from components.compare.compare_tab import DEFAULT_BUDGET, DEFAULT_DEPTH
+from components.live.live_tab import GUIDED
 
 
 def served_trees(assets_dir: Path) -> tuple[Tree, ...]:

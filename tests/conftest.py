@@ -120,8 +120,8 @@ def app_pair(draft, target):
 
 @pytest.fixture(scope="session")
 def lanes():
-    """The app's model-free work lanes (components.lanes), one set for the session: one DP process, not one a test."""
-    from components.lanes import WorkLanes
+    """The app's model-free work lanes (components.app_state.lanes), one set for the session: one DP process, not one a test."""
+    from components.app_state.lanes import WorkLanes
 
     return WorkLanes()
 
@@ -163,7 +163,7 @@ def embedded_pair_fp32():
 def load_script(name: str) -> ModuleType:
     """``scripts/<name>.py`` imported as the module ``name`` (scripts are run, not packaged); registered in
     ``sys.modules`` before it runs, as an import would (a dataclass in it looks its module up)."""
-    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    path = next((Path(__file__).resolve().parents[1] / "scripts").rglob(f"{name}.py"))
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .tree import MAX_TREE_SIZE
+from .trees.tree import MAX_TREE_SIZE
 
 #: Hard caps that keep one request from exhausting memory or starving a server.
 MAX_NEW_TOKENS = 4096

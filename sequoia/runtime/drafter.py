@@ -9,8 +9,8 @@ Every draft forward is a :class:`~sequoia.runners.base.Session` forward of the
 draft runner (slots and parents: the runner builds the masks its runtime needs).
 
 A :class:`Proposer` decides the tree shape (static trees take it from a
-:class:`~sequoia.core.tree.Tree`; dynamic policies decide as they go, see
-:mod:`sequoia.runtime.dynamic`) and returns a :class:`Draft`: the tree, its tokens and
+:class:`~sequoia.core.trees.tree.Tree`; dynamic policies decide as they go, see
+:mod:`sequoia.runtime.proposers.dynamic`) and returns a :class:`Draft`: the tree, its tokens and
 the draft distribution q at every node that has children.  The engine calls
 ``start()`` once per generation, ``wants_draft()`` before each step (False:
 a plain target step, no draft forward), ``propose()`` and ``observe(record)``
@@ -29,9 +29,9 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ..core.config import SamplingConfig
-from ..core.sampling import sample_children, warp
-from ..core.trace import NGRAM, DynamicInfo, StepRecord
-from ..core.tree import Tree
+from ..core.statistics.trace import NGRAM, DynamicInfo, StepRecord
+from ..core.trees.tree import Tree
+from ..core.verification.sampling import sample_children, warp
 from ..runners.base import Runner
 
 
@@ -72,7 +72,7 @@ class Draft:
 class Proposer:
     """What the engine needs of a decoding method; subclasses define ``name``, ``mode`` and ``propose``.
 
-    ``mode`` is the sampling mode of the children at temperature > 0 (see :mod:`sequoia.core.sampling`).
+    ``mode`` is the sampling mode of the children at temperature > 0 (see :mod:`sequoia.core.verification.sampling`).
     """
 
     name: str

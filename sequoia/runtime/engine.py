@@ -3,9 +3,9 @@
 One step: the proposer grows a draft tree (:mod:`sequoia.runtime.drafter`); the target
 scores the whole tree in ONE forward with a tree attention mask and explicit
 position ids; :func:`~sequoia.runtime.verify.verify_tree` walks the tree by
-:mod:`sequoia.core.sampling`'s rule to an accepted path plus one bonus token and
+:mod:`sequoia.core.verification.sampling`'s rule to an accepted path plus one bonus token and
 reads the step back from the device once; both KV caches are compacted to the
-accepted path; the step is yielded as a :class:`~sequoia.core.trace.StepRecord`.
+accepted path; the step is yielded as a :class:`~sequoia.core.statistics.trace.StepRecord`.
 
 Step 0 is the prompt's forward: the target prefills the whole prompt and the
 first token is drawn from its last row, exactly as the target alone draws it
@@ -42,8 +42,8 @@ from dataclasses import dataclass
 import torch
 
 from ..core.config import MAX_PROMPT_TOKENS, GenerationConfig
-from ..core.trace import ACCEPTED, REJECTED, UNREACHED, StepRecord
-from ..core.tree import Tree
+from ..core.statistics.trace import ACCEPTED, REJECTED, UNREACHED, StepRecord
+from ..core.trees.tree import Tree
 from ..runners.base import Session, shared_vocab
 from .drafter import Draft, Drafter, Proposer
 from .verify import Walk, read_draft, verify_tree

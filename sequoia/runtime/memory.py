@@ -4,7 +4,7 @@ Why: a served app loads extra models on demand (exact mode's float32 target, 6.2
 1.5B target; Compare's llama.cpp reference), and a 16 GB container is killed, not warned, when a load
 goes past its limit.  So every such load is estimated first and planned against the room left.
 
-Vocabulary (used by :class:`MemoryBudget` and :mod:`components.context`):
+Vocabulary (used by :class:`MemoryBudget` and :mod:`components.app_state.context`):
 
 - **resident**: the bytes of this process in RAM (``VmRSS`` of ``/proc/self/status``), what an
   out-of-memory killer counts;

@@ -10,16 +10,16 @@ name               tree                                        children drawn
 ``sequoia``        DP-optimal for the acceptance vector          without replacement
 ``sequoia-auto``   budget and depth chosen by the optimizer      without replacement
 ``sequoia-dynamic`` grown each step from the draft's confidence   without replacement
-                   under the hardware profile (sequoia.runtime.dynamic)
+                   under the hardware profile (sequoia.runtime.proposers.dynamic)
 ``file``           any tree from a JSON file                    without replacement
 ``ngram``          copied continuations of the context only      fixed (no draft model)
-                   (sequoia.runtime.ngram_proposer)
+                   (sequoia.runtime.proposers.ngram_proposer)
 ``sequoia-ngram``  copied branches + the dynamic tree, one        fixed, then without
-                   cost model (sequoia.runtime.ngram_dynamic)    replacement
+                   cost model (sequoia.runtime.proposers.ngram_dynamic)    replacement
 =================  ==========================================  ==================
 
 The automatic methods (``sequoia-auto``, ``sequoia-dynamic``, ``ngram``,
-``sequoia-ngram``) run under the price gate (:mod:`sequoia.runtime.price`)
+``sequoia-ngram``) run under the price gate (:mod:`sequoia.runtime.proposers.price`)
 unless ``price=None``: they measure what their steps cost against the target
 alone and back off to smaller trees, then to none, when drafting loses.
 """
@@ -29,24 +29,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from ..core.calibration import Calibration
 from ..core.config import check_budget
-from ..core.cost import conservative_profile
-from ..core.dp import optimal_tree
-from ..core.ngram_acceptance import NgramAcceptance, ngram_prior
-from ..core.optimizer import choose_tree
-from ..core.request import ENGINE_METHODS, LABEL_OF, PRICED_METHODS, MethodSpec
-from ..core.tree import Tree
+from ..core.ngrams.ngram_acceptance import NgramAcceptance, ngram_prior
+from ..core.profiles.calibration import Calibration
+from ..core.profiles.cost import conservative_profile
+from ..core.requests.request import ENGINE_METHODS, LABEL_OF, PRICED_METHODS, MethodSpec
+from ..core.trees.dp import optimal_tree
+from ..core.trees.optimizer import choose_tree
+from ..core.trees.tree import Tree
 from .drafter import StaticTreeProposer
-from .dynamic import MAX_DEPTH, DynamicTreeProposer
-from .ngram_dynamic import NgramDynamicProposer
-from .ngram_proposer import NgramProposer, NgramSettings
-from .price import PLAIN, SMALL, PriceGate, PriceSettings
+from .proposers.dynamic import MAX_DEPTH, DynamicTreeProposer
+from .proposers.ngram_dynamic import NgramDynamicProposer
+from .proposers.ngram_proposer import NgramProposer, NgramSettings
+from .proposers.price import PLAIN, SMALL, PriceGate, PriceSettings
 
 #: Deepest static tree the hardware-aware optimizer may choose (``sequoia-auto``) unless asked otherwise.
 STATIC_DEPTH = 16
 
-# The registry (names, labels, what budget and depth mean per method) is pure data in sequoia.core.request,
+# The registry (names, labels, what budget and depth mean per method) is pure data in sequoia.core.requests.request,
 # so the page can read it without importing models; re-exported here for the CLI and the bench.
 __all__ = ["ENGINE_METHODS", "LABEL_OF", "PRICED_METHODS", "STATIC_DEPTH", "DEFAULT_ACCEPTANCE", "make_method"]
 
@@ -77,13 +77,13 @@ def make_method(
 ):
     """Build a proposer; all parameters are validated here with readable errors.
 
-    ``name``: a method name, or a :class:`~sequoia.core.request.MethodSpec` (a parsed request's method), whose
+    ``name``: a method name, or a :class:`~sequoia.core.requests.request.MethodSpec` (a parsed request's method), whose
     budget and depth mean what the registry says for that method (e.g. a chain of min(budget, depth) tokens,
     SpecInfer's budget // depth chains); its keywords then replace ``budget``, ``depth`` and ``width``.
 
     ``copy_acceptance``: the measured acceptance of copied tokens for ``ngram`` / ``sequoia-ngram``
-    (:func:`sequoia.runtime.finder.find_ngram_acceptance`); None: the hand-set prior
-    (:func:`sequoia.core.ngram_acceptance.ngram_prior`).
+    (:func:`sequoia.runtime.measuring.finder.find_ngram_acceptance`); None: the hand-set prior
+    (:func:`sequoia.core.ngrams.ngram_acceptance.ngram_prior`).
 
     ``price``: how the automatic methods' price gate weighs measured step costs (None: no price gate, the
     cost model's predictions alone decide).

@@ -19,15 +19,15 @@ from huggingface_hub import snapshot_download
 from transformers import PreTrainedTokenizerBase
 
 from ..core.config import MAX_PROMPT_TOKENS
-from ..core.runtimes import BACKENDS  # noqa: F401  (the runtimes load_pair takes; callers import it from here too)
-from ..core.tree import Tree
+from ..core.profiles.runtimes import BACKENDS  # noqa: F401  (the runtimes load_pair takes; callers import it from here too)
+from ..core.trees.tree import Tree
 from ..runners.base import Runner
 from ..runners.embedded import EMBEDDED, ProgressFn, converted_dir, default_cache_dir, ensure_gguf, is_converted
+from ..runners.hf.capture import warm_up_pair
 from ..runners.hf.convert import ensure_converted, tokenizer_from_gguf
 from ..runners.hf.kernels import check_scheme
 from ..runners.hf.loading import (EMBEDDED_NAME, ModelLoadError, load_runner, load_tokenizer,  # noqa: F401
                                   resolve_device, resolve_draft_quant, resolve_dtype)
-from ..runners.hf.capture import warm_up_pair
 from ..runners.offload.checkpoint import Checkpoint
 from ..runners.offload.runner import load_streamed_runner
 

@@ -13,9 +13,9 @@ import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing
 
-from ..core.checks import with_texts as checks_with_texts
 from ..core.config import GenerationConfig
-from ..core.trace import StepRecord
+from ..core.statistics.trace import StepRecord
+from ..core.verification.checks import with_texts as checks_with_texts
 from .drafter import Proposer
 from .engine import SpeculativeEngine
 

@@ -5,7 +5,7 @@ returns the accepted path and bonus token (a :class:`Walk`), the target's
 probability of each node's token, and the draft with its tokens read, all from one
 device-to-host transfer (:class:`StepBuffers` on the device, :class:`StepReadback`
 on the host, one named field per buffer).  The rule every walk applies is
-:mod:`sequoia.core.sampling`'s (its docstring defines node, path, residual, bonus).
+:mod:`sequoia.core.verification.sampling`'s (its docstring defines node, path, residual, bonus).
 
 Two walks apply it:
 
@@ -16,7 +16,7 @@ Two walks apply it:
   verifies children copied from the context (fixed proposals);
 * the **device walk** (:func:`walk_on_device`, T > 0) verifies every node that
   has children at once with the batched form of the rule
-  (:func:`~sequoia.core.sampling.verify_rows_state`), one uniform per child slot
+  (:func:`~sequoia.core.verification.sampling.verify_rows_state`), one uniform per child slot
   drawn up front; the path's end is found on the device by following the
   accepted children, the bonus is drawn there from the residual (or p at a
   leaf), and the bonus and each node's verdict come back in the readback, from
@@ -28,7 +28,7 @@ independent of the other nodes', so the verdicts read along the path are
 distributed as the host walk's sequential tests; the verdicts of nodes off the
 path are computed and never read.  Only the use of random numbers differs, so a
 seed gives other (equally distributed) text than the host walk.
-``tests/test_verify_rows_exact.py`` computes the probability of every outcome of
+``tests/runtime/test_verify_rows_exact.py`` computes the probability of every outcome of
 both walks exactly.
 """
 
@@ -41,11 +41,12 @@ from functools import lru_cache
 
 import torch
 
-from ..core.checks import bonus_check, greedy_checks, sampled_checks
 from ..core.config import SamplingConfig
-from ..core.sampling import sample_children, sample_token, verify_children, verify_greedy, verify_rows_state, warp
-from ..core.trace import NGRAM, NodeCheck
-from ..core.tree import Tree
+from ..core.statistics.trace import NGRAM, NodeCheck
+from ..core.trees.tree import Tree
+from ..core.verification.checks import bonus_check, greedy_checks, sampled_checks
+from ..core.verification.sampling import (sample_children, sample_token, verify_children, verify_greedy,
+                                          verify_rows_state, warp)
 from ..runners.base import upload
 from .drafter import Draft
 

@@ -7,12 +7,12 @@ lands on all methods alike instead of on whichever ran last.  With
 ``rounds`` R > 1 each prompt gets R such rounds back to back (A B C A B C),
 as the Compare tab runs them: the report pairs each run with the target
 alone's of the same round and shows the round-to-round spread of each ratio
-beside its median (:mod:`sequoia.core.rounds`).
+beside its median (:mod:`sequoia.core.statistics.rounds`).
 
-Each run goes through :func:`sequoia.runtime.timing.run_method`, whose rule
+Each run goes through :func:`sequoia.runtime.measuring.timing.run_method`, whose rule
 the app and the scripts share: the whole call is timed (prefill included, for
 the engine as for Hugging Face) on the engine's clock, after one untimed
-warm-up run of every method (:func:`sequoia.runtime.timing.warmup`).  A run
+warm-up run of every method (:func:`sequoia.runtime.measuring.timing.warmup`).  A run
 records the generated tokens, the target forwards (prefill included), the
 mean tree size each step drafted, and for engine methods the draft / verify /
 other split summed from their step records.  At temperature 0 each output is
@@ -33,15 +33,15 @@ import torch
 
 from .._meta import Progress, ProgressFn, now_iso, pair_name
 from ..core.config import GenerationConfig, SamplingConfig
-from ..core.ngram_acceptance import NgramAcceptance
-from ..core.tree import Tree
-from ..runtime.acceptance import load_prompts
+from ..core.ngrams.ngram_acceptance import NgramAcceptance
+from ..core.trees.tree import Tree
 from ..runtime.drafter import StaticTreeProposer
-from ..runtime.dynamic import DynamicTreeProposer
 from ..runtime.engine import SpeculativeEngine
+from ..runtime.measuring.acceptance import load_prompts
+from ..runtime.measuring.profiling import describe_device
+from ..runtime.measuring.timing import RunResult, run_method, warmup
 from ..runtime.methods import make_method
-from ..runtime.profiling import describe_device
-from ..runtime.timing import RunResult, run_method, warmup
+from ..runtime.proposers.dynamic import DynamicTreeProposer
 
 #: Methods in the order the report lists them: the target alone, Hugging Face's two kinds of drafting (the
 #: draft model, copies from the prompt), the engine's trees, then the n-gram ones (copies only; copies + draft).
@@ -118,7 +118,7 @@ class BenchResult:
     runs: list[RunResult] = field(default_factory=list)
     trees: list[TreeChoice] = field(default_factory=list)
     profile: dict | None = None       # the hardware profile the optimizer used
-    profile_reason: str = ""          # which profile that is and why (sequoia.runtime.finder)
+    profile_reason: str = ""          # which profile that is and why (sequoia.runtime.measuring.finder)
     clock: str = "wall"               # "wall", or "process" (CPU time of this process, one thread)
     started: str = ""
     seconds: float = 0.0              # whole bench, warm-up included (wall time)
@@ -163,7 +163,7 @@ def run_bench(
     ``dynamic`` maps (prompt set, temperature) to the ``sequoia-dynamic`` proposer to run there
     (see :func:`sequoia.tools.bench_trees.dynamic_proposers`); ``ngram`` and ``sequoia-ngram`` are built
     from its settings (:func:`make_proposers`).  ``clock`` times every run and the
-    engine's step split (e.g. :func:`sequoia.runtime.timing.process_clock`); the bench's own duration is wall time.
+    engine's step split (e.g. :func:`sequoia.runtime.measuring.timing.process_clock`); the bench's own duration is wall time.
     """
     proposers = make_proposers(config, prompt_sets, sequoia_trees, dynamic, copies)
     engine = SpeculativeEngine(pair, clock=clock)

@@ -17,12 +17,12 @@ from pathlib import Path
 import torch
 
 from .._meta import ASSETS, pair_name, write_json
-from ..runtime.dynamic import MAX_DEPTH
-from ..runtime.exactness import load_exact_pair
-from ..runtime.finder import ProfileChoice, find_ngram_acceptance, list_acceptance
+from ..runtime.checks.exactness import load_exact_pair
+from ..runtime.measuring.finder import ProfileChoice, find_ngram_acceptance, list_acceptance
+from ..runtime.measuring.timing import process_clock
 from ..runtime.methods import STATIC_DEPTH
 from ..runtime.models import BACKENDS
-from ..runtime.timing import process_clock
+from ..runtime.proposers.dynamic import MAX_DEPTH
 from .bench import BENCH_METHODS, WORKLOAD_METHODS, BenchConfig, load_prompt_sets
 from .bench import run_bench as bench
 from .bench_figures import speed_figure, speedup_figure, time_split_figure, write_figures
@@ -41,7 +41,7 @@ EXACT_HELP = ("exact mode: the target in float32 with its plain forward (no int8
 
 
 def load_pair_for(args):
-    """The pair the model options name; with ``--exact`` the exact-mode pair (:mod:`sequoia.runtime.exactness`)."""
+    """The pair the model options name; with ``--exact`` the exact-mode pair (:mod:`sequoia.runtime.checks.exactness`)."""
     if not getattr(args, "exact", False):
         return load_from_args(args)
     if args.dtype not in ("auto", "fp32", "float32") or args.target_quant != "none":

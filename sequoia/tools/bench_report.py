@@ -1,6 +1,6 @@
 """Summaries of a bench run (medians per prompt set) and their JSON / Markdown forms.
 
-Every number here is computed from :class:`sequoia.runtime.timing.RunResult` alone.
+Every number here is computed from :class:`sequoia.runtime.measuring.timing.RunResult` alone.
 ``speedup`` is the median over prompts of each prompt's tokens/s ratio to
 ``hf-generate`` on the same prompt and temperature (the target alone),
 ``vs_assisted`` the same ratio to ``hf-assisted``, and ``vs_best_hf`` the ratio
@@ -17,7 +17,7 @@ rate after it (``decode_tokens_per_s``, with ``decode_speedup`` and
 apart, as serving benchmarks report time to first token and time per token.
 
 Every ratio is a median of per-prompt ratios (Spec-Bench's per-prompt speedups) through the statistics the
-Compare tab uses (:mod:`sequoia.core.rounds`: paired ratios, their median and range); ``speedup_lo`` and
+Compare tab uses (:mod:`sequoia.core.statistics.rounds`: paired ratios, their median and range); ``speedup_lo`` and
 ``speedup_hi`` are the range over the prompts, shown beside the median, so a ratio whose range holds 1
 reads as what it is.  A bench of R > 1 rounds pairs each run with the reference's run of the same prompt
 *and round*; a prompt's ratio is the median of its rounds' ratios, a prompt's rate the median of its
@@ -36,9 +36,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .._meta import read_json
-from ..core import rounds
-from ..core.request import LABEL_OF
-from ..runtime.timing import RunResult
+from ..core.requests.request import LABEL_OF
+from ..core.statistics import rounds
+from ..runtime.measuring.timing import RunResult
 from .bench import BENCH_METHODS, BenchResult
 
 FORMAT = "sequoia-bench/1"

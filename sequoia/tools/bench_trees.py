@@ -2,9 +2,9 @@
 
 Sequoia's tree depends on the workload (the acceptance vector of the pair on
 that kind of prompt, at that temperature) and on the machine (the hardware
-profile).  The vectors and calibrations are chosen by :mod:`sequoia.runtime.finder`
+profile).  The vectors and calibrations are chosen by :mod:`sequoia.runtime.measuring.finder`
 (the same rule as the app's and the CLI's) and handed with the profile to
-:func:`sequoia.core.optimizer.choose_tree`.
+:func:`sequoia.core.trees.optimizer.choose_tree`.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .._meta import ASSETS
-from ..core.cost import baseline_ms
-from ..core.dp import optimal_tree
-from ..core.optimizer import choose_tree, predict
-from ..runtime.finder import AcceptanceEntry, find_acceptance, find_calibration
+from ..core.profiles.cost import baseline_ms
+from ..core.trees.dp import optimal_tree
+from ..core.trees.optimizer import choose_tree, predict
+from ..runtime.measuring.finder import AcceptanceEntry, find_acceptance, find_calibration
 from ..runtime.methods import make_method
 from .bench import PromptSet, TreeChoice
 
@@ -26,7 +26,7 @@ def choose_trees(prompt_sets: Sequence[PromptSet], temperatures: Sequence[float]
                  max_depth: int | None = 16, fixed_budget: int | None = None) -> list[TreeChoice]:
     """One tree per (prompt set, temperature): the optimizer's choice, or with ``fixed_budget`` the DP tree
     of exactly that budget (the paper's fixed-size Sequoia; the profile then only predicts its speed).
-    ``entries``: the acceptance vectors to choose from (:func:`sequoia.runtime.finder.list_acceptance`)."""
+    ``entries``: the acceptance vectors to choose from (:func:`sequoia.runtime.measuring.finder.list_acceptance`)."""
     out = []
     for s in prompt_sets:
         for temp in temperatures:
@@ -49,8 +49,8 @@ def dynamic_proposers(prompt_sets: Sequence[PromptSet], temperatures: Sequence[f
                       pair: str | None = None, budget: int | None = None, max_depth: int | None = None) -> dict:
     """(prompt set, temperature) -> a ``sequoia-dynamic`` proposer: priced by ``profile``, with the
     calibration under ``assets_dir`` nearest in temperature (identity without one) and the acceptance
-    vector :func:`sequoia.runtime.finder.find_acceptance` picks from ``entries`` as its prior; ``max_depth``
-    None: the proposer's own cap (:data:`sequoia.runtime.dynamic.MAX_DEPTH`)."""
+    vector :func:`sequoia.runtime.measuring.finder.find_acceptance` picks from ``entries`` as its prior; ``max_depth``
+    None: the proposer's own cap (:data:`sequoia.runtime.proposers.dynamic.MAX_DEPTH`)."""
     out = {}
     for s in prompt_sets:
         for temp in temperatures:

@@ -2,7 +2,7 @@
 
     python -m sequoia calibrate --texts sequoia/core/*.py README.md --out-dir assets/acceptance
 
-Writes one ``calibration-NAME-tT.json`` per temperature (see :mod:`sequoia.core.calibration`).
+Writes one ``calibration-NAME-tT.json`` per temperature (see :mod:`sequoia.core.profiles.calibration`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 
 from ..core.config import SamplingConfig
-from ..runtime.acceptance import load_prompts
-from ..runtime.calibration import calibrate, calibrate_prompts, text_sequences
+from ..runtime.measuring.acceptance import load_prompts
+from ..runtime.measuring.calibration import calibrate, calibrate_prompts, text_sequences
 from .common import add_model_args, load_from_args
 
 DESCRIPTION = "Fit the confidence-to-acceptance calibration of the dynamic tree."

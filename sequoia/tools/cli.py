@@ -16,21 +16,20 @@ from pathlib import Path
 import torch
 
 from .._meta import ASSETS
-from ..core.acceptance import AcceptanceVector
 from ..core.config import GenerationConfig, SamplingConfig
-from ..core.dp import optimal_tree
-from ..core.optimizer import choose_tree
-from ..core.profile import HardwareProfile
-from ..core.sglang_family import (ALGORITHMS, EMBEDDED_DRAFT, EMBEDDED_TARGET, MAX_TOPK,
-                                  best_launch)
-from ..core.stats import summarize
-from ..core.words import counted
-from ..runtime.acceptance import MEASURING_WAYS, load_prompts, measure_acceptance
+from ..core.profiles.acceptance import AcceptanceVector
+from ..core.profiles.profile import HardwareProfile
+from ..core.statistics.stats import summarize
+from ..core.statistics.words import counted
+from ..core.trees.dp import optimal_tree
+from ..core.trees.optimizer import choose_tree
+from ..core.trees.sglang_family import ALGORITHMS, EMBEDDED_DRAFT, EMBEDDED_TARGET, MAX_TOPK, best_launch
 from ..runtime.engine import SpeculativeEngine
-from ..runtime.finder import cache_profile, find_calibration, find_ngram_acceptance, find_profile
+from ..runtime.measuring.acceptance import MEASURING_WAYS, load_prompts, measure_acceptance
+from ..runtime.measuring.finder import cache_profile, find_calibration, find_ngram_acceptance, find_profile
+from ..runtime.measuring.profiling import measure_profile, measure_streamed_profile
+from ..runtime.measuring.timing import process_clock
 from ..runtime.methods import ENGINE_METHODS, PRICED_METHODS, make_method
-from ..runtime.profiling import measure_profile, measure_streamed_profile
-from ..runtime.timing import process_clock
 from ..runtime.texts import generate_with_texts
 from . import calibrate_cli
 from .bench_cli import EXACT_HELP, add_bench_parser, load_pair_for, main_bench

@@ -10,13 +10,13 @@ import argparse
 import os
 import sys
 
-from ..core.fingerprint import Fingerprint
-from ..runtime.finder import ProfileChoice, find_profile, measure_and_cache
-from ..runtime.fingerprint import expected_fingerprint as fingerprint_as_loaded
-from ..runtime.fingerprint import machine_fingerprint
+from ..core.profiles.fingerprint import Fingerprint
 from ..runners.hf.kernels import SCHEMES
+from ..runtime.measuring.finder import ProfileChoice, find_profile, measure_and_cache
+from ..runtime.measuring.fingerprint import expected_fingerprint as fingerprint_as_loaded
+from ..runtime.measuring.fingerprint import machine_fingerprint
+from ..runtime.measuring.runtime_choice import choose_runtime
 from ..runtime.models import BACKENDS, load_pair, resolve_device, resolve_draft_quant, resolve_dtype
-from ..runtime.runtime_choice import choose_runtime
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -54,7 +54,7 @@ def load_from_args(args):
 
 def backend_of(args) -> str:
     """``--backend``, else ``$SEQUOIA_BACKEND``, else the runtime this machine runs the models fastest on
-    (:mod:`sequoia.runtime.runtime_choice`; decided once, its reason printed on stderr, and kept in ``args``)."""
+    (:mod:`sequoia.runtime.measuring.runtime_choice`; decided once, its reason printed on stderr, and kept in ``args``)."""
     name = getattr(args, "backend", None) or os.environ.get("SEQUOIA_BACKEND", "").strip().lower()
     if name:
         if name not in BACKENDS:

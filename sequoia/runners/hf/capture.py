@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ...core.config import SamplingConfig
-from ...core.tree import Tree
+from ...core.trees.tree import Tree
 from .compile_cache import CompileStatus, finish
 from .graph_runner import MIN_WINDOW, GraphRunner
 

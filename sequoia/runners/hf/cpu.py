@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ...core.fingerprint import CPU_FEATURES
+from ...core.profiles.fingerprint import CPU_FEATURES
 
 CPUINFO = Path("/proc/cpuinfo")
 

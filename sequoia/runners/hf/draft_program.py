@@ -48,8 +48,8 @@ from typing import TypeVar
 import torch
 
 from ...core.config import SamplingConfig
-from ...core.sampling import sample_children
-from ...core.tree import Tree
+from ...core.trees.tree import Tree
+from ...core.verification.sampling import sample_children
 from ..base import upload
 
 T = TypeVar("T")
@@ -165,7 +165,7 @@ class ProgramResult:
 
 def warp_tensors(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, top_k: int,
                  top_p_filter: bool) -> torch.Tensor:
-    """:func:`sequoia.core.sampling.warp` (T > 0) with temperature and top-p as 0-d tensors.  # [m, V] float32
+    """:func:`sequoia.core.verification.sampling.warp` (T > 0) with temperature and top-p as 0-d tensors.  # [m, V] float32
 
     The same operations in the same order, so the same distribution to rounding.
     """

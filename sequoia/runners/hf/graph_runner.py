@@ -35,15 +35,15 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from dataclasses import replace
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import torch
 
-from ..base import RunnerInfo, check_forward_args, check_keep_args, check_path, new_positions, upload
 from ...core.config import SamplingConfig
-from ...core.tree import Tree
+from ...core.trees.tree import Tree
+from ..base import RunnerInfo, check_forward_args, check_keep_args, check_path, new_positions, upload
 from .compile_cache import CompilePlan, compile_forward, failed
 from .draft_program import DraftProgram, SamplingShape, program_key, try_capture
 from .slot_cache import SlotCache, slot_bytes

@@ -38,7 +38,7 @@ each original name serves its slice of the one product
 (:class:`FusedProjections`, :class:`ProjectionPart`).  Both schemes quantize
 each output row on its own (a scale per row, or per row and input group), so
 the stacked layer holds the very same numbers and its output equals the
-separate layers' bit for bit (tests/test_kernels.py checks it; the draft's q
+separate layers' bit for bit (tests/runners/test_kernels.py checks it; the draft's q
 is unchanged).  Measured on the AVX-512-BF16 CPU, 2 threads, while other jobs
 loaded it (so ratios only): the kernels alone take 0.60x (q|k|v) and 0.92x
 (gate|up) the time of the separate calls; a one-token int4 draft forward on a

@@ -16,7 +16,7 @@ projections (a fused q|k|v or gate|up product taken whole rather than slice by
 slice: :class:`~sequoia.runners.hf.kernels.FusedProjections`), the activation, the
 cache update of the ``DynamicCache`` it is given, and attention through
 :func:`~sequoia.runners.hf.attention.few_query_attention` with the mask the model
-would have built.  The logits equal the model's (tests/test_lean.py compares
+would have built.  The logits equal the model's (tests/runners/test_lean.py compares
 them in fp32 and in quantized bf16, with tree masks over a cache).
 
 Taken only where it is exactly that: a CPU model switched to few-query

@@ -22,11 +22,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ...core.masks import tree_attention_mask
+from ...core.trees.masks import tree_attention_mask
 from ..base import RunnerInfo, check_forward_args, check_keep_args, check_path, new_positions
-from .onednn import single_row_scope
 from .kv_cache import KVCache
 from .lean import model_forward
+from .onednn import single_row_scope
 
 ForwardFn = Callable[..., torch.Tensor]  # (model, ids [1, n], pos [1, n], mask | None, cache, keep) -> [1, rows, V]
 

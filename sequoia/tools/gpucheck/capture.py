@@ -1,7 +1,7 @@
 """The GPU check's capture times: seconds to capture one CUDA graph per bucket, what a ZeroGPU call must pay.
 
 On ZeroGPU the process is fresh for (almost) every call, so a call that replays
-graphs first captures them (:mod:`sequoia.runtime.gpu_call` decides whether that
+graphs first captures them (:mod:`sequoia.runtime.measuring.gpu_call` decides whether that
 pays, from a capture time per graph it labels "not measured" until this measures
 it).  For each bucket of new rows, on a fresh graph runner: the first forward
 (warm-up, capture, replay) less the median of the replays after it.  Off CUDA
@@ -72,6 +72,6 @@ def capture_markdown(capture: dict | None) -> str:
             lines.append(f"| {name} | {n} | {r['first_ms']:.1f} | {r['replay_ms']:.2f} | {r['capture_s']:.3f} |")
         lines.append(f"| {name} | mean | | | **{s['mean_capture_s']:.3f}** |")
     lines.append("")
-    lines.append("`sequoia/runtime/gpu_call.py` takes the mean as its `CaptureCost` (measured) on the card it "
+    lines.append("`sequoia/runtime/measuring/gpu_call.py` takes the mean as its `CaptureCost` (measured) on the card it "
                  "was measured on.")
     return "\n".join(lines) + "\n"

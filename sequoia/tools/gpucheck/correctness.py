@@ -15,8 +15,8 @@ from collections.abc import Callable
 import torch
 
 from ...core.config import GenerationConfig, SamplingConfig
+from ...runtime.checks.joint_check import broken_residual, empirical_joint, exact_joint, joint_pvalue
 from ...runtime.engine import SpeculativeEngine
-from ...runtime.joint_check import broken_residual, empirical_joint, exact_joint, joint_pvalue
 from ...runtime.methods import make_method
 from .models import pair_of, perturbed, runner, tiny_model
 

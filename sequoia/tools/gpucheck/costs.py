@@ -21,12 +21,12 @@ from collections.abc import Callable
 import torch
 
 from ...core.config import GenerationConfig
-from ...core.optimizer import choose_tree
-from ...core.tree import Tree
+from ...core.trees.optimizer import choose_tree
+from ...core.trees.tree import Tree
 from ...runtime.drafter import StaticTreeProposer
 from ...runtime.engine import SpeculativeEngine, sync
-from ...runtime.finder import find_acceptance, list_acceptance
-from ...runtime.profiling import measure_profile
+from ...runtime.measuring.finder import find_acceptance, list_acceptance
+from ...runtime.measuring.profiling import measure_profile
 from .baselines import target_baselines
 from .models import Shape, pair_of, random_model, runner
 

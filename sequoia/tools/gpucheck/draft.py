@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 
 from ...core.config import SamplingConfig
-from ...core.dp import optimal_tree
-from ...core.tree import Tree
+from ...core.trees.dp import optimal_tree
+from ...core.trees.tree import Tree
 from ...runners.base import RunnerInfo
 from ...runners.hf.capture import warm_up
 from ...runners.hf.compile_cache import CompilePlan, artifacts_path, compile_key, unavailable_reason
@@ -37,7 +37,7 @@ from ...runners.hf.graph_runner import GraphRunner
 from ...runners.hf.loading import dtype_name
 from ...runtime.drafter import Drafter, StaticTreeProposer, _parents_by_level
 from ...runtime.engine import sync
-from ...runtime.finder import find_acceptance
+from ...runtime.measuring.finder import find_acceptance
 from .models import CPU_DRAFT, DRAFT_05B, Shape, random_model
 
 SAMPLINGS = {"T=0": SamplingConfig(), "T=1": SamplingConfig(temperature=1.0)}

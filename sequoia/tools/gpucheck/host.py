@@ -26,11 +26,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ...core.config import GenerationConfig, SamplingConfig
-from ...core.dp import optimal_tree
-from ...core.tree import Tree
+from ...core.trees.dp import optimal_tree
+from ...core.trees.tree import Tree
 from ...runtime.drafter import StaticTreeProposer
 from ...runtime.engine import SpeculativeEngine, sync
-from ...runtime.finder import find_acceptance
+from ...runtime.measuring.finder import find_acceptance
 from .models import pair_of, perturbed, runner, tiny_model
 
 #: (label, budget, depth) of the measured trees: DP trees of the code T=0 vector.

@@ -21,12 +21,12 @@ from dataclasses import replace
 import torch
 from transformers import DynamicCache
 
-from ...core.optimizer import choose_tree
-from ...core.profile import HardwareProfile
+from ...core.profiles.profile import HardwareProfile
+from ...core.trees.optimizer import choose_tree
 from ...runners.hf.lean import model_forward
 from ...runners.offload.runner import StreamedRunner, host_model, streamed_runner
 from ...runtime.engine import sync
-from ...runtime.finder import list_acceptance
+from ...runtime.measuring.finder import list_acceptance
 from .models import Shape
 
 #: Elements of the random pool every tensor is cut from (64 MB of bf16).

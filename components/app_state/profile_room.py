@@ -1,0 +1,142 @@
+"""The hardware profile the app prices trees with: found, measured in the background, and what follows from it.
+
+:class:`ProfileRoom` holds the current :class:`~sequoia.runtime.measuring.finder.ProfileChoice` (cached or shipped,
+matched to this machine by fingerprint, never one from another machine), the background measurement when
+none matches, the sentences and banner that say which is in use, and the values the page derives from the
+profile (:meth:`ProfileRoom.derived`), computed once per profile rather than once per decode.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+import traceback
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from sequoia._meta import ASSETS
+from sequoia.core.profiles.profile import HardwareProfile
+from sequoia.core.profiles.runtimes import RuntimeDecision
+from sequoia.runtime.measuring import finder
+from sequoia.runtime.measuring.finder import ProfileChoice
+from sequoia.runtime.measuring.fingerprint import machine_fingerprint
+from sequoia.runtime.models import ModelPair
+
+from components.app_state.load_status import LoadStatus
+
+
+T = TypeVar("T")
+
+#: What Sequoia does while this machine's profile is being measured (conservative: never slower).
+UNTIL_MEASURED = ("until this machine's profile is measured, Sequoia (auto) runs the target alone and "
+                  "Sequoia (dynamic) drafts nothing")
+#: Values derived from one profile that are kept (each is a few numbers; the keys are few: runtimes, vectors).
+DERIVED_SIZE = 64
+
+
+def _not_loaded() -> ProfileChoice:
+    return ProfileChoice(None, "none", None, "the models are not loaded yet")
+
+
+@dataclass
+class ProfileRoom:
+    """This server's hardware profile; server-wide, since it describes the machine."""
+
+    assets_dir: Path = ASSETS                 # the shipped profiles, calibrations and acceptance vectors
+    cache_dir: Path | None = None             # where this machine's measured profiles are cached (None: default)
+    auto_profile: bool = False                # measure a profile in the background when none matches
+    choice: ProfileChoice = field(default_factory=_not_loaded)
+    profiling: LoadStatus | None = None       # progress of the background measurement; None: none started
+    runtime: RuntimeDecision | None = None    # the runtime the server chose at start, and why (None: not told)
+    _derived: dict[Hashable, object] = field(default_factory=dict, repr=False)
+    _derived_for: ProfileChoice | None = field(default=None, repr=False)   # the choice _derived belongs to
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def profile(self) -> HardwareProfile | None:
+        """The hardware profile in use (None: none matches this machine yet)."""
+        return self.choice.profile
+
+    @profile.setter
+    def profile(self, prof: HardwareProfile | None) -> None:
+        """Set a profile by hand (tests, scripts); the reason says so."""
+        self.choice = (ProfileChoice(None, "none", None, "no profile set") if prof is None else
+                       ProfileChoice(prof, "given", None, f"set by hand ({prof.device})"))
+
+    def find(self, pair: ModelPair) -> ProfileChoice:
+        """Use the cached or shipped profile measured on a machine like this one (never one from another)."""
+        self.choice = finder.find_profile(machine_fingerprint(pair), cache_dir=self.cache_dir,
+                                          assets_dir=self.assets_dir)
+        return self.choice
+
+    def on_pair_loaded(self, pair: ModelPair) -> None:
+        """Find the profile for a newly loaded pair; measure one in the background when none matches and the
+        app asked for that."""
+        self.find(pair)
+        if self.auto_profile and self.choice.profile is None:
+            self.start_profiling(pair)
+
+    def start_profiling(self, pair: ModelPair) -> threading.Thread:
+        """Measure a quick profile of this machine in a daemon thread, cache it and switch to it when done;
+        ``profiling`` reports the progress (the page banner shows it)."""
+        status = self.profiling = LoadStatus()
+        status(0.0, "measuring this machine's profile")
+        why = self.choice
+
+        def run() -> None:
+            try:
+                self.choice = finder.measure_and_cache(
+                    pair, why, self.cache_dir,
+                    progress=lambda fraction, label: status(fraction, f"measuring this machine's profile: {label}"))
+                status(1.0, "profile measured")
+                status.ready = True
+            except Exception as exc:  # the banner and the Hardware tab say so; decoding goes on conservatively
+                status.error = f"{type(exc).__name__}: {exc}"
+                traceback.print_exc()
+
+        thread = threading.Thread(target=run, name="sequoia-profiler", daemon=True)
+        thread.start()
+        return thread
+
+    @property
+    def measuring(self) -> bool:
+        """A background profile measurement is running."""
+        p = self.profiling
+        return p is not None and not p.ready and p.error is None
+
+    def note(self) -> str:
+        """One sentence for the Hardware tab and the live view: the profile in use and why (file names only),
+        or what Sequoia does until one is measured."""
+        if self.measuring:
+            return f"Measuring this machine's profile ({self.profiling.fraction:.0%}); {UNTIL_MEASURED}."
+        if self.choice.profile is not None:
+            return f"Hardware profile ({self.choice.source}): {self.choice.reason}."
+        failed = f" Measuring one failed: {self.profiling.error}." if self.profiling and self.profiling.error else ""
+        return f"No hardware profile: {self.choice.reason}; {UNTIL_MEASURED}.{failed}"
+
+    def banner(self) -> str:
+        """HTML for the banner while the background measurement runs ("" otherwise)."""
+        if not self.measuring:
+            return ""
+        return (f'<div class="sq-status sq-status-profiling"><small>Measuring this machine\'s profile: '
+                f"{self.profiling.fraction:.0%} ({html.escape(self.profiling.description)}); "
+                f"{UNTIL_MEASURED}.</small></div>")
+
+    def derived(self, key: Hashable, compute: Callable[[], T]) -> T:
+        """``compute()`` once per profile choice and ``key``: kept until the choice changes (a new object, set
+        by finding, measuring or by hand), so a value read on every decode costs a dictionary lookup."""
+        choice = self.choice
+        with self._lock:
+            if self._derived_for is not choice:
+                self._derived, self._derived_for = {}, choice
+            if key in self._derived:
+                return self._derived[key]
+        value = compute()   # outside the lock: a DP solve per runtime; errors propagate and are not kept
+        with self._lock:
+            if self._derived_for is choice:
+                if len(self._derived) >= DERIVED_SIZE:
+                    self._derived.pop(next(iter(self._derived)))
+                self._derived[key] = value
+        return value

@@ -1,0 +1,208 @@
+"""The page's request path: one parse per request, before it queues; the handlers get the parsed request.
+
+**Parse once.**  :func:`parse_inputs` turns the raw values of the Live and
+Compare tabs and of the ``/decode`` and ``/compare`` endpoints (their fields
+defined once: :class:`components.app_state.decode_inputs.DecodeInputs`) into a frozen
+:class:`sequoia.core.requests.request.DecodeRequest` (the one parser,
+:func:`sequoia.core.requests.request.parse_decode`, then the prompt's token ids), and
+:func:`dp_request` does the same for ``/dp``.  Each remembers the last
+requests by their raw values and this server's limits: Gradio runs an event's
+``validator`` when the request arrives, before it joins the queue, and that
+call parses; the handler's call with the same values gets the same object
+back.  Nothing else is built before the queue (no proposer, no DP solve):
+:func:`engine_inputs` builds the proposer once, in the handler, with
+:func:`sequoia.runtime.methods.make_method`.
+
+**Refusals name the field.**  Each validator answers with one ``gr.validate``
+per input; a bad field's message sits on that field's input (so
+``gradio_client`` reports ``- budget: budget must be ...``) and starts with its
+label.  ``gr.api`` takes no ``validator=`` argument, so
+:func:`attach_validators` sets it on each endpoint's function record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import gradio as gr
+
+from sequoia.core.config import GenerationConfig
+from sequoia.core.requests.request import DecodeRequest, DPRequest, RequestError, parse_decode, parse_dp
+from sequoia.runtime.drafter import Proposer
+from sequoia.runtime.methods import make_method
+
+from components.app_state.acceptance_choice import acceptance_catalogue
+from components.app_state.context import AppContext
+from components.app_state.decode_inputs import (API_FIELDS, COMPARE_FIELDS, PAGE_FIELDS, DecodeInputs, api_signature,
+                                                compare_handler, page_handler)
+from components.app_state.memo import RequestMemo, raw_key
+
+#: Fields of each endpoint's inputs, in order (None: an input the request parser does not read).
+INPUT_FIELDS = {
+    "decode": API_FIELDS,
+    "decode_stream": (*PAGE_FIELDS, None),     # then the page's session state
+    "compare": ("prompt", "budget", "depth", "temperature", "top_p", "max_new_tokens", "seed", None),
+    "compare_stream": (*COMPARE_FIELDS[:-1], None, None),   # then the methods ticked and the tab's session state
+    "dp": ("acceptance", "budget", "depth"),
+}
+#: The method a comparison's request is parsed (and its budget checked) with; each row then takes its own.
+COMPARE_METHOD = "Sequoia (budget & depth)"
+
+
+def memo(ctx: AppContext) -> RequestMemo:
+    """This server's parsed decode requests (one memo per pair: see AppContext.requests)."""
+    return ctx.requests
+
+
+def decode_request(ctx: AppContext, *values, **named) -> DecodeRequest:
+    """The parsed request of raw values given as :class:`DecodeInputs`' fields (:func:`parse_inputs`)."""
+    return parse_inputs(ctx, DecodeInputs(*values, **named))
+
+
+def page_request(ctx: AppContext, inputs: DecodeInputs) -> DecodeRequest:
+    """The parsed request of the Live tab's inputs, whose acceptance is a catalogue label (an unknown one: the
+    method's default vector)."""
+    vector = acceptance_catalogue(ctx.assets_dir).get(inputs.acceptance)
+    return parse_inputs(ctx, replace(inputs, acceptance=vector))
+
+
+def parse_inputs(ctx: AppContext, inputs: DecodeInputs) -> DecodeRequest:
+    """The parsed, tokenized request of these raw values (parsed once for the same values on this server).
+
+    ``inputs.acceptance``: None, a vector, or text such as ``"0.8, 0.1"``.  Raises RequestError naming the bad
+    fields, or ModelsNotReady (a ValueError) while the pair loads.
+    """
+    lim = ctx.limits
+    raw = inputs.values()
+
+    def parse() -> DecodeRequest:
+        req = parse_decode(*raw, limits=lim)
+        return req.tokenized(ctx.pair().encode_prompt(req.prompt, chat=req.chat), lim)
+
+    return memo(ctx).get_or_parse(raw_key(*raw, lim), parse)
+
+
+def dp_request(memo: RequestMemo, acceptance, budget, depth) -> DPRequest:
+    """The parsed DP request of these raw values (parsed once for the same values: ``memo`` is the app's,
+    :attr:`components.app_state.lanes.WorkLanes.dp_requests`)."""
+    return memo.get_or_parse(raw_key(acceptance, budget, depth), lambda: parse_dp(acceptance, budget, depth))
+
+
+def check_dp_request(memo: RequestMemo, acceptance, budget, depth) -> None:
+    """Everything ``/dp`` checks before solving: the vector, its length, the budget, depth and DP work."""
+    dp_request(memo, acceptance, budget, depth)
+
+
+# ------------------------------------------------------------------ engine inputs
+@dataclass(frozen=True)
+class EngineInputs:
+    """What the engine takes for one parsed request: prompt ids, proposer, settings (and a note for the page)."""
+
+    prompt_ids: list[int]
+    proposer: Proposer
+    config: GenerationConfig
+    note: str = ""            # e.g. a fallback that was taken, shown as a warning
+    inspect: bool = False     # record what verification saw (the live tab's inspector)
+
+
+def engine_inputs(ctx: AppContext, req: DecodeRequest) -> EngineInputs:
+    """The proposer of a parsed request (built here once, by the one factory) with the server's profile,
+    calibration and copy acceptance where the method uses them."""
+    info, t = req.method.info, req.sampling.temperature
+    extra = {}
+    if info.priced:
+        extra["profile"] = ctx.profile
+    if info.calibrated:
+        extra["calibration"] = ctx.calibration(t)
+    if info.copies:
+        extra["copy_acceptance"] = ctx.copy_acceptance(t)
+    proposer = make_method(req.method, acceptance=req.acceptance, **extra)
+    return EngineInputs(list(req.prompt_ids), proposer, req.config, _note(ctx, req.method.name, proposer))
+
+
+def _note(ctx: AppContext, name: str, proposer) -> str:
+    """What the page should say about a fallback the method took on this server ("" when none)."""
+    if name not in ("sequoia-auto", "sequoia-dynamic", "sequoia-ngram", "ngram"):
+        return ""
+    if ctx.profile is None:  # priced with the conservative stand-in: the target runs alone
+        return ctx.profile_note()
+    if name == "sequoia-auto" and proposer.tree.size == 0:
+        return ("Under this machine's hardware profile no tree beats the target alone, so the optimizer chose "
+                "the root-only tree: plain target steps. Pick Sequoia (budget & depth) to see trees.")
+    if name == "sequoia-dynamic" and not proposer.can_pay:
+        return ("Under this machine's profile no tree beats the target alone (verifying k tokens costs "
+                "about k times one), so the dynamic policy drafts nothing: every step is a plain target "
+                "step. Pick Sequoia (budget & depth) to see trees.")
+    return ""
+
+
+# ------------------------------------------------------------------ validators
+def answer(fields: tuple[str | None, ...], check: Callable[[], object]) -> list[dict]:
+    """One gr.validate per input: each bad field's message on its input; an error about no field (the models
+    still loading) on the first input."""
+    try:
+        check()
+    except RequestError as exc:
+        bad = {i: exc.errors[f] for i, f in enumerate(fields) if f in exc.errors}
+        if not bad:
+            bad = {0: str(exc)}
+        return [gr.validate(i not in bad, bad.get(i, "")) for i in range(len(fields))]
+    except ValueError as exc:
+        return [gr.validate(i != 0, str(exc) if i == 0 else "") for i in range(len(fields))]
+    return [gr.validate(True, "") for _ in fields]
+
+
+def validators(ctx: AppContext) -> dict[str, Callable[..., list[dict]]]:
+    """api_name -> validator with the endpoint's signature; each parses (and so remembers) the request."""
+    def decode(*values, **named):
+        return answer(API_FIELDS, lambda: decode_request(ctx, *values, **named))
+
+    def decode_stream(inputs: DecodeInputs, session=None):   # session: the page's state, not the request's
+        return answer(INPUT_FIELDS["decode_stream"], lambda: page_request(ctx, inputs))
+
+    def compare(prompt, budget=32, depth=8, temperature=0.0, top_p=1.0, max_new_tokens=64, seed=0,
+                include_hf=True):
+        return answer(INPUT_FIELDS["compare"], lambda: decode_request(
+            ctx, prompt, COMPARE_METHOD, budget, depth, temperature, top_p, max_new_tokens, seed))
+
+    def compare_stream(inputs: DecodeInputs, methods: list[str], session=None):   # session: the tab's state
+        return answer(INPUT_FIELDS["compare_stream"], lambda: page_request(ctx, inputs))
+
+    def dp(acceptance, budget=32, depth=8):
+        return answer(INPUT_FIELDS["dp"], lambda: dp_request(ctx.lanes.dp_requests, acceptance, budget, depth))
+
+    stream = compare_handler(compare_stream, COMPARE_METHOD, ("session",))
+    return {"decode": api_signature(decode, list), "decode_stream": page_handler(decode_stream, ("session",)),
+            "compare": compare, "compare_stream": stream, "compare_full": stream,   # compare_full: Compare's full run
+            "dp": dp}
+
+
+def attach_validators(demo: gr.Blocks, ctx: AppContext) -> list[str]:
+    """Check requests to the named endpoints before they queue; returns the endpoints guarded."""
+    found = validators(ctx)
+    guarded = []
+    for fn in demo.fns.values():
+        if fn.api_name in found and fn.validator is None:
+            fn.validator = found[fn.api_name]
+            guarded.append(fn.api_name)
+    return guarded
+
+
+# ------------------------------------------------------------------ sliders
+def say_when_clamped(slider: gr.Slider, name: str) -> None:
+    """Warn when a value typed into ``slider``'s box lies outside its range: the browser then sets the nearest
+    end without a word (and the server only ever sees that).  The raw value reaches this handler unchecked
+    (``preprocess=False``: the slider's own check would answer with an error toast instead)."""
+    lo, hi = slider.minimum, slider.maximum
+
+    def check(raw) -> None:
+        try:
+            value = float(raw)
+        except (TypeError, ValueError):
+            return
+        if value < lo or value > hi:
+            gr.Warning(f"{name} {value:g} is outside {lo:g}..{hi:g}: it was set to {min(max(value, lo), hi):g}.")
+
+    slider.input(check, slider, None, preprocess=False, api_visibility="private", show_progress="hidden",
+                 concurrency_limit=None)

@@ -1,0 +1,332 @@
+"""Side-by-side comparison of decoding methods on one prompt.
+
+A :class:`CompareRow` is one method's timed rounds (components.compare.compare_run): the medians of its runs, every
+round's tokens/s, and its output; rows are also built from step records (:func:`row_from_records`) or from a
+plain (token ids, seconds) result.  A ratio to the reference carries its band (:mod:`sequoia.core.statistics.rounds`:
+the median and range of the per-round paired ratios) and its verdict: "same within noise" where the band holds
+1, "target alone's work" where every target call made one token (never read as a speedup).
+``figure(rows)`` draws four bar panels (latency, tokens/s, tokens per target call, ratio to the reference, the
+last two with their spread as error bars) and ``table(rows)`` the same numbers plus the time to the first token
+(the prompt's forward, which every method pays alike) and the "identical output" flag.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from sequoia.core.statistics import rounds
+from sequoia.core.statistics.trace import StepRecord
+
+from components import method_color
+from components.widgets.divergence_view import near_tie_wording
+
+#: The rows are named as the tab's checkboxes name the methods (one vocabulary on the page).
+REFERENCE = "Target alone"
+#: The row of the same target alone on llama.cpp (its shipped GGUF): a speed reference on other kernels, whose
+#: output is never flagged identical or different (greedy ties can break otherwise there).
+LLAMACPP_REFERENCE = "llama.cpp target alone"
+#: The table's headers: spaces where a narrow column may wrap (the words themselves never break).
+HEADERS = ["method", "tokens", "latency (s)", "first token (s)", "tokens / s", "target calls", "tokens / call",
+           "speedup", "identical"]
+#: The same columns' keys in the /compare API's objects.
+API_KEYS = ["method", "tokens", "latency (s)", "first token (s)", "tokens/s", "target calls", "tokens/call",
+            "speedup", "identical"]
+#: Widths of those columns in px: 790 in all, what a 1,280 px window leaves beside the controls; each column has
+#: room for its longest word in bold (assets/studio.css keeps words whole): tokens/s and speedup for a range
+#: "(42.6–72.6)" (a break opportunity at its dash otherwise), the identical column for "identical up to a kernel
+#: near-tie at token N (certify: exact mode)" on a few lines.  A narrower window scrolls the table sideways rather
+#: than breaking a word.
+COLUMN_WIDTHS = [120, 70, 74, 66, 100, 66, 70, 114, 110]
+
+
+@dataclass(frozen=True)
+class CompareRow:
+    method: str
+    tokens: int                       # new tokens generated
+    seconds: float                    # wall time of the whole generation
+    target_calls: int | None = None   # target forwards (None when the method does not report them)
+    token_ids: tuple[int, ...] = ()   # [tokens] the output, for identity checks
+    identical: bool | None = None     # output == reference output (None: not compared)
+    first_token_s: float | None = None  # time to the first output: the prompt's forward, alike for every method
+    near_tie_at: int | None = None    # differs only from this token on (1-based), at a kernel near-tie
+    rates: tuple[float, ...] = ()     # [rounds] tokens/s of each timed round (empty: one untimed-rounds result)
+    reference_work: bool = False      # every target call of every round made one token: the target alone's work
+
+    @property
+    def tokens_per_s(self) -> float:
+        """The median over the rounds (one result: tokens over seconds)."""
+        if self.rates:
+            return statistics.median(self.rates)
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def rate_spread(self) -> rounds.Spread | None:
+        return rounds.spread(self.rates) if self.rates else None
+
+    @property
+    def tokens_per_call(self) -> float | None:
+        return self.tokens / self.target_calls if self.target_calls else None
+
+
+def row_from_records(method: str, records: Sequence[StepRecord], seconds: float | None = None) -> CompareRow:
+    """One method's row from its step records (``seconds`` defaults to the summed step times)."""
+    ids = tuple(t for r in records for t in r.new_tokens)
+    secs = sum(r.total_s for r in records) if seconds is None else seconds
+    return CompareRow(method=method, tokens=len(ids), seconds=secs, target_calls=len(records), token_ids=ids)
+
+
+def mark_identical(rows: Sequence[CompareRow], reference: str = REFERENCE) -> list[CompareRow]:
+    """Flag each row whose output equals the reference row's (the reference itself included)."""
+    ref = next((r for r in rows if r.method == reference), None)
+    if ref is None:
+        return list(rows)
+    return [r if r.method == LLAMACPP_REFERENCE else replace(r, identical=(r.token_ids == ref.token_ids))
+            for r in rows]
+
+
+def bands(rows: Sequence[CompareRow], reference: str = REFERENCE) -> list[rounds.Spread | None]:
+    """Each row's ratio to the reference with its band: per-round paired ratios when both have rounds, else the
+    one ratio of their results (None without a reference)."""
+    ref = next((r for r in rows if r.method == reference), None)
+    if ref is None or ref.tokens_per_s == 0:
+        return [None] * len(rows)
+    out = []
+    for r in rows:
+        paired = rounds.ratio_band(r.rates, ref.rates) if r.rates and ref.rates else None
+        out.append(paired or rounds.spread([r.tokens_per_s / ref.tokens_per_s]))
+    return out
+
+
+def speedups(rows: Sequence[CompareRow], reference: str = REFERENCE) -> list[float | None]:
+    """tokens/s of each row over the reference's, the median of the rounds' ratios (None without a reference)."""
+    return [b.median if b is not None else None for b in bands(rows, reference)]
+
+
+def judged(rows: Sequence[CompareRow], reference: str = REFERENCE) -> list[tuple[rounds.Spread | None, str | None]]:
+    """Each row's band (:func:`bands`) with the verdict it gives (:func:`sequoia.core.statistics.rounds.verdict`; None
+    without a reference): every band computed once."""
+    return [(b, rounds.verdict(b, r.reference_work, r.method == reference) if b is not None else None)
+            for r, b in zip(rows, bands(rows, reference))]
+
+
+def verdicts(rows: Sequence[CompareRow], reference: str = REFERENCE) -> list[str | None]:
+    """Each row's verdict (:func:`sequoia.core.statistics.rounds.verdict`; None without a reference)."""
+    return [v for _, v in judged(rows, reference)]
+
+
+def span(lo: str, hi: str) -> str:
+    """"(lo–hi)" as one unbreakable word: a browser may break a line after an en dash, and a range split over two
+    lines reads as two numbers."""
+    return f"({lo}\u2060–\u2060{hi})"
+
+
+def ratio_text(band: rounds.Spread | None, verdict_: str | None) -> str:
+    """A ratio as the table shows it, its band beside it: "1.52× (1.41–1.60)", "1.03× (0.97–1.10) same within
+    noise", "1.00 (target alone's work) (0.96–1.05)"; a row doing the target alone's work never reads as a
+    speedup."""
+    if band is None:
+        return "–"
+    if verdict_ == rounds.REFERENCE:
+        return "1× (reference)"
+    spread_ = span(f"{band.lo:.2f}", f"{band.hi:.2f}") if band.n > 1 else "(1 round)"
+    if verdict_ == rounds.REFERENCE_WORK:
+        return f"1.00 (target alone's work) {spread_}"
+    words = {rounds.SAME: " same within noise"}.get(verdict_, "")
+    return f"{band.median:.2f}× {spread_}{words}"
+
+
+def rate_text(row: CompareRow) -> str:
+    """tokens/s as the table shows it: the median, and its spread over the rounds where there are several."""
+    s = row.rate_spread
+    if s is None or s.n < 2:
+        return number(row.tokens_per_s)
+    return f"{number(s.median)} {span(number(s.lo), number(s.hi))}"
+
+
+def outlier_note(rows: Sequence[CompareRow]) -> str:
+    """hyperfine's warning: the rounds far from their row's median ("" when none)."""
+    far = []
+    for r in rows:
+        for i in rounds.outliers(r.rates):
+            far.append(f"{r.method} round {i + 1} ({number(r.rates[i])} tokens/s against a median of "
+                       f"{number(r.tokens_per_s)})")
+    if not far:
+        return ""
+    return ("**Outliers:** " + "; ".join(far) + ". Something else ran on this machine meanwhile: run the "
+            "comparison again on a quiet machine, or read those rows' bands as wide.")
+
+
+def _flag(row: CompareRow, checking: bool = False) -> str:
+    """The identical column; ``checking``: a differing row is not yet checked for a kernel near-tie."""
+    if row.method == LLAMACPP_REFERENCE:
+        return "– other kernels"
+    if row.identical is False and row.near_tie_at is not None:
+        return "≈ " + near_tie_wording(row.near_tie_at)
+    if row.identical is False and checking:
+        return "… checking"
+    return {True: "✓ identical", False: "✗ differs", None: "–"}[row.identical]
+
+
+def mark_near_ties(rows: Sequence[CompareRow], positions: dict[str, int]) -> list[CompareRow]:
+    """``rows`` with ``near_tie_at`` set from ``positions`` (method -> 1-based token of a certified near-tie)."""
+    return [replace(r, near_tie_at=positions[r.method]) if r.method in positions else r for r in rows]
+
+
+def verdict(rows: Sequence[CompareRow]) -> str:
+    """The T=0 line: identical (some up to a near-tie), or which methods differ."""
+    bad = [r.method for r in rows if r.identical is False and r.near_tie_at is None]
+    ties = [r.method for r in rows if r.identical is False and r.near_tie_at is not None]
+    if bad:
+        return f"**Identical at T=0:** ✗ differs for {', '.join(bad)} (below: where and why)"
+    if ties:
+        return (f"**Identical at T=0:** every method reproduces the target-only output ✓, {len(ties)} of them up to "
+                "a kernel near-tie (below)")
+    return "**Identical at T=0:** all methods reproduce the target-only output ✓"
+
+
+def reference_note(rows: Sequence[CompareRow], reference: str = REFERENCE) -> str:
+    """One sentence on the llama.cpp reference row, when there is one ("" otherwise)."""
+    row = next((r for r in rows if r.method == LLAMACPP_REFERENCE), None)
+    if row is None:
+        return ""
+    ratio = dict(zip((r.method for r in rows), speedups(rows, reference))).get(row.method)
+    fastest = max(rows, key=lambda r: r.tokens_per_s)
+    best = ("the fastest row here" if fastest is row else
+            f"{fastest.method} is {fastest.tokens_per_s / row.tokens_per_s:.2f}x it" if row.tokens_per_s else "")
+    vs = f", {ratio:.2f}x the {reference.lower()}" if ratio is not None else ""
+    return (f"**{LLAMACPP_REFERENCE}**: the same target alone on llama.cpp, as its shipped Q4_K_M GGUF (what a "
+            f"CPU user would run instead): {number(row.tokens_per_s)} tokens/s{vs}; {best}. Its kernels round "
+            "differently, so its text is not compared token for token.")
+
+
+def number(x: float) -> str:
+    """``x`` to about three significant digits and never more than two decimals ("853", "53.7", "5.12", "0.35"):
+    enough to rank methods whose timings vary by a few percent run to run, short enough to stay on one line."""
+    if abs(x) >= 100:
+        return f"{x:.0f}"
+    return f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
+
+
+#: The bar panels: title (short: four sit side by side in 600 px), the value of a row (given its ratio band and
+#: verdict), and how its label reads.  A row doing the target alone's work is drawn at 1, never as a speedup.
+_PANELS = (
+    ("latency (s)", lambda r, b, v: r.seconds, number),
+    ("tokens / s", lambda r, b, v: r.tokens_per_s, number),
+    ("tokens / target call", lambda r, b, v: r.tokens_per_call or 0.0, number),
+    ("speedup", lambda r, b, v: 1.0 if v == rounds.REFERENCE_WORK else b.median if b else 0.0,
+     lambda y: f"{y:.2f}×"),
+)
+#: Height of one bar's row in the figure (px): the names and labels stay legible as rows are added.
+BAR_ROW_PX = 30
+
+
+def _error_bars(col: int, rows: Sequence[CompareRow], xs: list[float], bands_: list) -> dict | None:
+    """The spread over the rounds as error bars: tokens/s (min..max of the rounds) and the ratio (its band)."""
+    if col == 2 and any(r.rates for r in rows):
+        spreads = [r.rate_spread for r in rows]
+    elif col == 4 and any(b is not None and b.n > 1 for b in bands_):
+        spreads = bands_
+    else:
+        return None
+    return dict(type="data", symmetric=False, color="#444", thickness=1.2, width=4,
+                array=[max(s.hi - x, 0.0) if s else 0.0 for s, x in zip(spreads, xs)],
+                arrayminus=[max(x - s.lo, 0.0) if s else 0.0 for s, x in zip(spreads, xs)])
+
+
+def figure(rows: Sequence[CompareRow], reference: str = REFERENCE, title: str = "") -> go.Figure:
+    """Four panels of horizontal bars, one bar per method (top: the first row), its value written beside it;
+    the method names once, on the left (horizontal bars: long names never overlap, however many rows).  Hover
+    shows the identical-output flag and the verdict; tokens/s and the ratio show their spread."""
+    fig = make_subplots(rows=1, cols=4, shared_yaxes=True, horizontal_spacing=0.03,
+                        subplot_titles=[t if t != "speedup" else f"× {reference.lower()}" for t, _, _ in _PANELS])
+    fig.update_layout(height=110 + BAR_ROW_PX * max(len(rows), 3), showlegend=False, plot_bgcolor="white",
+                      margin=dict(l=10, r=10, t=60, b=30), title=dict(text=title, x=0.01), font=dict(size=13))
+    if not rows:
+        fig.add_annotation(text="no runs yet", x=0.5, y=0.5, xref="paper", yref="paper",
+                           showarrow=False, font=dict(size=16, color="#888"))
+        return fig
+    names = [r.method for r in rows]
+    colors = [method_color(n) for n in names]
+    bands_, verdicts_ = map(list, zip(*judged(rows, reference)))   # rows is not empty here
+    hover = [f"{_flag(r)}<br>{ratio_text(b, v)}" for r, b, v in zip(rows, bands_, verdicts_)]
+    for col, (_, value, fmt) in enumerate(_PANELS, start=1):
+        xs = [value(r, b, v) for r, b, v in zip(rows, bands_, verdicts_)]
+        errors = _error_bars(col, rows, xs, bands_)
+        fig.add_trace(go.Bar(
+            y=names, x=xs, orientation="h", marker_color=colors, text=[fmt(x) for x in xs], textposition="outside",
+            cliponaxis=False, customdata=hover, hovertemplate="%{y}: %{x:.3f}<br>%{customdata}<extra></extra>",
+            error_x=errors), row=1, col=col)
+        # Room right of the longest bar (or error bar) for its label, which is drawn outside the bar.
+        top = max(x + (e or 0.0) for x, e in zip(xs, errors["array"] if errors else [0.0] * len(xs)))
+        fig.update_xaxes(range=[0, max(top, 1e-9) * 1.45], row=1, col=col)
+    fig.add_vline(x=1.0, line_dash="dot", line_color="#555", row=1, col=4)
+    fig.update_xaxes(gridcolor="#eee", showticklabels=False)
+    fig.update_yaxes(autorange="reversed", automargin=True)
+    return fig
+
+
+def table(rows: Sequence[CompareRow], reference: str = REFERENCE, checking: bool = False) -> list[list]:
+    """Rows for the page's table under :data:`HEADERS`, numbers as short text (:func:`number`), tokens/s and
+    the ratio with their spread over the rounds; ``checking``: differing rows read "checking" (their near-tie
+    check has not answered yet)."""
+    out = []
+    for r, (b, v) in zip(rows, judged(rows, reference)):
+        per_call = r.tokens_per_call
+        out.append([
+            r.method, r.tokens, number(r.seconds),
+            number(r.first_token_s) if r.first_token_s is not None else "–", rate_text(r),
+            r.target_calls if r.target_calls is not None else "–",
+            number(per_call) if per_call is not None else "–",
+            ratio_text(b, v), _flag(r, checking),
+        ])
+    return out
+
+
+def _rounded(x: float | None, digits: int) -> float | str:
+    return round(x, digits) if x is not None else "–"
+
+
+def records(rows: Sequence[CompareRow], keys: dict[str, str], reference: str = REFERENCE) -> list[dict]:
+    """One dict per row for the ``/compare`` API: keys :data:`API_KEYS`, numbers as numbers (rounded to the
+    millisecond or the hundredth); ``method`` is ``keys[row label]`` (the API's stable method names) and
+    ``label`` the page's name; the rounds: ``rounds``, ``tokens/s min`` / ``max``, ``speedup min`` / ``max``
+    (the band of the per-round ratios) and ``verdict`` (:mod:`sequoia.core.statistics.rounds`: "same within noise",
+    "reference's work", "faster", "slower", "one round", "reference")."""
+    out = []
+    for r, (b, v) in zip(rows, judged(rows, reference)):
+        per_call, spread_ = r.tokens_per_call, r.rate_spread
+        values = [keys.get(r.method, r.method), r.tokens, round(r.seconds, 3), _rounded(r.first_token_s, 3),
+                  round(r.tokens_per_s, 2), r.target_calls if r.target_calls is not None else "–",
+                  _rounded(per_call, 2), _rounded(b.median if b else None, 2), _flag(r)]
+        out.append({**dict(zip(API_KEYS, values)), "label": r.method, "rounds": len(r.rates) or 1,
+                    "tokens/s min": _rounded(spread_.lo if spread_ else None, 2),
+                    "tokens/s max": _rounded(spread_.hi if spread_ else None, 2),
+                    "speedup min": _rounded(b.lo if b else None, 2), "speedup max": _rounded(b.hi if b else None, 2),
+                    "verdict": v or "–"})
+    return out
+
+
+def progress(phase: str, method: str = "", row: int = 0, total: int = 0, tokens: int | None = None,
+             max_tokens: int = 0, round_: int = 0, rounds_: int = 0) -> str:
+    """The line above the notes while a comparison runs, one wording per phase so that loading is never read as
+    running: "loading" (``method``: what loads, on its first use), "warming" (``method``'s untimed warm-up, the
+    ``row``-th of ``total``), "running" (round ``round_`` of ``rounds_``, ``method`` the ``row``-th of ``total``,
+    ``tokens`` of ``max_tokens`` so far; None: a run that reports no steps, as Hugging Face generate)."""
+    if phase == "loading":
+        return f"*Loading {method} (first use only: its warm-up runs next)…*"
+    where = f"{row} of {total}"
+    if phase == "warming":
+        return f"*Warm-up round (untimed, a few tokens each): **{method}**, {where}…*"
+    if phase != "running":
+        raise ValueError(f"phase: unknown phase {phase!r}")
+    head = f"*Round {round_} of {rounds_}: running **{method}**, {where}" if rounds_ else \
+        f"*Running **{method}**, {where}"
+    if tokens is None:
+        return head + "…*"
+    done = f"{tokens} of {max_tokens} tokens" if max_tokens else f"{tokens} tokens"
+    return f"{head}: {done} so far…*"

@@ -1,0 +1,156 @@
+"""The Live tab's teaching pieces, laid out and wired: step mode, the worked example, the projector view and the
+button that runs the fastest method here.
+
+The views are pure (:mod:`components.live.step_mode`, :mod:`components.live.worked_example`); this module only places
+them and connects their buttons to the session the Live tab's run fills (:class:`components.live.live_tab.LiveSession`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import gradio as gr
+
+from sequoia.core.profiles.runtimes import RuntimeEstimate
+from sequoia.runtime.measuring.finder import DEFAULT_ENTRY
+
+from components.app_state.acceptance_choice import acceptance_catalogue
+from components.app_state.context import LIGHT_WORK, AppContext
+from components.app_state.runtimes_here import runtimes_here
+from components.live import step_mode, worked_example
+from components.live.live_tab import LiveSession, show_step
+
+#: Runs in the browser when the projector box changes: the page's CSS (assets/studio.css) keys on this class.
+PROJECTOR_JS = "(on) => { document.body.classList.toggle('sq-projector', !!on); }"
+NO_STEP = "*Decode something, then press **Step** to replay the step on the slider one phase at a time.*"
+WORKED_LABEL = "Worked example: one rejection on a five-word vocabulary (the residual, by hand)"
+_TREE_METHOD = re.compile(r"Sequoia n=(\d+) d=(\d+)")   # how runtime_choice names a tree (RuntimeEstimate.method)
+
+
+# ------------------------------------------------------------------------------ the fastest method, one click away
+@dataclass(frozen=True)
+class FastestPreset:
+    """The fields that run the fastest method this runtime's profile predicts, and the button's words."""
+
+    method: str           # the page's method label
+    budget: int | None    # None: leave the field as it is (the target alone drafts nothing)
+    depth: int | None
+    label: str
+
+
+def fastest_preset(estimate: RuntimeEstimate | None) -> FastestPreset | None:
+    """The preset for a runtime's estimate (None: not measured here, so nothing to name)."""
+    if estimate is None or not estimate.measured:
+        return None
+    rate = f"~{estimate.tokens_per_s:.0f} tokens/s predicted"
+    tree = _TREE_METHOD.fullmatch(estimate.method)
+    if tree is None:
+        return FastestPreset("Target alone", None, None, f"Run the fastest here: the target alone ({rate})")
+    budget, depth = int(tree[1]), int(tree[2])
+    return FastestPreset("Sequoia (budget & depth)", budget, depth,
+                         f"Run the fastest here: Sequoia, budget {budget}, depth {depth} ({rate})")
+
+
+def preset_here(ctx: AppContext, acceptance_label: str | None) -> FastestPreset | None:
+    """The preset for the loaded runtime and the page's acceptance vector (a catalogue label; the built-in
+    vector for one typed by hand), trees within this server's cap (None before the pair loads)."""
+    if not ctx.loaded:
+        return None
+    vector = acceptance_catalogue(ctx.assets_dir).get(acceptance_label or "", DEFAULT_ENTRY.values)
+    try:
+        decision = runtimes_here(ctx, vector, budget=ctx.budget_cap())[1]
+    except (OSError, ValueError):   # an unreadable cached profile: the Hardware tab says why
+        return None
+    return fastest_preset(decision.estimate(ctx.pair().backend))
+
+
+def _button_update(preset: FastestPreset | None):
+    return gr.Button(value=preset.label if preset else "Run the fastest here", visible=preset is not None)
+
+
+def fastest_button(ctx: AppContext, acceptance_label: str) -> gr.Button:
+    """The button, named from the profile when one is measured here (hidden otherwise)."""
+    preset = preset_here(ctx, acceptance_label)
+    return gr.Button(preset.label if preset else "Run the fastest here", size="sm", visible=preset is not None,
+                     elem_id="sq-fastest")
+
+
+# ------------------------------------------------------------------------------ layout
+def projector_toggle() -> gr.Checkbox:
+    return gr.Checkbox(False, label="Projector view", elem_id="sq-projector-toggle", scale=0, min_width=160)
+
+
+def worked_example_accordion() -> None:
+    """The worked example (static: computed once, from fixed numbers and seed), for the inspector."""
+    example = worked_example.work()
+    with gr.Accordion(WORKED_LABEL, open=False, elem_id="sq-worked"):
+        gr.Plot(worked_example.figure(example), show_label=False, elem_id="sq-worked-plot")
+        gr.Markdown(worked_example.markdown(example), elem_id="sq-worked-text")
+
+
+def step_panel() -> SimpleNamespace:
+    """Step mode's words, buttons and figure."""
+    s = SimpleNamespace()
+    with gr.Accordion("Step mode: one target call, phase by phase", open=True, elem_id="sq-step-mode"):
+        with gr.Row():
+            s.step_btn = gr.Button("Step ▶ (next phase)", size="sm", elem_id="sq-step-btn")
+            s.next_btn = gr.Button("Next target call »", size="sm", elem_id="sq-next-call")
+        s.text = gr.Markdown(NO_STEP, elem_id="sq-step-text")
+        s.plot = gr.Plot(show_label=False, elem_id="sq-step-plot")
+    s.cursor = gr.State((-1, -1, 0))   # (step, phase, id of the session it replays)
+    return s
+
+
+# ------------------------------------------------------------------------------ handlers
+def step_views(slider, cursor, session: LiveSession | None, next_call: bool = False):
+    """(cursor, figure, words, slider, tree, text) after one press of Step (``next_call``: Next target call).
+
+    A new run's replay starts at its first call after the prompt's forward; a slider moved by hand starts it
+    over at the slider's step.  When the replay moves to another call, the slider, the tree and the text follow."""
+    if session is None or not session.records:
+        return cursor, None, NO_STEP, gr.skip(), gr.skip(), gr.skip()
+    records = session.records
+    on_slider = min(max(int(slider or 0), 0), len(records) - 1)
+    step, phase, run = cursor
+    if run != id(session):
+        step, phase = min(1, len(records) - 1), 0
+    elif step != on_slider:
+        step, phase = on_slider, 0
+    elif next_call:
+        step, phase = (step + 1, 0) if step + 1 < len(records) else (step, phase)
+    else:
+        step, phase = step_mode.advance(step, phase, len(step_mode.phases(records[step])), len(records))
+    rec = records[step]
+    phase = min(phase, len(step_mode.phases(rec)) - 1)
+    follow = (gr.Slider(value=step), *show_step(step, session)) if step != on_slider else (gr.skip(),) * 3
+    return ((step, phase, id(session)), step_mode.figure(rec, step_mode.phases(rec)[phase]),
+            step_mode.markdown(rec, phase), *follow)
+
+
+def wire(ctx: AppContext, c: SimpleNamespace, v: SimpleNamespace, run_after_fields, refresh_on=()):
+    """Connect the projector box, the fastest button and step mode.  ``run_after_fields(event)``: the Live tab's
+    first frame and decode after an event that set the fields (returns the run's event); ``refresh_on``: events
+    after which the fastest button is renamed (the pair and its profile load after the page is built)."""
+    c.projector.change(None, c.projector, None, js=PROJECTOR_JS, api_visibility="private")
+
+    def set_fastest(acceptance_label):
+        preset = preset_here(ctx, acceptance_label)
+        if preset is None:
+            return gr.skip(), gr.skip(), gr.skip()
+        return (preset.method, gr.skip() if preset.budget is None else preset.budget,
+                gr.skip() if preset.depth is None else preset.depth)
+
+    fields = c.fastest_btn.click(set_fastest, c.acceptance, [c.method, c.budget, c.depth], api_visibility="private",
+                                 concurrency_limit=None)
+    for trigger in (*refresh_on, c.acceptance.change):
+        trigger(lambda label: _button_update(preset_here(ctx, label)), c.acceptance, c.fastest_btn,
+                api_visibility="private", show_progress="hidden", concurrency_limit=None)
+    s = v.steps
+    outputs = [s.cursor, s.plot, s.text, v.step, v.tree, v.text]
+    for button, next_call in ((s.step_btn, False), (s.next_btn, True)):
+        button.click(lambda slider, cursor, session, n=next_call: step_views(slider, cursor, session, n),
+                     [v.step, s.cursor, v.session], outputs, api_visibility="private", show_progress="hidden",
+                     **LIGHT_WORK)
+    return run_after_fields(fields)

@@ -1,0 +1,119 @@
+"""One ZeroGPU call: how long to ask for, and whether capturing CUDA graphs inside it pays.
+
+On a ZeroGPU Space each ``@spaces.GPU`` call runs in a process that is fresh for
+(almost) every call, so graphs captured in one call are gone in the next: a call
+either runs eagerly (launch-bound: a step costs ``eager_step_ms``) or captures the
+graphs it needs first (``graphs`` captures of ``capture_s`` each) and then replays
+them (a step costs ``eager_step_ms / EAGER_OVER_GRAPH``).  Capturing pays when
+the call's steps save more than the captures cost (:func:`capture_pays`).
+
+The duration asked for is the expected time of the request (its new tokens over
+the expected tokens per step, times the step time of the mode chosen, plus the
+captures; or the target alone's time when that is longer), with a margin and a
+fixed part for moving the weights and the prompt's forward, clamped to what
+ZeroGPU grants one call (:func:`plan_call`).
+
+Two numbers here are not measured on ZeroGPU's card (RTX Pro 6000 Blackwell,
+sm_120): the capture time per graph (:data:`CAPTURE_NOT_MEASURED`) and the eager
+over graph ratio (:data:`EAGER_OVER_GRAPH`, measured on an H100).  A GPU run of
+``scripts/gpu_check.py`` measures them; until then each says so where it is used.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ...core.profiles.cost import draft_widths
+from ...core.profiles.profile import HardwareProfile
+from ...core.trees.optimizer import choose_tree
+from ...runners.hf.graph_runner import BUCKETS, bucket_of, window_of
+
+
+@dataclass(frozen=True)
+class CaptureCost:
+    """Seconds to capture one CUDA graph (one bucket of rows at one key window), and where it comes from."""
+
+    per_graph_s: float
+    measured: bool
+    source: str
+
+
+#: Not measured: a guess until a GPU measures it (a warm-up forward plus the capture of a 28-layer model).
+CAPTURE_NOT_MEASURED = CaptureCost(0.5, False, "not measured (a guess: 0.5 s a graph)")
+#: An eager forward over a graph replay of the same forward: 16.2 / 3.08 ms (0.5B), 20.0 / 4.50 (1.5B) on one
+#: H100 (docs/data/gpu-check-h100.md); not measured on an RTX Pro 6000.
+EAGER_OVER_GRAPH = 4.4
+#: Seconds every call asks for beyond its steps (moving the weights onto the card, the prompt's forward), the
+#: margin on the steps' expected time, and ZeroGPU's bounds on one call.
+BASE_S, MARGIN, MIN_S, MAX_S = 15.0, 1.5, 20, 300
+#: Without a profile to price the steps: a fixed part and seconds per new token (a generous flat rule, not
+#: measured on ZeroGPU).
+FLAT_BASE_S, PER_TOKEN_S = 20.0, 0.15
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    """What one ZeroGPU call will do and ask for."""
+
+    duration_s: int          # what @spaces.GPU(duration=...) asks for
+    capture: bool            # capture the call's graphs before its steps
+    steps: int               # expected steps of the request
+    graphs: int              # graphs the request's forwards need
+    eager_s: float           # expected seconds of the steps, eager
+    graphs_s: float          # expected seconds with graphs, captures included
+    reason: str              # one sentence: why this mode, which numbers are not measured
+
+
+def graphs_needed(draft_widths: tuple[int, ...], verify_rows: int, context: int, new_tokens: int,
+                  buckets: tuple[int, ...] = BUCKETS, capacity: int = 4096) -> int:
+    """(bucket, window) graphs a request's forwards replay: one per bucket of the draft's level widths and one
+    for the verify forward, at every key window the context passes through (the prompt's own forward is eager)."""
+    windows = {window_of(n, capacity) for n in range(context, context + new_tokens + verify_rows + 1, 64)}
+    windows.add(window_of(context + new_tokens + verify_rows, capacity))
+    draft = {bucket_of(w, buckets) for w in draft_widths} - {None}
+    target = {bucket_of(verify_rows, buckets)} - {None}
+    return (len(draft) + len(target)) * len(windows)
+
+
+def capture_pays(steps: int, eager_step_s: float, graph_step_s: float, graphs: int, capture_s: float) -> bool:
+    """True when capturing ``graphs`` (``capture_s`` each) and replaying them beats running every step eagerly."""
+    if steps < 0 or graphs < 0 or min(eager_step_s, graph_step_s, capture_s) < 0:
+        raise ValueError("steps, graphs and times must be non-negative")
+    return graphs * capture_s + steps * graph_step_s < steps * eager_step_s
+
+
+def plan_call(new_tokens: int, profile: HardwareProfile | None, acceptance, context: int = 128,
+              capture: CaptureCost = CAPTURE_NOT_MEASURED, eager_over_graph: float = EAGER_OVER_GRAPH,
+              n_runs: int = 1) -> CallPlan:
+    """The plan of a call decoding ``new_tokens`` ``n_runs`` times with the tree ``profile`` chooses for
+    ``acceptance`` (the profile measured eagerly on this card); without a profile, the flat per-token rule."""
+    if not isinstance(new_tokens, int) or new_tokens < 0 or n_runs < 1:
+        raise ValueError(f"new_tokens must be a non-negative integer and n_runs >= 1, got {new_tokens!r}, {n_runs!r}")
+    if profile is None:
+        seconds = PER_TOKEN_S * new_tokens * n_runs
+        return CallPlan(_clamp(FLAT_BASE_S + seconds), False, 0, 0, seconds, math.inf,
+                        f"no hardware profile yet: {PER_TOKEN_S} s a token, eager")
+    choice = choose_tree(acceptance, profile)
+    steps = math.ceil(new_tokens / max(choice.expected_tokens, 1.0)) * n_runs
+    eager_step = choice.cost.total_ms / 1e3
+    widths = tuple(draft_widths(choice.tree)) if choice.budget else ()
+    graphs = graphs_needed(widths, choice.tree.n_nodes, context, new_tokens)
+    graphs_s = graphs * capture.per_graph_s + steps * eager_step / eager_over_graph
+    eager_s = steps * eager_step
+    take = capture_pays(steps, eager_step, eager_step / eager_over_graph, graphs, capture.per_graph_s)
+    # The request's method may be slower than the profile's tree (the target alone: one token a step), and a
+    # call that outlives its duration is cut off: price the slower of the two.
+    alone_s = new_tokens * n_runs * (float(profile.target(1)) + profile.step_overhead_ms) / 1e3
+    worst = max(graphs_s, graphs * capture.per_graph_s + alone_s / eager_over_graph) if take else \
+        max(eager_s, alone_s)
+    unmeasured = [] if capture.measured else [f"capture time {capture.source}"]
+    unmeasured.append(f"eager/graph ratio {eager_over_graph} (H100, not measured on this card)")
+    reason = (f"{steps} steps of the profile's tree: eager {eager_s:.1f} s, with {graphs} graphs captured "
+              f"{graphs_s:.1f} s, so {'capture' if take else 'eager'}; priced at {worst:.1f} s (the slower of "
+              "that tree and the target alone); " + "; ".join(unmeasured))
+    return CallPlan(_clamp(BASE_S + MARGIN * worst), take, steps, graphs, eager_s, graphs_s, reason)
+
+
+def _clamp(seconds: float) -> int:
+    return int(min(MAX_S, max(MIN_S, math.ceil(seconds))))

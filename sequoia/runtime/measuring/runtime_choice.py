@@ -1,0 +1,189 @@
+"""Which runtime this machine runs the pair fastest on, chosen from measured costs.
+
+:func:`decide` is the rule, a pure function of what it is given:
+
+1. Models named as Hugging Face ids or folders load on ``hf`` only; two ``.gguf`` files on ``llamacpp``, a
+   ``.gguf`` draft beside another target on ``mixed``.  The rest applies to the embedded pair.
+2. On a GPU: ``hf``, which runs both models on the graph runner (llama.cpp is built for the CPU here).
+3. Without llama-cpp-python: ``hf``, the only runtime installed.
+4. Every installed runtime has a profile for this CPU kind: the one whose best method (the target alone or
+   the optimizer's best tree, :func:`sequoia.core.trees.optimizer.choose_tree`) predicts the most tokens/s.
+5. Some have none, llama.cpp among them, and the CPU has no bf16 matrix kernels (no AVX-512-BF16 or AMX):
+   ``llamacpp``.  There torch's bf16 target was measured at a quarter of llama.cpp's rate (docs/benchmarks.md,
+   AVX2 EPYC, code prompts: 2.3 against 9.5 tokens/s end to end), and no tree paid on either runtime.
+6. Otherwise: the fastest of those measured (``hf`` when none is).
+
+:func:`choose_runtime` gathers the facts (device, CPU features, whether llama-cpp-python imports) and the
+profiles (:mod:`sequoia.runtime.measuring.finder`: cached or shipped for this machine's fingerprint, else a shipped one
+of the same CPU kind measured with another thread count) and calls :func:`decide`.  An explicit backend
+(``SEQUOIA_BACKEND``, ``--backend``) still wins: :meth:`RuntimeDecision.overridden`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from ..._meta import ASSETS
+from ...core.profiles.fingerprint import Fingerprint
+from ...core.profiles.profile import HardwareProfile
+from ...core.profiles.runtimes import (BACKENDS, FoundProfile, Machine, RuntimeDecision, RuntimeEstimate,  # noqa: F401
+                             display_name)
+from ...core.trees.optimizer import choose_tree
+from ...runners.hf.cpu import cpu_facts
+from ...runners.hf.kernels import default_draft_scheme
+from ...runners.hf.loading import EMBEDDED_NAME, resolve_device, resolve_dtype
+from .finder import find_acceptance, find_profile
+from .fingerprint import expected_fingerprint
+
+#: The largest tree and depth the choice considers (the Hardware tab's defaults).
+MAX_BUDGET, MAX_DEPTH = 128, 12
+
+
+# ------------------------------------------------------------------------------------------- the rule
+def decide(machine: Machine, profiles: Mapping[str, FoundProfile], acceptance: Sequence[float],
+           max_budget: int = MAX_BUDGET, max_depth: int = MAX_DEPTH) -> RuntimeDecision:
+    """The runtime to serve on (see the module doc for the rule); ``profiles``: backend -> its profile here."""
+    runtimes = tuple(_estimate(b, machine, profiles.get(b), acceptance, max_budget, max_depth) for b in BACKENDS)
+    backend, reason = _rule(machine, runtimes)
+    return RuntimeDecision(backend, reason, runtimes, machine=machine)
+
+
+def _rule(machine: Machine, runtimes: tuple[RuntimeEstimate, ...]) -> tuple[str, str]:
+    if machine.fixed_by_models:
+        return machine.fixed_by_models, _MODELS_REASON[machine.fixed_by_models]
+    if machine.device_kind == "cuda":
+        return "hf", "on a GPU the Hugging Face runtime runs both models on the graph runner (CUDA graphs)"
+    if not machine.llamacpp_installed:
+        return "hf", "llama-cpp-python is not installed, so the Hugging Face runtime is the only one here"
+    installed = [r for r in runtimes if r.installed]
+    measured = sorted((r for r in installed if r.measured), key=lambda r: -r.tokens_per_s)
+    if measured and len(measured) == len(installed):
+        return measured[0].backend, _fastest_reason(measured)
+    missing = " and ".join(display_name(r.backend) for r in installed if not r.measured) + " not measured here"
+    llamacpp_measured = any(r.backend == "llamacpp" for r in measured)
+    if not machine.bf16_kernels and not llamacpp_measured:
+        return "llamacpp", (f"this CPU has no bf16 matrix kernels (no AVX-512-BF16 or AMX), where torch's bf16 "
+                            f"target runs at about a quarter of llama.cpp's rate (measured on an AVX2 EPYC); "
+                            f"{missing}")
+    if measured:
+        return measured[0].backend, _fastest_reason(measured) + f"; {missing}"
+    return "hf", ("no runtime is measured on this CPU kind, and torch has bf16 matrix kernels here; "
+                  "`python -m sequoia profile --backend llamacpp` measures llama.cpp")
+
+
+_MODELS_REASON = {
+    "hf": "the models are named as Hugging Face ids or folders, which only the Hugging Face runtime loads",
+    "llamacpp": "both models are .gguf files, which llama.cpp reads as they are",
+    "mixed": "the draft is a .gguf file beside a Hugging Face target",
+}
+
+
+def _fastest_reason(measured: Sequence[RuntimeEstimate]) -> str:
+    best, rest = measured[0], measured[1:]
+    text = f"{display_name(best.backend)} predicts {best.tokens_per_s:.1f} tokens/s here ({best.method})"
+    if rest:
+        text += " against " + " and ".join(f"{r.tokens_per_s:.1f} on {display_name(r.backend)}" for r in rest)
+    return text + ", from the profiles measured for this CPU kind"
+
+
+def _estimate(backend: str, machine: Machine, found: FoundProfile | None, acceptance: Sequence[float],
+              max_budget: int, max_depth: int) -> RuntimeEstimate:
+    installed = backend == "hf" or machine.llamacpp_installed
+    if found is None:
+        return RuntimeEstimate(backend, installed)
+    prof = found.profile
+    choice = choose_tree(acceptance, prof, max_budget=min(max_budget, prof.max_tokens - 1), max_depth=max_depth)
+    method = f"Sequoia n={choice.budget} d={choice.depth}" if choice.budget else "target alone"
+    models = _stored(prof.fingerprint) if prof.fingerprint else ""
+    return RuntimeEstimate(backend, installed, 1000.0 / choice.ms_per_token, 1000.0 / choice.baseline_ms, method,
+                           found.source, models)
+
+
+def _stored(fp: Fingerprint) -> str:
+    """How the two models are stored, e.g. "target bf16, draft int4" or "target Q4_K_M, draft Q4_K_M"."""
+    def one(dtype: str, quant: str) -> str:
+        return quant if quant != "none" else dtype or "unknown"
+    return f"target {one(fp.target_dtype, fp.target_quant)}, draft {one(fp.draft_dtype, fp.draft_quant)}"
+
+
+# ------------------------------------------------------------------------------------ the facts here
+def runtime_fixed_by(draft: str, target: str) -> str:
+    """The runtime the model names leave: "" for the embedded pair (any), else hf, llamacpp or mixed."""
+    if draft == EMBEDDED_NAME and target == EMBEDDED_NAME:
+        return ""
+    gguf = [str(name).lower().endswith(".gguf") for name in (draft, target)]
+    return "llamacpp" if all(gguf) else "mixed" if gguf[0] else "hf"
+
+
+def machine_here(device: str | None = None, draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME) -> Machine:
+    """This machine's facts for a pair named ``draft`` / ``target`` loading on ``device`` (None: cuda if any)."""
+    try:
+        kind = resolve_device(device).type
+    except ValueError:   # e.g. cuda asked for and absent: the loader fails with its own message, on the page
+        kind = "cuda" if str(device).startswith("cuda") else "cpu"
+    return Machine(device_kind=kind, cpu_features=cpu_facts()[1],
+                   llamacpp_installed=importlib.util.find_spec("llama_cpp") is not None,
+                   fixed_by_models=runtime_fixed_by(draft, target))
+
+
+def expected_fingerprint_for(backend: str, machine: Machine) -> Fingerprint:
+    """This machine's fingerprint for the embedded pair on ``backend`` as it loads by default (no pair name)."""
+    device = torch.device(machine.device_kind)
+    return expected_fingerprint(device, resolve_dtype("auto", device),
+                                default_draft_scheme(device.type, machine.cpu_features),
+                                backend=backend)
+
+
+def profiles_here(machine: Machine, cache_dir: str | Path | None = None, assets_dir: str | Path = ASSETS,
+                  known: Mapping[str, FoundProfile] | None = None) -> dict[str, FoundProfile]:
+    """backend -> its profile on this machine: ``known`` first (the loaded pair's own), else the finder's
+    cached or shipped match, else a shipped profile of the same CPU kind measured with other threads.
+    On a GPU only the Hugging Face runtime is looked up (llama.cpp is built for the CPU)."""
+    out = dict(known or {})
+    for backend in BACKENDS if machine.device_kind == "cpu" else ("hf",):
+        if backend in out:
+            continue
+        fp = expected_fingerprint_for(backend, machine)
+        choice = find_profile(fp, cache_dir=cache_dir, assets_dir=assets_dir)
+        if choice.profile is not None:
+            out[backend] = FoundProfile(choice.profile, choice.source)
+        elif (kin := same_cpu_kind(fp, assets_dir)) is not None:
+            out[backend] = kin
+    return out
+
+
+def same_cpu_kind(fp: Fingerprint, assets_dir: str | Path = ASSETS) -> FoundProfile | None:
+    """A shipped profile whose fingerprint differs from ``fp`` in the thread count only: its costs rank the
+    runtimes of this CPU kind, though the rates are those of its own thread count (the source says which)."""
+    for path in sorted((Path(assets_dir) / "profiles").glob("*.json")):
+        try:
+            prof = HardwareProfile.load(path)
+        except (ValueError, OSError):
+            continue
+        if prof.fingerprint is not None and prof.matches(replace(fp, threads=prof.fingerprint.threads)):
+            return FoundProfile(prof, f"shipped {path.name}, measured with {prof.fingerprint.threads} threads")
+    return None
+
+
+def choose_runtime(device: str | None = None, draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME,
+                   cache_dir: str | Path | None = None, assets_dir: str | Path = ASSETS,
+                   acceptance: Sequence[float] | None = None,
+                   known: Mapping[str, FoundProfile] | None = None) -> RuntimeDecision:
+    """:func:`decide` with this machine's facts and profiles; ``acceptance`` defaults to the code prompts'
+    greedy vector (the Hardware tab's default), so the page's "fastest" line and this choice agree."""
+    machine = machine_here(device, draft, target)
+    if acceptance is None:
+        acceptance = find_acceptance("code", 0.0, assets_dir).values
+    return decide(machine, profiles_here(machine, cache_dir, assets_dir, known), acceptance)
+
+
+def decision_from(explicit: str | None, by: str, **kwargs) -> RuntimeDecision:
+    """:func:`choose_runtime`, overridden by ``explicit`` when given (``by`` names where it came from)."""
+    decision = choose_runtime(**kwargs)
+    name = (explicit or "").strip().lower()
+    return decision.overridden(name, by) if name else decision

@@ -1,0 +1,70 @@
+"""The Live tab's teaching pieces in a real browser (tests/app/test_browser.py's server and Chromium, tiny pair):
+the projector view's font sizes at 1280x720, and step mode's buttons."""
+
+import time
+
+import pytest
+from test_browser import CHROMIUM, _decode, _screenshot, browser_context, page, server  # noqa: F401 (fixtures)
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium (apt-get install chromium)"),
+]
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+
+#: The key texts a class reads from the back of a room: where to start, the text, its summary, the inspector's
+#: and step mode's words, the buttons that drive the lesson.
+KEY_TEXTS = ("#sq-start", "#sq-text", "#sq-summary", "#sq-inspect-text", "#sq-step-text", "#sq-guided",
+             "#sq-step-btn", "#sq-next-call")
+#: The smallest computed font size (px) of the elements holding text under each selector (None: no such text).
+SMALLEST_FONT = """(selectors) => Object.fromEntries(selectors.map((sel) => {
+  const root = document.querySelector(sel);
+  if (!root) return [sel, null];
+  const holders = [root, ...root.querySelectorAll('*')].filter((el) => el.getClientRects().length &&
+      [...el.childNodes].some((n) => n.nodeType === Node.TEXT_NODE && n.textContent.trim()));
+  return [sel, holders.length ? Math.min(...holders.map((el) => parseFloat(getComputedStyle(el).fontSize))) : null];
+}))"""
+TREE_LABELS = """() => [...document.querySelectorAll('#sq-tree .textpoint text')]
+  .map((t) => parseFloat(getComputedStyle(t).fontSize))"""
+
+
+def _decoded(page, tokens: int = 12) -> None:
+    _decode(page, "def add(a, b):", tokens)   # the page's default method: a fixed tree, drawn on every machine
+    sync_api.expect(page.locator("#sq-summary")).to_contain_text("finished: length", timeout=60_000)
+    page.locator("#sq-step-btn").click()   # a new run's replay starts at its first call after the prompt
+    sync_api.expect(page.locator("#sq-step-text")).to_contain_text("Target call 1 · phase 1 of")
+
+
+def test_the_projector_view_sets_key_texts_to_20_px_at_1280x720(page, tmp_path):
+    page.set_viewport_size({"width": 1280, "height": 720})
+    _decoded(page)
+    before = page.evaluate(SMALLEST_FONT, list(KEY_TEXTS))
+    assert min(v for v in before.values() if v) < 20, before      # the page's own sizes: the box must matter
+    page.get_by_label("Projector view").check()
+    page.wait_for_function("document.body.classList.contains('sq-projector')")
+    after = page.evaluate(SMALLEST_FONT, list(KEY_TEXTS))
+    assert all(v is not None and v >= 20 for v in after.values()), after
+    # the tree redraws as the page settles after the run: wait for its labels rather than read a blank frame
+    page.wait_for_function(f"({TREE_LABELS})().length > 0")
+    labels = page.evaluate(TREE_LABELS)
+    assert labels and min(labels) >= 18, labels                    # the tree's token labels
+    _screenshot(page, tmp_path, "projector-1280x720")
+    page.get_by_label("Projector view").uncheck()
+    page.wait_for_function("!document.body.classList.contains('sq-projector')")
+    # buttons ease their font size back (a CSS transition): poll until they are back rather than read mid-way
+    deadline, now = time.monotonic() + 5.0, page.evaluate(SMALLEST_FONT, list(KEY_TEXTS))
+    while now != before and time.monotonic() < deadline:
+        page.wait_for_timeout(100)
+        now = page.evaluate(SMALLEST_FONT, list(KEY_TEXTS))
+    assert now == before, (now, before)
+
+
+def test_step_mode_walks_one_call_then_moves_the_slider_to_the_next(page):
+    _decoded(page)
+    words = page.locator("#sq-step-text")
+    page.locator("#sq-step-btn").click()
+    sync_api.expect(words).to_contain_text("Target call 1 · phase 2 of")
+    assert page.locator("#sq-step-plot .js-plotly-plot").count() == 1
+    page.locator("#sq-next-call").click()
+    sync_api.expect(words).to_contain_text("Target call 2 · phase 1 of")
+    sync_api.expect(page.locator("#sq-tree .gtitle")).to_contain_text("step 2")   # the tree follows the replay

@@ -1,0 +1,94 @@
+"""sequoia.runtime.measuring.gpu_call: a ZeroGPU call's duration from the profile, and when capturing graphs in it pays."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from sequoia.core.profiles.profile import HardwareProfile
+from sequoia.runtime.measuring import gpu_call
+from sequoia.runtime.measuring.finder import DEFAULT_ENTRY
+
+
+def _profile(step_ms: float = 20.0) -> HardwareProfile:
+    """A launch-bound card: every forward costs about ``step_ms / 2`` whatever its width (eager on a GPU)."""
+    half = step_ms / 2
+    return HardwareProfile(device="test GPU (eager)", dtype="torch.bfloat16", context_len=128,
+                           target_n=(1, 2, 4, 8, 16, 32, 64, 128), target_ms=(half,) * 7 + (half * 1.2,),
+                           draft_width=(1, 2, 4, 8, 16, 32, 64), draft_ms=(half * 0.8,) * 7)
+
+
+def test_capture_pays_when_the_steps_save_more_than_the_captures_cost():
+    assert gpu_call.capture_pays(steps=1000, eager_step_s=0.02, graph_step_s=0.005, graphs=4, capture_s=0.5)
+    assert not gpu_call.capture_pays(steps=10, eager_step_s=0.02, graph_step_s=0.005, graphs=4, capture_s=0.5)
+    assert not gpu_call.capture_pays(steps=0, eager_step_s=0.02, graph_step_s=0.005, graphs=1, capture_s=0.0)
+    with pytest.raises(ValueError, match="non-negative"):
+        gpu_call.capture_pays(steps=-1, eager_step_s=0.02, graph_step_s=0.005, graphs=1, capture_s=0.5)
+
+
+def test_graphs_needed_counts_buckets_and_windows():
+    # widths 1, 2, 3 -> buckets 1, 2, 4; the verify forward of 7 rows -> bucket 8; one window (256)
+    assert gpu_call.graphs_needed((1, 2, 3), 7, context=100, new_tokens=50) == 4
+    # crossing 256 doubles the windows
+    assert gpu_call.graphs_needed((1, 2, 3), 7, context=200, new_tokens=100) == 8
+    assert gpu_call.graphs_needed((), 1, context=10, new_tokens=10) == 1       # the target alone
+
+
+def test_plan_grows_with_the_request_and_captures_only_when_it_pays():
+    prof = _profile()
+    short = gpu_call.plan_call(8, prof, DEFAULT_ENTRY.values)
+    long = gpu_call.plan_call(2048, prof, DEFAULT_ENTRY.values)
+    assert not short.capture and long.capture                # a short call cannot pay for its captures
+    assert gpu_call.MIN_S <= short.duration_s <= long.duration_s <= gpu_call.MAX_S
+    assert "not measured" in long.reason and long.steps > short.steps > 0
+    measured = gpu_call.CaptureCost(0.01, True, "measured")
+    assert gpu_call.plan_call(64, prof, DEFAULT_ENTRY.values, capture=measured).capture
+    slow = gpu_call.CaptureCost(1e3, True, "measured")
+    assert not gpu_call.plan_call(2048, prof, DEFAULT_ENTRY.values, capture=slow).capture
+    assert gpu_call.plan_call(10 ** 6, prof, DEFAULT_ENTRY.values).duration_s == gpu_call.MAX_S
+
+
+def test_without_a_profile_the_flat_rate_applies():
+    plan = gpu_call.plan_call(100, None, DEFAULT_ENTRY.values, n_runs=2)
+    assert not plan.capture and plan.duration_s == int(gpu_call.FLAT_BASE_S + gpu_call.PER_TOKEN_S * 200)
+    with pytest.raises(ValueError, match="new_tokens"):
+        gpu_call.plan_call(-1, None, DEFAULT_ENTRY.values)
+
+
+def test_the_apps_duration_is_priced_by_the_profile():
+    from components.app_state import serving
+
+    assert serving.gpu_seconds(2048, profile=_profile(40.0)) > serving.gpu_seconds(2048, profile=_profile(10.0))
+    assert serving.gpu_seconds("not a number") == gpu_call.MIN_S
+
+
+def test_spaces_decorator_passes_through_outside_spaces(monkeypatch):
+    """With the real ``spaces`` package when installed, else a stub of its documented behaviour."""
+    monkeypatch.delenv("SPACES_ZERO_GPU", raising=False)
+    try:
+        spaces = importlib.import_module("spaces")
+    except ImportError:
+        spaces = SimpleNamespace(GPU=lambda duration=None: (lambda fn: fn),
+                                 config=SimpleNamespace(Config=SimpleNamespace(zero_gpu=False)))
+        monkeypatch.setitem(sys.modules, "spaces", spaces)
+
+    def work(n):
+        return n + 1
+
+    assert spaces.GPU(duration=lambda n: 30)(work)(1) == 2
+    from components.app_state import serving
+
+    monkeypatch.setattr(serving, "spaces", spaces)
+    assert not serving.zerogpu() and serving.on_gpu(work, lambda n: 30) is work
+
+
+def test_the_duration_covers_the_target_alone_too():
+    prof = _profile(20.0)          # the target alone: 10 ms a token here
+    plan = gpu_call.plan_call(1000, prof, DEFAULT_ENTRY.values, capture=gpu_call.CaptureCost(1e3, True, "slow"))
+    alone_s = 1000 * 0.010
+    assert not plan.capture and plan.eager_s < alone_s       # the tree is faster per token, yet the call is
+    assert plan.duration_s >= gpu_call.BASE_S + gpu_call.MARGIN * alone_s   # long enough for the target alone
+    assert "target alone" in plan.reason
