@@ -1,12 +1,9 @@
-"""Figures and widgets of Sequoia Studio.
+"""The page of Sequoia Studio: one package per tab (live, compare, dp_explorer, distribution, hardware), the app's
+state and serving (app_state), figures more than one tab draws (widgets).  Imports sequoia only.
 
-Every ``*_view`` module is a set of pure functions from data (step records,
-DP tables, profiles) to Plotly figures or HTML strings; they never import
-Gradio or load a model, so tests exercise them directly.  The ``*_tab``
-modules are the thin Gradio layer that lays those views out and wires events.
-
-The colour vocabulary is shared so a green node in the tree view and a green
-token in the text view mean the same thing.
+This module holds the vocabulary every view shares, so a green node in the tree view and a green token in the
+text view mean the same thing: status and method colours, and the page's name of each method.  Views are pure
+functions from data (step records, DP tables, profiles) to Plotly figures or HTML; they never load a model.
 """
 
 from __future__ import annotations

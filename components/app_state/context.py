@@ -172,17 +172,20 @@ class AppContext:
         """Largest tree budget one request may ask (the sliders' maximum)."""
         return self.limits.budget_cap
 
-    def calibration(self, temperature: float = 0.0):
-        """The shipped calibration for this pair nearest in temperature, or None (identity a(q) = q)."""
+    def method_state(self, info, temperature: float) -> dict:
+        """What this server prices and grows a method with, as :func:`sequoia.runtime.methods.make_method`'s
+        keywords: the profile (priced methods), the calibration (calibrated ones), the copy acceptance (copies);
+        ``info``: the method's :class:`~sequoia.core.requests.request.MethodInfo`."""
         pair = self.models.current
-        return finder.find_calibration(temperature, self.assets_dir, pair_name(pair) if pair is not None else None)
-
-    def copy_acceptance(self, temperature: float = 0.0):
-        """The measured acceptance of copied tokens nearest in temperature, pooled over the prompt kinds
-        (the page does not know the prompt's kind), or None (the hand-set prior)."""
-        pair = self.models.current
-        return finder.find_ngram_acceptance("", temperature, self.assets_dir,
-                                            pair_name(pair) if pair is not None else None)
+        name = pair_name(pair) if pair is not None else None
+        state = {}
+        if info.priced:
+            state["profile"] = self.profile
+        if info.calibrated:
+            state["calibration"] = finder.find_calibration(temperature, self.assets_dir, name)
+        if info.copies:
+            state["copy_acceptance"] = finder.find_ngram_acceptance("", temperature, self.assets_dir, name)
+        return state
 
     # ------------------------------------------------------------------ the extra runners (extras)
     def exact_context(self) -> AppContext:

@@ -97,44 +97,20 @@ def check_dp_request(memo: RequestMemo, acceptance, budget, depth) -> None:
 # ------------------------------------------------------------------ engine inputs
 @dataclass(frozen=True)
 class EngineInputs:
-    """What the engine takes for one parsed request: prompt ids, proposer, settings (and a note for the page)."""
+    """What the engine takes for one parsed request: prompt ids, proposer, settings."""
 
     prompt_ids: list[int]
     proposer: Proposer
     config: GenerationConfig
-    note: str = ""            # e.g. a fallback that was taken, shown as a warning
     inspect: bool = False     # record what verification saw (the live tab's inspector)
 
 
 def engine_inputs(ctx: AppContext, req: DecodeRequest) -> EngineInputs:
     """The proposer of a parsed request (built here once, by the one factory) with the server's profile,
     calibration and copy acceptance where the method uses them."""
-    info, t = req.method.info, req.sampling.temperature
-    extra = {}
-    if info.priced:
-        extra["profile"] = ctx.profile
-    if info.calibrated:
-        extra["calibration"] = ctx.calibration(t)
-    if info.copies:
-        extra["copy_acceptance"] = ctx.copy_acceptance(t)
-    proposer = make_method(req.method, acceptance=req.acceptance, **extra)
-    return EngineInputs(list(req.prompt_ids), proposer, req.config, _note(ctx, req.method.name, proposer))
-
-
-def _note(ctx: AppContext, name: str, proposer) -> str:
-    """What the page should say about a fallback the method took on this server ("" when none)."""
-    if name not in ("sequoia-auto", "sequoia-dynamic", "sequoia-ngram", "ngram"):
-        return ""
-    if ctx.profile is None:  # priced with the conservative stand-in: the target runs alone
-        return ctx.profile_note()
-    if name == "sequoia-auto" and proposer.tree.size == 0:
-        return ("Under this machine's hardware profile no tree beats the target alone, so the optimizer chose "
-                "the root-only tree: plain target steps. Pick Sequoia (budget & depth) to see trees.")
-    if name == "sequoia-dynamic" and not proposer.can_pay:
-        return ("Under this machine's profile no tree beats the target alone (verifying k tokens costs "
-                "about k times one), so the dynamic policy drafts nothing: every step is a plain target "
-                "step. Pick Sequoia (budget & depth) to see trees.")
-    return ""
+    state = ctx.method_state(req.method.info, req.sampling.temperature)
+    proposer = make_method(req.method, acceptance=req.acceptance, **state)
+    return EngineInputs(list(req.prompt_ids), proposer, req.config)
 
 
 # ------------------------------------------------------------------ validators

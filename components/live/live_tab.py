@@ -82,6 +82,7 @@ class LiveSession(RunFlags):
     itself: bool = False              # this run is the target alone: its own reference (1.00×)
     elsewhere: str = ""               # the fastest configuration measured here, when another one (see context)
     no_tree: str = ""                 # why this automatic method draws no tree here (components.live.no_tree_view)
+    rate_key: tuple = ()              # the target alone's rate's key: this run's prompt and settings
     projection: str = ""              # after a run: what its trees would do elsewhere (components.widgets.projection_view)
 
 
@@ -191,27 +192,10 @@ def stopped_views(session: LiveSession):
             _slider(len(recs)), node, inspect_fig, words)
 
 
-def _elsewhere(ctx: AppContext, acceptance, method: str) -> str:
-    """The fastest configuration measured on this machine when another one; a summary line must never fail."""
-    try:
-        return fastest_elsewhere(ctx, acceptance if acceptance is not None else DEFAULT_ENTRY.values, method)
-    except (OSError, ValueError):   # an unreadable cached profile: the Hardware tab says why
-        return ""
-
-
-def _rate_key(ctx: AppContext, job: EngineInputs) -> tuple:
-    return target_rate.rate_key(ctx.pair(), job.prompt_ids, job.config)
-
-
-def _known_rate(ctx: AppContext, job: EngineInputs) -> target_rate.TargetRate | None:
-    """The target alone's rate on this prompt if measured already, else the profile's labelled prediction."""
-    return ctx.target_rates.get(_rate_key(ctx, job)) or target_rate.predicted(ctx.choice)
-
-
 def _measure_alone(ctx: AppContext, req, job: EngineInputs, session: LiveSession):
     """After a run: the target alone's rate on its prompt and settings, measured once and cached (a run of the
     target alone is its own measurement).  Yields the summary while it measures."""
-    key = _rate_key(ctx, job)
+    key = session.rate_key
     if session.itself:
         rate = target_rate.measured_rate(session.records, "measured by this run")
         if rate is not None:
@@ -268,19 +252,17 @@ def decode_stream(ctx: AppContext, inputs: DecodeInputs, session: LiveSession | 
 
 
 def _run(ctx: AppContext, inputs: DecodeInputs, session: LiveSession):
+    """The road of a Live request: the request parsed once (the validator's parse) with its proposer built once,
+    the engine's steps, and around them the page's words about the run."""
     try:
         req = validation.page_request(ctx, inputs)
         job = validation.engine_inputs(ctx, req)
     except ValueError as exc:
         raise gr.Error(str(exc), title="Cannot decode") from None
-    no_tree = no_tree_view.explain(ctx.profile, req.method.name, job.proposer)   # said in the summary instead
-    if job.note and not no_tree:
-        gr.Warning(job.note)
-    session.rate, session.itself = _known_rate(ctx, job), req.method.name == "ar"
-    session.elsewhere = _elsewhere(ctx, req.acceptance, req.method.name)
-    session.no_tree = no_tree
     try:
-        with closing(run_decode(ctx, replace(job, inspect=True), lambda: session.stopped)) as steps:
+        steps = run_decode(ctx, replace(job, inspect=True), lambda: session.stopped)   # lazy: starts when read
+        _describe(ctx, req, job, session)
+        with closing(steps):
             yield from _stream_views(session, steps)
         if not session.stopped:   # Stop's handler drew the page; a stopped run is not projected
             session.projection = projection_view.projection_markdown(session.records, ctx, DEFAULT_ENTRY)
@@ -292,6 +274,23 @@ def _run(ctx: AppContext, inputs: DecodeInputs, session: LiveSession):
         gr.Warning(f"{what}: {exc}")
         yield (text_view.html_view([], prompt=inputs.prompt), gr.skip(), gr.skip(), f"**{what}:** {exc}", gr.skip(),
                gr.skip())
+
+
+def _describe(ctx: AppContext, req, job: EngineInputs, session: LiveSession) -> None:
+    """What the summary says beside the run: why no tree is drawn (or a fallback's warning), the target alone's
+    rate on this prompt if measured already (else the profile's labelled prediction), a faster choice here."""
+    name = req.method.name
+    session.no_tree, note = no_tree_view.run_words(ctx.profile, name, job.proposer, ctx.profile_note)
+    if note:   # a no-tree line is said in the summary instead
+        gr.Warning(note)
+    session.rate_key = target_rate.rate_key(ctx.pair(), job.prompt_ids, job.config)
+    session.rate = ctx.target_rates.get(session.rate_key) or target_rate.predicted(ctx.choice)
+    session.itself = name == "ar"
+    try:   # the fastest configuration measured here, when another one; a summary line must never fail
+        vector = req.acceptance if req.acceptance is not None else DEFAULT_ENTRY.values
+        session.elsewhere = fastest_elsewhere(ctx, vector, name)
+    except (OSError, ValueError):   # an unreadable cached profile: the Hardware tab says why
+        session.elsewhere = ""
 
 
 def _stream_views(session: LiveSession, steps: Iterator[StepRecord]):

@@ -1,4 +1,4 @@
-"""The Live tab's plain words for an automatic method that draws no tree on this machine.
+"""The Live tab's plain words for an automatic method that draws no tree on this machine, or took a fallback.
 
 Where the hardware profile says no tree beats the target alone (verifying k
 tokens costs about k plain steps, as on a compute-bound CPU), the automatic
@@ -8,6 +8,8 @@ empty tree view is the machine's verdict and how to see a tree anyway.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from sequoia.core.profiles.profile import HardwareProfile
 from sequoia.core.requests.request import METHOD_OF_LABEL
@@ -45,3 +47,27 @@ def explain(profile: HardwareProfile | None, name: str, proposer) -> str:
     if profile is None or not declines_every_tree(name, proposer):
         return ""
     return no_tree_line(profile, name)
+
+
+def fallback_note(profile: HardwareProfile | None, name: str, proposer, missing_profile: Callable[[], str]) -> str:
+    """The warning for a fallback an automatic method took on this server ("" when none); ``missing_profile()``:
+    the page's words while no profile is measured (the method then runs under the conservative stand-in)."""
+    if name not in ("sequoia-auto", "sequoia-dynamic", "sequoia-ngram", "ngram"):
+        return ""
+    if profile is None:  # priced with the conservative stand-in: the target runs alone
+        return missing_profile()
+    if name == "sequoia-auto" and proposer.tree.size == 0:
+        return ("Under this machine's hardware profile no tree beats the target alone, so the optimizer chose "
+                "the root-only tree: plain target steps. Pick Sequoia (budget & depth) to see trees.")
+    if name == "sequoia-dynamic" and not proposer.can_pay:
+        return ("Under this machine's profile no tree beats the target alone (verifying k tokens costs "
+                "about k times one), so the dynamic policy drafts nothing: every step is a plain target "
+                "step. Pick Sequoia (budget & depth) to see trees.")
+    return ""
+
+
+def run_words(profile: HardwareProfile | None, name: str, proposer, missing_profile: Callable[[], str]) -> tuple[str, str]:
+    """(the summary's no-tree line, a warning for any other fallback): one of them at most is not ""."""
+    note = fallback_note(profile, name, proposer, missing_profile)
+    line = explain(profile, name, proposer)
+    return line, "" if line else note

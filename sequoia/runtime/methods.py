@@ -10,12 +10,12 @@ name               tree                                        children drawn
 ``sequoia``        DP-optimal for the acceptance vector          without replacement
 ``sequoia-auto``   budget and depth chosen by the optimizer      without replacement
 ``sequoia-dynamic`` grown each step from the draft's confidence   without replacement
-                   under the hardware profile (sequoia.runtime.proposers.dynamic)
+                   under the hardware profile (proposers.dynamic)
 ``file``           any tree from a JSON file                    without replacement
 ``ngram``          copied continuations of the context only      fixed (no draft model)
-                   (sequoia.runtime.proposers.ngram_proposer)
+                   (proposers.ngram_proposer)
 ``sequoia-ngram``  copied branches + the dynamic tree, one        fixed, then without
-                   cost model (sequoia.runtime.proposers.ngram_dynamic)    replacement
+                   cost model (proposers.ngram_dynamic)          replacement
 =================  ==========================================  ==================
 
 The automatic methods (``sequoia-auto``, ``sequoia-dynamic``, ``ngram``,
@@ -62,6 +62,22 @@ DEFAULT_BUDGET = {"chain": 4, "sequoia": 32, "sequoia-dynamic": 48, "sequoia-ngr
 DEFAULT_DEPTH = {"specinfer": 4, "kary": 4}
 
 
+@dataclass(frozen=True)
+class MethodArgs:
+    """A method's arguments after defaults and checks: what each builder of :data:`BUILDERS` reads."""
+
+    name: str
+    budget: int | None
+    depth: int | None
+    width: int
+    acceptance: tuple[float, ...]
+    profile: object = None
+    tree_path: str | None = None
+    calibration: object = None
+    copy_acceptance: NgramAcceptance | None = None
+    price: PriceSettings | None = None
+
+
 def make_method(
     name: str | MethodSpec,
     *,
@@ -95,36 +111,30 @@ def make_method(
         raise ValueError(f"unknown method {name!r}; choose one of {', '.join(ENGINE_METHODS)}")
     budget = DEFAULT_BUDGET.get(name) if budget is None else budget
     depth = DEFAULT_DEPTH.get(name) if depth is None else depth
-    _check_size(name, budget, depth, width)
+    SIZE_CHECKS.get(name, _budget_and_depth)(budget, depth, width)
     acceptance = tuple(acceptance) if acceptance is not None else DEFAULT_ACCEPTANCE
-    if name in ("ar", "chain", "specinfer", "kary", "file"):
-        return _fixed_shape(name, budget, depth, width, tree_path)
-    if name == "sequoia":
-        return StaticTreeProposer(_dp_tree(tuple(float(p) for p in acceptance), budget, depth), name="sequoia")
-    if name == "sequoia-dynamic":
-        return _dynamic(acceptance, profile, budget, depth, calibration, price)
-    if name in ("ngram", "sequoia-ngram"):
-        return _copies(name, acceptance, profile, budget, depth, calibration, copy_acceptance, price)
-    return _auto(acceptance, profile, budget, depth, price)
+    return BUILDERS[name](MethodArgs(name, budget, depth, width, acceptance, profile, tree_path, calibration,
+                                     copy_acceptance, price))
 
 
-def _check_size(name: str, budget: int | None, depth: int | None, width: int) -> None:
-    """The one check of a method's size, in the terms that bound its shape."""
-    if name in ("ar", "file", "sequoia-auto"):   # no size, the file's own, or the optimizer's within the limits
-        return
-    if name == "chain":                          # a chain's depth is its budget
-        check_budget(budget)
-    elif name == "specinfer":
-        check_budget(width * depth, depth)
-    elif name == "kary":
-        check_budget(1, depth)
-    else:
-        check_budget(budget, depth)
+def _budget_and_depth(budget: int | None, depth: int | None, width: int) -> None:
+    check_budget(budget, depth)
 
 
-def _fixed_shape(name: str, budget: int | None, depth: int | None, width: int,
-                 tree_path: str | None) -> StaticTreeProposer:
+#: The one check of a method's size, in the terms that bound its shape (others: budget and depth).
+SIZE_CHECKS = {
+    "ar": lambda budget, depth, width: None,          # no size
+    "file": lambda budget, depth, width: None,        # the file's own
+    "sequoia-auto": lambda budget, depth, width: None,   # the optimizer's, within the limits
+    "chain": lambda budget, depth, width: check_budget(budget),   # a chain's depth is its budget
+    "specinfer": lambda budget, depth, width: check_budget(width * depth, depth),
+    "kary": lambda budget, depth, width: check_budget(1, depth),
+}
+
+
+def _fixed_shape(a: MethodArgs) -> StaticTreeProposer:
     """The trees whose shape the arguments fix: the target alone, a chain, SpecInfer's chains, k-ary, a file."""
+    name, budget, depth, width, tree_path = a.name, a.budget, a.depth, a.width, a.tree_path
     if name == "ar":
         return StaticTreeProposer(Tree.root_only(), name="ar")
     if name == "chain":
@@ -138,17 +148,19 @@ def _fixed_shape(name: str, budget: int | None, depth: int | None, width: int,
     return StaticTreeProposer(tree, mode=mode, name=name)
 
 
-def _copies(name, acceptance, profile, budget: int, depth: int | None, calibration,
-            copy_acceptance: NgramAcceptance | None, price: PriceSettings | None):
-    """``ngram``: copied continuations of the context alone; ``sequoia-ngram``: those and the dynamic tree."""
-    if name == "ngram":
-        settings = NgramSettings(budget=budget)
-        return NgramProposer(profile=profile or conservative_profile(), settings=settings,
-                             max_depth=depth or settings.length, accept=_accept(copy_acceptance), price=price)
-    dyn = _dynamic(acceptance, profile, budget, depth, calibration, price)
+def _copies_only(a: MethodArgs) -> NgramProposer:
+    """``ngram``: copied continuations of the context alone."""
+    settings = NgramSettings(budget=a.budget)
+    return NgramProposer(profile=a.profile or conservative_profile(), settings=settings,
+                         max_depth=a.depth or settings.length, accept=_accept(a.copy_acceptance), price=a.price)
+
+
+def _copies_and_dynamic(a: MethodArgs) -> NgramDynamicProposer:
+    """``sequoia-ngram``: copied branches and the dynamic tree."""
+    dyn = _dynamic(a)
     return NgramDynamicProposer(profile=dyn.profile, calibration=dyn.calibration, acceptance=dyn.acceptance,
-                                budget=dyn.budget, max_depth=dyn.max_depth, accept=_accept(copy_acceptance),
-                                price=price)
+                                budget=dyn.budget, max_depth=dyn.max_depth, accept=_accept(a.copy_acceptance),
+                                price=a.price)
 
 
 def _accept(copy_acceptance: NgramAcceptance | None):
@@ -161,8 +173,14 @@ def _dp_tree(acceptance: tuple[float, ...], budget: int, depth: int | None) -> T
     return optimal_tree(acceptance, budget, depth).tree()
 
 
-def _auto(acceptance, profile, budget, depth, price: PriceSettings | None) -> StaticTreeProposer:
+def _sequoia(a: MethodArgs) -> StaticTreeProposer:
+    """``sequoia``: the DP tree of the vector, budget and depth."""
+    return StaticTreeProposer(_dp_tree(tuple(float(p) for p in a.acceptance), a.budget, a.depth), name="sequoia")
+
+
+def _auto(a: MethodArgs) -> StaticTreeProposer:
     """Let the hardware-aware optimizer choose budget and depth (and, under the price gate, a smaller tree)."""
+    acceptance, profile, budget, depth, price = a.acceptance, a.profile, a.budget, a.depth, a.price
     # Without a measured profile: a stand-in under which no tree pays (the root-only tree), as for sequoia-dynamic.
     profile = profile or conservative_profile()
     choice = choose_tree(acceptance, profile, max_budget=budget, max_depth=depth or STATIC_DEPTH)
@@ -203,10 +221,24 @@ class PricedTreeProposer(StaticTreeProposer):
         return super().propose(drafter, generator)
 
 
-def _dynamic(acceptance, profile, budget: int, depth: int | None, calibration, price: PriceSettings | None = None):
-    """``calibration``: a Calibration, a path to one, or None for the identity a(q) = q."""
+def _dynamic(a: MethodArgs) -> DynamicTreeProposer:
+    """``sequoia-dynamic``; ``calibration``: a Calibration, a path to one, or None for the identity a(q) = q."""
+    acceptance, profile, budget, depth, calibration, price = (a.acceptance, a.profile, a.budget, a.depth,
+                                                              a.calibration, a.price)
     if isinstance(calibration, (str, bytes)) or hasattr(calibration, "__fspath__"):
         calibration = Calibration.load(calibration)
     return DynamicTreeProposer(calibration=calibration or Calibration.identity(), acceptance=acceptance,
                                profile=profile or conservative_profile(), budget=budget, max_depth=depth or MAX_DEPTH,
                                price=price)
+
+
+#: Every method's builder by name: a new proposer is its file under sequoia/runtime/proposers/, its row here and
+#: its row in the page's registry (sequoia.core.requests.request.METHODS).
+BUILDERS = {
+    "ar": _fixed_shape, "chain": _fixed_shape, "specinfer": _fixed_shape, "kary": _fixed_shape, "file": _fixed_shape,
+    "sequoia": _sequoia,
+    "sequoia-auto": _auto,
+    "sequoia-dynamic": _dynamic,
+    "ngram": _copies_only,
+    "sequoia-ngram": _copies_and_dynamic,
+}

@@ -10,6 +10,8 @@ from types import SimpleNamespace
 import gradio as gr
 import pytest
 
+from sequoia.core.requests.request import BY_NAME as METHOD_INFO
+
 import app
 from components.app_state import validation
 from components.app_state.acceptance_choice import (DEFAULT_ACCEPTANCE_LABEL, acceptance_catalogue,
@@ -19,7 +21,7 @@ from components.app_state.decode_inputs import DecodeInputs
 from components.compare import compare_run, compare_tab
 from components.dp_explorer import dp_tab
 from components.hardware import hardware_tab
-from components.live import live_tab
+from components.live import live_tab, no_tree_view
 from sequoia.runtime.methods import DEFAULT_ACCEPTANCE
 from sequoia.runtime.proposers.dynamic import MAX_DEPTH
 
@@ -49,10 +51,10 @@ def _stream(ctx, prompt="def f(x):", method="Sequoia (budget & depth)", budget=8
 
 
 def _proposer(ctx, method, budget, depth):
-    """(proposer, note) of a page request, as the Live tab builds them."""
+    """(proposer, note) of a page request, as the Live tab builds and words them."""
     req = validation.decode_request(ctx, "x", method, budget, depth, 0.0, 1.0, 4, 0, True, DEFAULT_ACCEPTANCE)
     job = validation.engine_inputs(ctx, req)
-    return job.proposer, job.note
+    return job.proposer, no_tree_view.fallback_note(ctx.profile, req.method.name, job.proposer, ctx.profile_note)
 
 
 def test_build_demo_names_api_endpoints(demo):
@@ -544,7 +546,9 @@ def test_dynamic_method_uses_the_profile_and_says_when_it_drafts_nothing(ctx, tm
     (tmp_path / "acceptance" / "calibration-broken.json").write_text("{")
     ctx.assets_dir = tmp_path
     try:
-        assert ctx.calibration(0.7).temperature == 0.6 and ctx.calibration(0.1).temperature == 0.0
+        dynamic = METHOD_INFO["sequoia-dynamic"]
+        assert ctx.method_state(dynamic, 0.7)["calibration"].temperature == 0.6
+        assert ctx.method_state(dynamic, 0.1)["calibration"].temperature == 0.0
     finally:
         ctx.assets_dir = old
 

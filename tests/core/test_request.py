@@ -26,7 +26,7 @@ from components.app_state.decode_inputs import DecodeInputs
 from components.live import live_tab
 from sequoia.core.requests import fields
 from sequoia.core.requests import request as rq
-from sequoia.core.requests.request import (SEED_MAX, DecodeRequest, Limits, MethodSpec, RequestError, parse_decode,
+from sequoia.core.requests.request import (ENGINE_METHODS, SEED_MAX, DecodeRequest, Limits, MethodSpec, RequestError, parse_decode,
                                            parse_dp)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -262,3 +262,9 @@ def test_the_decode_inputs_are_defined_once():
     assert tuple(inspect.signature(handler).parameters) == PAGE_FIELDS and handler(*page) == inputs
     api = inspect.signature(live_tab.decode_api_fn(None))
     assert tuple(api.parameters) == API_FIELDS and api.parameters["budget"].annotation is int
+
+
+def test_every_engine_method_has_one_builder():
+    """A new proposer is its room, its row in METHODS and its builder in methods.BUILDERS: none without the other."""
+    from sequoia.runtime.methods import BUILDERS
+    assert set(BUILDERS) == set(ENGINE_METHODS)
