@@ -88,7 +88,7 @@ class ProfileRoom:
         def run() -> None:
             try:
                 self.choice = finder.measure_and_cache(
-                    pair, why, self.cache_dir,
+                    pair, why, self.cache_dir, background=True,   # visitors' requests go first, point by point
                     progress=lambda fraction, label: status(fraction, f"measuring this machine's profile: {label}"))
                 status(1.0, "profile measured")
                 status.ready = True

@@ -329,7 +329,7 @@ def decode_api_fn(ctx: AppContext):
     def work(stop, inputs: DecodeInputs):
         req = validation.parse_inputs(ctx, inputs)
         # a cancelled request stops within a step
-        records = serving.drain(run_decode(ctx, validation.engine_inputs(ctx, req)), stop)
+        records = serving.drain(run_decode(ctx, validation.engine_inputs(ctx, req), stop.is_set), stop)
         return generated_text(ctx, records), [r.to_dict() for r in records]
 
     gpu_work = serving.on_gpu(work, lambda stop, inputs: serving.gpu_seconds(inputs.max_new_tokens,

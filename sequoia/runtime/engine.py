@@ -45,7 +45,8 @@ from ..core.config import MAX_PROMPT_TOKENS, GenerationConfig
 from ..core.statistics.trace import ACCEPTED, REJECTED, UNREACHED, StepRecord
 from ..core.trees.tree import Tree
 from ..runners.base import Session, shared_vocab
-from .drafter import Draft, Drafter, Proposer
+from .drafter import Draft, Drafter, Proposer, Stopped, forward_chain
+from .lease import ModelLease
 from .verify import Walk, read_draft, verify_tree
 
 
@@ -78,22 +79,36 @@ class SpeculativeEngine:
         """
         self._check_request(prompt_ids, proposer, config, stop)
         gen = torch.Generator(device=self.device).manual_seed(config.seed)
-        # The pair's lock is held per step, never across a yield: a streamed generation is resumed on whichever
-        # worker thread the server picks, and a reader that stops iterating must not keep the models locked.
-        with self.lock:
-            state = _State(list(prompt_ids), self.pair.target.session(),
-                           Drafter(self.pair.draft, config.sampling, self.vocab_size), stop)
-            proposer.start()
-            record = self._first_step(state, proposer, config, gen, inspect)
-        step = 0
-        while True:
-            proposer.observe(record)
-            yield record
-            if record.finished or (should_stop is not None and should_stop()):
-                return
-            step += 1
-            with self.lock:
-                record = self._step(state, proposer, config, gen, step, inspect)
+        # The generation owns the pair's runners from its first step to its last (their sessions live across
+        # steps: another session on a llama.cpp runner would clear this one's cache).  The lease is not tied to a
+        # thread: a streamed generation is resumed on whichever worker thread the server picks, and each step
+        # runs on behalf of this generation there.  A caller that holds the lease in this thread (the profiler's
+        # own engine steps) lends it; a reader that stops iterating frees it when the generator is closed.
+        lease = self.lock
+        owner = (lease.held_here() or object()) if isinstance(lease, ModelLease) else None
+        if owner is not None:
+            lease.acquire(owner)
+        try:
+            with _acting(lease, owner):
+                state = _State(list(prompt_ids), self.pair.target.session(),
+                               Drafter(self.pair.draft, config.sampling, self.vocab_size), stop, should_stop)
+                state.drafter.should_stop = should_stop   # a long prompt's catch-up reads Stop between chunks
+                proposer.start()
+                record = self._first_step(state, proposer, config, gen, inspect)
+            step = 0
+            while True:
+                proposer.observe(record)
+                yield record
+                if record.finished or (should_stop is not None and should_stop()):
+                    return
+                step += 1
+                with _acting(lease, owner):
+                    record = self._step(state, proposer, config, gen, step, inspect)
+        except Stopped:   # Stop in the middle of a long prompt's forward: the generation ends there
+            return
+        finally:
+            if owner is not None:
+                lease.release(owner)
 
     def _step(self, state, proposer, config, gen, step, inspect=False) -> StepRecord:
         """Draft a tree, score it in one target forward, verify it, keep the accepted path in both caches."""
@@ -165,8 +180,8 @@ class SpeculativeEngine:
     def _prefill(self, state) -> torch.Tensor:
         """Forward the whole prompt as a chain; the target's logits at its last token.  # [1, V]"""
         # keep=1: no output head over all rows but the last (a row costs as much as a whole layer stack's
-        # worth of a token on a compute-bound CPU).
-        return state.target.forward(state.committed, keep=1)[:, : self.vocab_size]
+        # worth of a token on a compute-bound CPU).  A long prompt goes in chunks, Stop read between two.
+        return forward_chain(state.target, state.committed, state.should_stop)[:, : self.vocab_size]
 
     # ------------------------------------------------------------- bookkeeping
     def _commit(self, state, draft: Draft, walk: Walk, config: GenerationConfig):
@@ -228,6 +243,7 @@ class _State:
     target: Session                   # the target's cache: every committed token but the last
     drafter: Drafter
     stop: Callable[[Sequence[int]], bool] | None = None   # the caller's stop test over the new ids
+    should_stop: Callable[[], bool] | None = None          # the caller's Stop, read between chunks of a prompt
     n_new: int = 0
 
 
@@ -235,11 +251,21 @@ def _with_times(record: StepRecord, draft_s: float, verify_s: float, other_s: fl
     return dataclasses.replace(record, draft_s=draft_s, verify_s=verify_s, other_s=other_s)
 
 
-def model_lock(pair) -> AbstractContextManager:
-    """The pair's one re-entrant lock around model work (``ModelPair.lock``): the engine's steps, the profiler's
-    measurements and graph captures run on different threads over the same runners (one slot cache, static
-    graph inputs); a pair without one (a test's stand-in) locks nothing."""
-    return getattr(pair, "lock", None) or nullcontext()
+def model_lock(pair, background: bool = False) -> AbstractContextManager:
+    """The pair's one owner of model work (``ModelPair.lock``, a :class:`~sequoia.runtime.lease.ModelLease`),
+    held by the current thread: requests' generations, the profiler's measurements and graph captures run on
+    different threads over the same runners (one KV cache on llama.cpp, one slot cache and static graph inputs
+    on a GPU).  ``background``: after every waiting visitor (the profiler).  A pair without one (a test's
+    stand-in) locks nothing."""
+    lease = getattr(pair, "lock", None)
+    if lease is None:
+        return nullcontext()
+    return lease.background() if background and isinstance(lease, ModelLease) else lease
+
+
+def _acting(lease, owner) -> AbstractContextManager:
+    """A step run on behalf of its generation (which holds the lease), on whichever thread runs it."""
+    return lease.acting(owner) if owner is not None else (lease if lease is not None else nullcontext())
 
 
 def sync(device) -> None:

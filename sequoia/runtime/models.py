@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gc
 import os
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from ..runners.hf.loading import (EMBEDDED_NAME, ModelLoadError, load_runner, lo
                                   resolve_device, resolve_draft_quant, resolve_dtype)
 from ..runners.offload.checkpoint import Checkpoint
 from ..runners.offload.runner import load_streamed_runner
+from .lease import ModelLease
 
 #: The weight type of the embedded draft on the "mixed" runtime: llama.cpp requantizes the shipped Q4_K_M once
 #: (its one-token step on 2 Zen 4 cores: 12.5 ms, against 18.5 for Q4_K_M and 24 for torch's int4 draft).
@@ -57,9 +57,9 @@ class ModelPair:
     target_quant: str = "none"          # of the target (every baseline runs this same loaded target)
     backend: str = "hf"                 # the target's runtime ("hf" | "llamacpp")
     target_streamed: bool = False       # the target's layers stream from host memory (runners/offload)
-    # One re-entrant lock around all model work on the pair: requests' steps (the engine), the background
-    # profiler and lazy graph captures run on different threads over the same runners (engine.model_lock).
-    lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
+    # The one owner of model work on the pair (sequoia.runtime.lease): requests' generations (the engine), the
+    # background profiler and lazy graph captures run on different threads over the same runners.
+    lock: ModelLease = field(default_factory=ModelLease, repr=False, compare=False)
 
     @property
     def vocab_size(self) -> int:
@@ -226,7 +226,7 @@ def _load_hf_pair(draft, target, device, dtype, draft_int8, cache_dir, progress,
         draft_runner = load_runner(paths["draft"], names["draft"], dev, draft_dt, dq, "draft", blocked_weights,
                                    plain, graphs, compile=compile, cache_dir=compiled)
     check_tokenizers_match(draft_tok, tok, draft_runner, target_runner)
-    lock = threading.RLock()   # the pair's (ModelPair.lock): its captures are model work like any other
+    lock = ModelLease()   # the pair's (ModelPair.lock): its captures are model work like any other
     with lock:
         warm_up_pair(draft_runner, target_runner, lambda f, d: report(0.96 + 0.04 * f, d), trees=warm_trees)
     report(1.0, "models ready")

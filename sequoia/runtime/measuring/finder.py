@@ -112,9 +112,10 @@ def ensure_profile(pair, explicit: str | Path | None = None, cache_dir: str | Pa
 
 
 def measure_and_cache(pair, why: ProfileChoice, cache_dir: str | Path | None = None,
-                      progress: ProgressFn | None = None) -> ProfileChoice:
-    """Measure a quick profile of ``pair`` here, cache it; ``why`` is the choice that found none."""
-    prof = measure_profile(pair, quick=True, progress=progress)
+                      progress: ProgressFn | None = None, background: bool = False) -> ProfileChoice:
+    """Measure a quick profile of ``pair`` here, cache it; ``why`` is the choice that found none.
+    ``background``: give way to every request that waits for the models (the app's profiler)."""
+    prof = measure_profile(pair, quick=True, progress=progress, background=background)
     path = cache_profile(prof, cache_dir)
     return ProfileChoice(prof, "measured", path,
                          f"measured this machine now and cached it as {path.name} ({why.reason})")

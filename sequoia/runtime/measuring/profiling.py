@@ -20,6 +20,7 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,7 @@ from ...runners.base import Runner
 from ...runners.base import shared_vocab
 from ..drafter import StaticTreeProposer
 from ..engine import SpeculativeEngine, model_lock, sync
+from ..lease import ModelLease
 from .fingerprint import machine_fingerprint
 
 #: The quick profile's grids: enough points for the optimizer's range on a CPU.
@@ -57,6 +59,7 @@ def measure_profile(
     quick: bool = False,
     contexts: Sequence[int] = (),
     clock: Callable[[], float] = time.perf_counter,
+    background: bool = False,
 ) -> HardwareProfile:
     """Time ``pair.target`` by new-token count and ``pair.draft`` by level width, then the step overheads.
 
@@ -77,6 +80,11 @@ def measure_profile(
     and the overheads' engine steps: the process's CPU time on a busy machine
     (:func:`sequoia.runtime.measuring.timing.process_clock`, one thread), as the bench.
 
+    The pair's runners are held one grid point at a time (:mod:`sequoia.runtime.lease`), so a request that
+    arrives meanwhile runs between two points; ``background``: every waiting request goes first (the app's
+    profiler).  A point after another owner's work starts a new session (that work cleared the runner's
+    cache), and a profile measured while requests ran says so in its note.
+
     Parameters left at None take the full preset (grids TARGET_GRID and
     DRAFT_GRID, 3 repeats, 5 s a point, 6 overhead steps: about a minute or
     two for the embedded pair on 2 CPU cores) or, with ``quick``, the quick
@@ -89,15 +97,46 @@ def measure_profile(
     n_overhead = settings.overhead_steps + 2 if settings.overhead_steps else 0  # two untimed steps first (prompt, tree)
     points = (len(settings.target_grid) + len(settings.draft_grid)) * (1 + len(settings.contexts))
     tick = Progress(points + n_overhead, progress, "profiling")
+    hold = _Holder(pair, background)
     try:
-        curves = _curves(pair, settings, gen, tick, stop_ratio)
-        overheads = (_measure_overheads(pair, curves, settings.overhead_steps, gen, tick, clock)
+        curves = _curves(pair, settings, gen, tick, stop_ratio, hold)
+        overheads = (_measure_overheads(pair, curves, settings.overhead_steps, gen, tick, clock, hold)
                      if settings.overhead_steps else (0.0, 0.0))
-        more = tuple(_context_curves(pair, c, curves.target_n, settings.draft_grid, settings.points, gen, tick)
+        more = tuple(_context_curves(pair, c, curves.target_n, settings.draft_grid, settings.points, gen, tick, hold)
                      for c in settings.contexts)
     finally:
         tick.close()
-    return _finished(pair, curves, settings, overheads, more)
+    prof = _finished(pair, curves, settings, overheads, more)
+    shared = hold.visitors()
+    if shared:
+        prof = dataclasses.replace(prof, note=prof.note + f"; measured while requests ran (between {shared} of "
+                                   "their holds of the models: each point timed alone, the machine's cores shared)")
+    return prof
+
+
+class _Holder:
+    """The pair's lease for one measurement at a time, and whether another owner came in between."""
+
+    def __init__(self, pair, background: bool) -> None:
+        self.pair, self.background = pair, background
+        lease = getattr(pair, "lock", None)
+        self.lease = lease if isinstance(lease, ModelLease) else None
+        self._visitors0 = self.lease.visitor_turns if self.lease else 0
+        self._turn = None
+
+    def __call__(self):
+        return model_lock(self.pair, self.background)
+
+    def moved_on(self) -> bool:
+        """Another owner held the runners since this measurement's last hold (call while holding)."""
+        if self.lease is None:
+            return False
+        moved = self._turn is not None and self.lease.turns != self._turn
+        self._turn = self.lease.turns
+        return moved
+
+    def visitors(self) -> int:
+        return (self.lease.visitor_turns - self._visitors0) if self.lease else 0
 
 
 def measure_streamed_profile(pair, **kwargs) -> HardwareProfile:
@@ -142,16 +181,14 @@ def _settings(context_len, target_grid, draft_grid, repeats, warmup, point_s, ov
 
 
 def _curves(pair, settings: _Settings, gen: torch.Generator, tick: Progress,
-            stop_ratio: float | None) -> HardwareProfile:
+            stop_ratio: float | None, hold: _Holder) -> HardwareProfile:
     """The two cost curves at the profile's own context (a profile with nothing else filled in)."""
-    with model_lock(pair):   # one session per grid: a request's step between its points would take it over
-        target_ms = _time_grid(pair.target, settings.target_grid, _verify_parents, settings.points, gen,
-                               lambda n: tick(f"target n={n}"), stop_ratio)
+    target_ms = _time_grid(pair.target, settings.target_grid, _verify_parents, settings.points, gen,
+                           lambda n: tick(f"target n={n}"), stop_ratio, hold)
     for n in settings.target_grid[len(target_ms):]:
         tick(f"target n={n} skipped (over {stop_ratio:g}x one token)")
-    with model_lock(pair):
-        draft_ms = _time_grid(pair.draft, settings.draft_grid, _level_parents, settings.points, gen,
-                              lambda w: tick(f"draft width={w}"))
+    draft_ms = _time_grid(pair.draft, settings.draft_grid, _level_parents, settings.points, gen,
+                          lambda w: tick(f"draft width={w}"), hold=hold)
     return HardwareProfile(device="", dtype="", context_len=settings.points.ctx,
                            target_n=settings.target_grid[: len(target_ms)], target_ms=tuple(target_ms),
                            draft_width=settings.draft_grid, draft_ms=tuple(draft_ms))
@@ -176,20 +213,19 @@ def _finished(pair, curves: HardwareProfile, settings: _Settings, overheads: tup
 
 
 def _context_curves(pair, ctx: int, target_grid, draft_grid, plan: "_Plan", gen: torch.Generator,
-                    tick: Progress) -> ContextCurves:
+                    tick: Progress, hold: _Holder) -> ContextCurves:
     """Both curves again after ``ctx`` cached tokens, on the grids already measured."""
     at = dataclasses.replace(plan, ctx=ctx)
-    with model_lock(pair):
-        target = _time_grid(pair.target, target_grid, _verify_parents, at, gen,
-                            lambda n: tick(f"target n={n}, ctx {ctx}"))
-    with model_lock(pair):
-        draft = _time_grid(pair.draft, draft_grid, _level_parents, at, gen,
-                           lambda w: tick(f"draft width={w}, ctx {ctx}"))
+    target = _time_grid(pair.target, target_grid, _verify_parents, at, gen,
+                        lambda n: tick(f"target n={n}, ctx {ctx}"), hold=hold)
+    draft = _time_grid(pair.draft, draft_grid, _level_parents, at, gen,
+                       lambda w: tick(f"draft width={w}, ctx {ctx}"), hold=hold)
     return ContextCurves(context_len=ctx, target_ms=tuple(target), draft_ms=tuple(draft))
 
 
 def _measure_overheads(pair, curves: HardwareProfile, steps: int, gen: torch.Generator,
-                       tick: Progress, clock: Callable[[], float] = time.perf_counter) -> tuple[float, float]:
+                       tick: Progress, clock: Callable[[], float] = time.perf_counter,
+                       hold: _Holder | None = None) -> tuple[float, float]:
     """(step, level) overheads in ms: what real engine steps cost beyond the forwards ``curves`` predicts.
 
     Runs the engine greedily for ``steps`` timed steps (after two untimed) with
@@ -209,7 +245,7 @@ def _measure_overheads(pair, curves: HardwareProfile, steps: int, gen: torch.Gen
     tree = Tree.chain(OVERHEAD_CHAIN)
     config = GenerationConfig(max_new_tokens=(steps + 2) * (OVERHEAD_CHAIN + 1), stop_at_eos=False)
     records = []
-    with model_lock(pair):   # the whole generation: its sessions live across steps (the engine locks per step)
+    with (hold or _Holder(pair, False))():   # one generation, a few steps: its engine joins this hold
         for record in SpeculativeEngine(pair, clock=clock).generate(
                 prompt, StaticTreeProposer(tree, name="overheads"), config):
             records.append(record)
@@ -251,24 +287,32 @@ class _Plan:
 
 
 def _time_grid(runner: Runner, grid, parents_of: Callable[[int, int], list[int]], plan: _Plan,
-               gen: torch.Generator, on_point: Callable[[int], None], stop_ratio: float | None = None) -> list[float]:
+               gen: torch.Generator, on_point: Callable[[int], None], stop_ratio: float | None = None,
+               hold: _Holder | None = None) -> list[float]:
     """Median ms per grid point of one session forward (+ softmax of its logits) after ``plan.ctx`` cached tokens.
 
     The forward is the one the engine runs for this runner (a draft runner's sessions take its draft
     forward).  With ``stop_ratio``, stops after the first point costing more than that times the first
     one (the list is then shorter than ``grid``; at least two points are measured).
+
+    ``hold``: the pair's lease, taken for one point at a time (a request runs between two points); a point
+    after another owner's work makes a new session with the context again, as that work cleared the cache.
     """
     vocab = runner.vocab_size
-    session = runner.session()
-    session.forward(torch.randint(vocab, (plan.ctx,), generator=gen).tolist(), keep=1)
+    session = None
     out = []
     for n in grid:
-        ids = torch.randint(vocab, (n,), generator=gen).tolist()
-        parents = parents_of(n, plan.ctx)
-        spent = sum(_forward_ms(session, ids, parents, plan, runner.device) for _ in range(plan.warmup))
-        times = [_forward_ms(session, ids, parents, plan, runner.device)]
-        while len(times) < plan.repeats and spent + sum(times) < plan.point_s * 1000.0:
-            times.append(_forward_ms(session, ids, parents, plan, runner.device))
+        with (hold() if hold is not None else nullcontext()):
+            moved = hold is not None and hold.moved_on()
+            if session is None or moved:
+                session = runner.session()
+                session.forward(torch.randint(vocab, (plan.ctx,), generator=gen).tolist(), keep=1)
+            ids = torch.randint(vocab, (n,), generator=gen).tolist()
+            parents = parents_of(n, plan.ctx)
+            spent = sum(_forward_ms(session, ids, parents, plan, runner.device) for _ in range(plan.warmup))
+            times = [_forward_ms(session, ids, parents, plan, runner.device)]
+            while len(times) < plan.repeats and spent + sum(times) < plan.point_s * 1000.0:
+                times.append(_forward_ms(session, ids, parents, plan, runner.device))
         out.append(statistics.median(times))
         on_point(n)
         if stop_ratio is not None and len(out) >= 2 and out[-1] > stop_ratio * out[0]:
