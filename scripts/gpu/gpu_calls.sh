@@ -14,7 +14,7 @@
 #   DEVICE=cpu PYTHON=.venv/bin/python OUT=/tmp/gc sh scripts/gpu/gpu_calls.sh 1 --repeats 1 --new-tokens 16
 set -e
 DEVICE=${DEVICE:-cuda}
-PY=${PYTHON:-python}
+PY=${PYTHON:-python3}
 : "${OUT:?set OUT to the folder the results go to}"
 export PYTHONUNBUFFERED=1
 call=$1

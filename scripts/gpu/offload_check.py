@@ -22,6 +22,7 @@ minute.  Writes DIR/offload_check.json and DIR/offload_check.md after each part.
 from __future__ import annotations
 
 import argparse
+import platform
 import sys
 import time
 from dataclasses import replace
@@ -40,8 +41,8 @@ from sequoia.tools.gpucheck.baselines import row  # noqa: E402
 from sequoia.tools.gpucheck.costs import engine_steps  # noqa: E402
 from sequoia.tools.gpucheck.models import (CPU_DRAFT, CPU_TARGET, TARGET_7B, TARGET_15B, TARGET_32B,  # noqa: E402
                                            pair_of, random_model, runner)
-from sequoia.tools.gpucheck.offload import (MAX_DEPTH, accelerate_alone, build_target, copy_rate,  # noqa: E402
-                                            projections)
+from sequoia.tools.gpucheck.offload import (MAX_DEPTH, accelerate_alone, accelerate_ordinary,  # noqa: E402
+                                            build_target, copy_rate, pageable_copy_rate, projections)
 
 SHAPES = {"32b": TARGET_32B, "tiny": replace(CPU_TARGET, layers=8)}
 DRAFTS = {"1.5b": TARGET_15B, "7b": TARGET_7B, "tiny": CPU_DRAFT}
@@ -62,7 +63,8 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     full = SHAPES[args.shapes]
     shape = replace(full, layers=args.layers or full.layers)
-    result: dict = {"device": _device_name(device), "target": shape.name, "layers": shape.layers,
+    result: dict = {"versions": _versions(), "device": _device_name(device), "target": shape.name,
+                    "layers": shape.layers,
                     "full_layers": full.layers, "in_flight": args.in_flight, "ctx": args.ctx, "note": STANDIN,
                     "started": time.strftime("%Y-%m-%d %H:%M:%S")}
 
@@ -76,7 +78,9 @@ def main(argv: list[str]) -> int:
     log(f"built in {built_s:.1f} s: {target.host_bytes / 1e9:.2f} GB in host memory, "
         f"{target.resident_bytes / 1e9:.2f} GB resident")
     result["copy"] = copy_rate(target)
-    log(f"(1) host -> device {result['copy']['gb_per_s']:.1f} GB/s; floor {result['copy']['floor_ms']:.1f} ms")
+    result["copy_pageable"] = pageable_copy_rate(target)
+    log(f"(1) host -> device {result['copy']['gb_per_s']:.1f} GB/s (pageable: "
+        f"{result['copy_pageable']['gb_per_s']:.1f}); floor {result['copy']['floor_ms']:.1f} ms")
     save()
     draft_shape = DRAFTS["tiny" if args.shapes == "tiny" else args.draft]
     draft = runner(random_model(draft_shape, device, torch.bfloat16, seed=1), "graph", draft_shape.name)
@@ -92,9 +96,13 @@ def main(argv: list[str]) -> int:
     result["accelerate"] = row(lambda: accelerate_alone(target, args.ctx, args.repeats))
     log(f"    {result['accelerate']}")
     acc_ms = result["accelerate"].get("ms_per_token")
-    result["projections"] = projections(profile, acc_ms)
+    result["accelerate_ordinary"] = accelerate_ordinary(result["accelerate"], result["copy"]["gb_per_s"],
+                                                        result["copy_pageable"]["gb_per_s"])
+    ord_ms = result["accelerate_ordinary"].get("ms_per_token")
+    result["projections"] = projections(profile, acc_ms, accelerate_ordinary_ms=ord_ms)
     if shape.layers != full.layers:
-        result["projections_full"] = projections(profile, acc_ms, scale=full.layers / shape.layers)
+        result["projections_full"] = projections(profile, acc_ms, scale=full.layers / shape.layers,
+                                                 accelerate_ordinary_ms=ord_ms)
     save()
     result["steps"] = row(lambda: _steps(pair, profile, args))
     log(f"(5) {result['steps']}")
@@ -132,18 +140,27 @@ def markdown(r: dict) -> str:
             lines.append(f"- one token at {one / r['copy']['floor_ms']:.2f}x the floor")
         lines.append("- draft level ms: " + ", ".join(f"w={w}: {ms:.1f}" for w, ms in zip(p["draft_width"],
                                                                                         p["draft_ms"])))
+    if "copy_pageable" in r:
+        lines.append(f"- host -> device from ordinary (pageable) memory: {r['copy_pageable']['gb_per_s']:.1f} GB/s")
     if "accelerate" in r:
         a = r["accelerate"]
-        lines.append(f"- accelerate cpu_offload alone: " + (f"{a['ms_per_token']:.1f} ms/token" if "ms_per_token" in a
-                                                            else f"failed: {a['error']}"))
+        lines.append(f"- accelerate cpu_offload alone, weights in pinned buffers (measured): "
+                     + (f"{a['ms_per_token']:.1f} ms/token" if "ms_per_token" in a else f"failed: {a['error']}"))
+    if "accelerate_ordinary" in r:
+        o = r["accelerate_ordinary"]
+        lines.append(f"- accelerate cpu_offload alone, weights in ordinary memory (projected: {o.get('how', '')}): "
+                     + (f"{o['ms_per_token']:.1f} ms/token" if "ms_per_token" in o else o["error"]))
     for key, title in (("projections", "measured layers"), ("projections_full", "projected to every layer")):
         if key in r:
             lines += ["", f"Projected Sequoia ({title}; depth <= {MAX_DEPTH}):", "",
-                      "| vector | budget | depth | tokens/step | ms/token | x streamed alone | x accelerate |",
-                      "|---|---|---|---|---|---|---|"]
+                      "| vector | budget | depth | tokens/step | ms/token | x streamed alone | x accelerate (pinned, "
+                      "measured) | x accelerate (ordinary memory, projected) |",
+                      "|---|---|---|---|---|---|---|---|"]
             lines += [f"| {p['vector']} | {p['budget']} | {p['depth']} | {p['expected_tokens']:.2f} | "
                       f"{p['ms_per_token']:.1f} | {p['speedup_vs_streamed']:.2f} | "
                       + (f"{p['speedup_vs_accelerate']:.2f} |" if p["speedup_vs_accelerate"] else "- |")
+                      + (f" {p['speedup_vs_accelerate_ordinary']:.2f} |"
+                         if p.get("speedup_vs_accelerate_ordinary") else " - |")
                       for p in r[key]]
     if "steps" in r:
         s = r["steps"]
@@ -151,6 +168,17 @@ def markdown(r: dict) -> str:
                                                           f" predicted ({s['measured_over_predicted']:.2f}x)"
                                                           if "step_ms" in s else f"failed: {s['error']}")]
     return "\n".join(lines) + "\n"
+
+
+def _versions() -> dict:
+    """What ran: Python, torch, transformers and accelerate (a missing one named as such)."""
+    out = {"python": platform.python_version(), "torch": torch.__version__}
+    for name in ("transformers", "accelerate"):
+        try:
+            out[name] = __import__(name).__version__
+        except ImportError:
+            out[name] = "not installed"
+    return out
 
 
 def _device_name(device: torch.device) -> str:

@@ -2,12 +2,14 @@
 
     python scripts/gpu/wheelhouse.py [--out .whl] [--limit-mib 58] [--python 3.12] [--dry-run]
 
-The GPU machines measured so far have Python 3.12 with torch, numpy, scipy, networkx, accelerate,
-safetensors, tokenizers and pytest, but no gradio, plotly or pandas, no package index, and take at most
-64 MiB of files per call (the working tree, ~4 MiB, included).  This downloads, for CPython 3.12 on manylinux
+The GPU machine (an H200, as last seen: GPU.md) has ``python3`` 3.12 with torch 2.11, triton, transformers 5.17,
+accelerate, numpy, pandas, pillow, regex, huggingface_hub, tokenizers, safetensors, scipy, networkx and pytest
+(and what they depend on), but no gradio, plotly or gguf, no package index, and takes at most 64 MiB of files per
+call (the working tree, ~4 MiB, included).  This downloads, for CPython 3.12 on manylinux
 x86_64, the app's packages that are missing there (:data:`PACKAGES`, with their dependencies) into ``OUT/all``,
-drops the wheels of what the machine has (:data:`MACHINE_HAS`: its torch and CUDA stack, numpy, scipy, ...; a
-second numpy on ``PYTHONPATH`` would shadow the one its torch and scipy were built with), then sorts the rest
+drops the wheels of what the machine has (:data:`MACHINE_HAS`: its torch and CUDA stack, numpy, scipy, pandas,
+the hub client and what those depend on; a second numpy on ``PYTHONPATH`` would shadow the one its torch and scipy
+were built with), then sorts the rest
 into ``OUT/part1``,
 ``OUT/part2``, ... of at most ``--limit-mib`` each (a wheel larger than that is cut into byte pieces,
 ``NAME.whl.000``, ``.001``, ..., joined again on the far side).  ``OUT`` (default ``.whl/``) is git-ignored:
@@ -22,9 +24,9 @@ resolved against the index it does not have, so the machine's own packages stay 
 did not travel are named and the rest installed (``scripts/gpu/gpu_check.py`` needs none of them).  Put ``.pydeps``
 first on ``PYTHONPATH`` for the commands after it.
 
-transformers: the project's pin (5.23) travels as a wheel, as it ran there before (GPU.md); the slot cache
-(``sequoia/runners/hf/slot_cache.py``) is written against 5.23's cache classes, and the machine's 5.17 is not
-tested, so the app's check runs on the shipped 5.23.
+transformers: the project's pin (5.23) travels as a wheel (~12 MB), as it ran there before (GPU.md); the slot
+cache (``sequoia/runners/hf/slot_cache.py``) is written against 5.23's cache classes, and the machine's 5.17 is
+not tested there, so the app's check runs on the shipped 5.23.  Its ``regex`` is the machine's.
 """
 
 from __future__ import annotations
@@ -35,12 +37,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-#: What the app needs on a GPU machine beyond what it has (GPU.md: no gradio, plotly or pandas; transformers
-#: 5.17, where the project pins 5.23, which also wants a newer regex).
-PACKAGES = ("gradio==6.31.0", "plotly==7.1.0", "pandas", "transformers==5.23.0", "regex", "gradio_client")
-#: Distributions the GPU machine has (GPU.md): its torch and CUDA stack (gigabytes, matched to its driver) and
-#: the compiled packages built against them; their wheels are dropped, so nothing shadows the machine's own.
-MACHINE_HAS = ("torch", "triton", "numpy", "scipy", "networkx", "accelerate", "safetensors", "tokenizers", "pytest")
+#: What the app needs on the GPU machine beyond what it has (GPU.md: no gradio, plotly or gguf; transformers 5.17,
+#: where the project pins 5.23).
+PACKAGES = ("gradio==6.31.0", "plotly==7.1.0", "gradio_client", "gguf==0.19.0", "transformers==5.23.0")
+#: Distributions the GPU machine has (GPU.md, the H200's image): its torch and CUDA stack (gigabytes, matched to
+#: its driver), the compiled packages built against them, and the pure-Python ones that torch, transformers,
+#: huggingface_hub, accelerate and pandas bring; their wheels are dropped, so nothing shadows the machine's own.
+MACHINE_HAS = (
+    "torch", "triton", "numpy", "scipy", "networkx", "accelerate", "safetensors", "tokenizers", "pytest",
+    "pandas", "pillow", "regex", "huggingface-hub", "hf-xet", "python-dateutil", "pytz", "tzdata", "six",
+    "filelock", "fsspec", "jinja2", "markupsafe", "sympy", "mpmath", "typing-extensions", "packaging", "pyyaml",
+    "tqdm", "psutil", "setuptools", "httpx", "httpcore", "h11", "anyio", "idna", "certifi", "sniffio",
+    "pluggy", "iniconfig", "pygments", "rich", "markdown-it-py", "mdurl", "click", "shellingham", "typer",
+    "typer-slim", "annotated-doc",
+)
 MACHINE_PREFIXES = ("nvidia-", "cuda-")
 MIB = 2 ** 20
 
@@ -113,7 +123,7 @@ join_pieces() {{  # NAME COUNT: the pieces NAME.000 .. in order, if every one tr
 }}
 {joins}wheels=$(ls $W/part*/*.whl $W/joined/*.whl 2>/dev/null || true)
 [ -n "$wheels" ] || {{ echo "no wheels here"; exit 1; }}
-python -m pip install --no-index --no-deps --target .pydeps --upgrade $wheels
+python3 -m pip install --no-index --no-deps --target .pydeps --upgrade $wheels
 echo "installed into .pydeps: export PYTHONPATH=$PWD/.pydeps:$PYTHONPATH"
 """
 

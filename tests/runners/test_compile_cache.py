@@ -136,3 +136,40 @@ def test_sequoia_compile_turns_the_apps_compile_off_or_on(monkeypatch):
     with pytest.raises(ValueError, match="SEQUOIA_COMPILE"):
         app.compile_from_env({"SEQUOIA_COMPILE": "maybe"})
     assert compile_plan(torch.device("cpu"), "draft", False, None) == cc.CompilePlan(False, "not asked")
+
+
+def test_artifacts_are_saved_again_after_the_captures(monkeypatch, tmp_path):
+    """A shape that compiles again during the captures is persisted too: warm_up saves once more at its end."""
+    from sequoia.runners.hf import compile_cache
+
+    saved = []
+    monkeypatch.setattr(compile_cache, "save_artifacts", lambda path: saved.append(path) or 4096)
+    cold = compile_cache.CompileStatus("cold", path=str(tmp_path / "a.bin"), saved_bytes=1024)
+    assert compile_cache.resave(cold).saved_bytes == 4096 and saved == [tmp_path / "a.bin"]
+    for untouched in (compile_cache.CompileStatus("pending", path=str(tmp_path)),
+                      compile_cache.CompileStatus.off("not asked"), compile_cache.CompileStatus("cold", path="")):
+        assert compile_cache.resave(untouched) is untouched
+    assert len(saved) == 1
+
+
+def test_a_cold_start_cut_by_its_timeout_says_where_and_the_warm_start_still_runs(monkeypatch):
+    """The compiled-draft check: a cold child cut short reports its last step and the artifacts it left, and the
+    warm child runs anyway (what a server's next start would find)."""
+    import subprocess
+
+    from sequoia.tools.gpucheck import draft
+
+    starts = []
+
+    def run(cmd, **kwargs):
+        starts.append(kwargs["env"]["TORCHINDUCTOR_CACHE_DIR"].rsplit("-", 1)[-1])
+        raise subprocess.TimeoutExpired(cmd, kwargs["timeout"], stderr=b"draft: compiling the forward cold\n"
+                                                                        b"draft: capturing 4 rows x 256 keys (3/40)\n")
+
+    monkeypatch.setattr(draft, "unavailable_reason", lambda device: None)
+    monkeypatch.setattr(draft, "compile_key", lambda device: type("K", (), {"slug": lambda self: "k"})())
+    monkeypatch.setattr(draft.subprocess, "run", run)
+    out = draft.check_compile(torch.device("cpu"), 16, 1, log=lambda *a: None, timeout=5)
+    assert starts == ["cold", "warm"]
+    assert out["cold"]["error"] == "timed out after 5 s" and "capturing 4 rows" in out["cold"]["last_step"]
+    assert out["cold"]["artifacts_saved"] == 0 and "error" in out["warm"]

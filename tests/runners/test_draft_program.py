@@ -255,3 +255,30 @@ def test_the_app_captures_its_default_trees_drafts_at_load(monkeypatch):
     # Compare opens on the guided example's 12/5 tree: with the code vectors at T=0.6 and T=0 the DP gives the
     # same shape, captured once (13 nodes, root included)
     assert {t.n_nodes for t in trees} == {13}
+
+
+def test_a_capture_that_leaves_the_device_failing_falls_back_instead_of_crashing(monkeypatch):
+    """try_capture drains the device after a failed try; where that drain itself fails (a sticky CUDA error), the
+    tries end with both errors, for the eager fallback, instead of raising from the error handler."""
+    from types import SimpleNamespace
+
+    from sequoia.runners.hf import draft_program
+
+    def sticky(device=None):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(draft_program.torch.cuda, "synchronize", sticky)
+    runner = SimpleNamespace(device="cuda:0", name="draft")
+    calls = []
+
+    def capture():
+        calls.append(1)
+        raise RuntimeError("capture failed")
+
+    out, error = draft_program.try_capture(capture, runner, ("tree",))
+    assert out is None and calls == [1]
+    assert "capture failed" in error and "illegal memory access" in error
+    # a passing failure on a healthy device is retried once
+    monkeypatch.setattr(draft_program.torch.cuda, "synchronize", lambda device=None: None)
+    calls.clear()
+    assert draft_program.try_capture(capture, runner, ("tree",))[0] is None and calls == [1, 1]

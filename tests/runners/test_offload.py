@@ -197,6 +197,11 @@ def test_the_offload_check_runs_on_cpu(tmp_path):
     assert result["profile"]["target_n"][-1] == 1024
     assert len(result["projections"]) >= 1 and "steps" in result
     assert "ms_per_token" in result["accelerate"] or "error" in result["accelerate"]
+    # what ran is named, and accelerate is reported over pinned buffers (measured) and ordinary memory (projected)
+    assert {"python", "torch", "transformers", "accelerate"} <= set(result["versions"])
+    assert result["copy_pageable"]["gb_per_s"] > 0 and "accelerate_ordinary" in result
+    assert "speedup_vs_accelerate_ordinary" in result["projections"][0]
+    assert "ordinary memory" in (tmp_path / "offload_check.md").read_text()
     assert (tmp_path / "offload_profile.json").is_file() and (tmp_path / "offload_check.md").is_file()
 
 
@@ -223,3 +228,46 @@ def test_the_profile_command_measures_a_streamed_target_up_to_1024_tokens(tmp_pa
                  "--repeats", "1", "--threads", "1", "--out", str(out)]) == 0
     profile = HardwareProfile.load(out)
     assert profile.max_tokens == 1024 and "streamed target" in profile.note
+
+
+class _FakeCudart:
+    """torch.cuda.cudart() as host_buffer uses it, recording the calls in order."""
+
+    def __init__(self, register_result: int) -> None:
+        self.register_result, self.calls = register_result, []
+
+    def cudaHostRegister(self, ptr, size, flags):
+        self.calls.append("register")
+        return self.register_result
+
+    def cudaHostUnregister(self, ptr):
+        self.calls.append("unregister")
+        return 0
+
+    def cudaGetLastError(self):
+        self.calls.append("read last error")
+        return 0
+
+
+def test_a_failed_registration_clears_its_error_and_a_freed_buffer_waits_for_its_copies(monkeypatch):
+    """host_buffer on a GPU, with the runtime stood in: a failed cudaHostRegister is read back (else the next
+    kernel's launch check raises it) before torch's pinned memory stands in; a registered buffer, once freed,
+    drains the device's queued copies before it is unregistered."""
+    import gc
+
+    from sequoia.runners.offload import stream
+
+    real_empty = torch.empty
+    monkeypatch.setattr(stream.torch, "empty", lambda *a, pin_memory=False, **k: real_empty(*a, **k))
+    failed = _FakeCudart(register_result=712)   # cudaErrorHostMemoryAlreadyRegistered
+    monkeypatch.setattr(stream.torch.cuda, "cudart", lambda: failed)
+    buf = stream.host_buffer(16, torch.bfloat16, pin=True)
+    assert buf.shape == (16,) and failed.calls == ["register", "read last error"]
+
+    ok = _FakeCudart(register_result=0)
+    monkeypatch.setattr(stream.torch.cuda, "cudart", lambda: ok)
+    monkeypatch.setattr(stream.torch.cuda, "synchronize", lambda *a: ok.calls.append("synchronize"))
+    buf = stream.host_buffer(16, torch.bfloat16, pin=True)
+    del buf
+    gc.collect()
+    assert ok.calls == ["register", "synchronize", "unregister"]

@@ -48,7 +48,7 @@ def test_cut_wheels_join_back_on_the_far_side(wh, tmp_path):
     assert b"".join(p.read_bytes() for p in pieces) == data
     script = (out / "part1" / "install.sh").read_text()
     assert "--no-index" in script and "--no-deps" in script and "--target .pydeps" in script
-    joined = subprocess.run(["sh", "-c", script.split("python -m pip")[0]], cwd=tmp_path, capture_output=True,
+    joined = subprocess.run(["sh", "-c", script.split("python3 -m pip")[0]], cwd=tmp_path, capture_output=True,
                             text=True)
     assert joined.returncode == 0, joined.stdout + joined.stderr
     assert (out / "joined" / "big-1.0-py3-none-any.whl").read_bytes() == data
@@ -64,12 +64,16 @@ def test_dry_run_prints_the_download_for_cpython_312_manylinux(wh):
 
 def test_the_machines_own_packages_stay_its_own(wh):
     """numpy, scipy, torch and the rest the GPU machine has are dropped from the wheelhouse (a second numpy on
-    PYTHONPATH would shadow the one its torch was built with); what the app lacks travels."""
+    PYTHONPATH would shadow the one its torch was built with), pandas, regex and the hub client among them (the
+    H200's image has them); what the app lacks travels, and the wheels fit one part."""
     dropped = ["numpy-2.3.1-cp312-cp312-manylinux_2_28_x86_64.whl", "scipy-1.16.0-cp312-cp312-manylinux.whl",
                "torch-2.11.0-cp312-cp312-manylinux.whl", "nvidia_cublas_cu12-12.8-py3-none-manylinux.whl",
-               "Tokenizers-0.22.0-cp39-abi3-manylinux.whl", "safetensors-0.6.2-cp38-abi3-manylinux.whl"]
-    kept = ["gradio-6.31.0-py3-none-any.whl", "transformers-5.23.0-py3-none-any.whl", "pandas-2.3.3-cp312.whl",
-            "regex-2025.9.1-cp312-cp312-manylinux.whl", "fastapi-0.118.0-py3-none-any.whl"]
+               "Tokenizers-0.22.0-cp39-abi3-manylinux.whl", "safetensors-0.6.2-cp38-abi3-manylinux.whl",
+               "pandas-2.3.3-cp312.whl", "regex-2025.9.1-cp312-cp312-manylinux.whl", "pillow-12.0-cp312.whl",
+               "huggingface_hub-1.2.0-py3-none-any.whl", "httpx-0.28.1-py3-none-any.whl", "Jinja2-3.1.6-py3.whl",
+               "PyYAML-6.0.3-cp312.whl", "rich-14.2.0-py3-none-any.whl"]
+    kept = ["gradio-6.31.0-py3-none-any.whl", "transformers-5.23.0-py3-none-any.whl", "plotly-7.1.0-py3.whl",
+            "gguf-0.19.0-py3-none-any.whl", "fastapi-0.118.0-py3-none-any.whl"]
     assert all(wh.machine_has(w) for w in dropped) and not any(wh.machine_has(w) for w in kept)
 
 
@@ -86,7 +90,7 @@ def test_install_works_with_the_parts_that_travelled(wh, tmp_path):
     holder = next(k for k, part in enumerate(parts, 1) if any(n.startswith("other") for n, _, _ in part))
     gone = next(k for k, part in enumerate(parts, 1) if k != holder and all(n.startswith("big") for n, _, _ in part))
     subprocess.run(["rm", "-r", str(out / f"part{gone}")], check=True)
-    script = (out / f"part{holder}" / "install.sh").read_text().replace("python -m pip install", "echo pip install")
+    script = (out / f"part{holder}" / "install.sh").read_text().replace("python3 -m pip install", "echo pip install")
     proc = subprocess.run(["sh", "-c", script], cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"parts missing: {gone} of {len(parts)}" in proc.stdout and "skipped big-1.0-py3-none-any.whl" in proc.stdout

@@ -23,7 +23,7 @@ import torch
 
 from ...core.config import SamplingConfig
 from ...core.trees.tree import Tree
-from .compile_cache import CompileStatus, finish
+from .compile_cache import CompileStatus, finish, resave
 from .graph_runner import MIN_WINDOW, GraphRunner
 
 log = logging.getLogger("sequoia")
@@ -111,6 +111,9 @@ def warm_up(runner: GraphRunner, progress: ProgressFn | None = None, trees: Sequ
                 program.prepare(window)
     torch.cuda.synchronize(runner.device)
     runner.capture_seconds = time.perf_counter() - t0
+    # Saved again after the captures: a shape that compiled again during them (a guard the first calls did not
+    # meet) is then in the artifacts too, and a warm start compiles nothing.
+    runner.compile_status = resave(runner.compile_status)
     status = capture_status(runner)
     (log.warning if status.errors else log.info)("%s: %s", runner.name, status.line())
     report(1.0, f"{runner.name}: {status.line()}")

@@ -186,6 +186,14 @@ def finish(status: CompileStatus, seconds: float) -> CompileStatus:
     return out
 
 
+def resave(status: CompileStatus) -> CompileStatus:
+    """The artifacts saved again after the captures (a compiled forward with a path only): what compiled since
+    the first calls is persisted too."""
+    if status.state not in ("cold", "warm") or not status.path:
+        return status
+    return replace(status, saved_bytes=save_artifacts(Path(status.path)))
+
+
 def failed(status: CompileStatus, exc: BaseException) -> CompileStatus:
     out = replace(status, state="failed", detail=f"{type(exc).__name__}: {str(exc)[:200]}")
     log.warning("%s", out.line())

@@ -335,6 +335,9 @@ def try_capture(capture: Callable[[], T], runner, key: tuple) -> tuple[T | None,
 
     Why a retry: a capture can fail for a passing reason (a lazy initialisation or an allocation the first try
     made outside the capture); a shape that fails twice is left to the eager fallback, and the caller says so.
+    A device left in a sticky error state (an illegal access: every later call fails) is not retried: the drain
+    after a failure is itself guarded, and a failure there ends the tries with both errors, so the load goes on
+    to the eager fallback instead of crashing in the handler.
     """
     error = ""
     for attempt in (1, 2):
@@ -342,7 +345,11 @@ def try_capture(capture: Callable[[], T], runner, key: tuple) -> tuple[T | None,
             return capture(), ""
         except Exception as exc:   # noqa: BLE001 - any capture failure: retried once, then the fallback
             error = f"{type(exc).__name__}: {str(exc)[:200]}"
-            torch.cuda.synchronize(runner.device)
+            try:
+                if torch.device(runner.device).type == "cuda":
+                    torch.cuda.synchronize(runner.device)   # the failed try's queued work, before a retry
+            except Exception as sticky:   # noqa: BLE001 - a sticky device error: no retry can succeed
+                return None, f"{error}; then the device failed: {type(sticky).__name__}: {str(sticky)[:200]}"
             if attempt == 1:
                 log.warning("%s: capturing %s failed (%s); retrying once", runner.name, key, error)
     return None, error

@@ -73,15 +73,56 @@ def host_buffer(numel: int, dtype: torch.dtype, pin: bool) -> torch.Tensor:
     Why not ``torch.empty(pin_memory=True)``: torch's pinned allocator rounds every block up to a power of two
     (a 0.94 GB layer of Qwen2.5-32B takes 1.07 GB, +14%); registering an ordinary allocation pins exactly its
     bytes.  torch's own pinned memory stands in where registering fails.
+    A failed registration leaves its error as the runtime's last error, which the next unrelated kernel launch's
+    check would raise: it is read (cleared) before the fallback.  The buffer is unregistered when it is freed,
+    after the device has finished the copies still queued from it (the ring always leaves its prefetches queued).
     """
     out = torch.empty(numel, dtype=dtype)
     if not pin or not numel:
         return out
     cudart = torch.cuda.cudart()
     if int(cudart.cudaHostRegister(out.data_ptr(), out.numel() * out.element_size(), 0)) == 0:
-        weakref.finalize(out, cudart.cudaHostUnregister, out.data_ptr())   # unlocked before the memory is freed
+        weakref.finalize(out, _unpin, cudart, out.data_ptr())   # unlocked before the memory is freed
         return out
+    clear_last_cuda_error(cudart)
     return torch.empty(numel, dtype=dtype, pin_memory=True)
+
+
+def _unpin(cudart, ptr: int) -> None:
+    """Unregister a host buffer once no queued copy reads it any more."""
+    try:
+        torch.cuda.synchronize()   # copies queued from this buffer on any stream (the ring's prefetches)
+    except Exception:   # noqa: BLE001 - a failed device at teardown: unregister anyway, the process is ending
+        pass
+    cudart.cudaHostUnregister(ptr)
+
+
+def clear_last_cuda_error(cudart=None) -> int:
+    """Read (and so clear) the CUDA runtime's last error; its code (0: none).  torch binds ``cudaGetLastError``
+    in some versions only; otherwise the runtime library this process loaded is asked through ctypes."""
+    cudart = cudart if cudart is not None else torch.cuda.cudart()
+    read = getattr(cudart, "cudaGetLastError", None)
+    if read is not None:
+        return int(read())
+    lib = _loaded_cudart()
+    return int(lib.cudaGetLastError()) if lib is not None else 0
+
+
+def _loaded_cudart():
+    """The CUDA runtime library mapped into this process (torch's own), or None."""
+    import ctypes   # only where a registration failed: a rare path
+
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libcudart.so" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        try:
+            return ctypes.CDLL(path)
+        except OSError:
+            continue
+    return None
 
 
 class LayerStream:

@@ -129,10 +129,15 @@ def check_compile(device: torch.device, ctx: int, repeats: int, log: Callable[[s
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout,
                                       cwd=Path(__file__).resolve().parents[3])
-            except subprocess.TimeoutExpired:
-                out[start] = {"error": f"timed out after {timeout:.0f} s"}
-                log(f"  {start} start failed: {out[start]['error']}")
-                break
+            except subprocess.TimeoutExpired as exc:
+                # Where it was when cut (the child says each step on stderr), and on to the warm start: what a
+                # cut cold start saved, if anything, is what the next server start would find.
+                said = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+                last = (said.strip().splitlines() or ["(nothing said)"])[-1][:300]
+                out[start] = {"error": f"timed out after {timeout:.0f} s", "last_step": last,
+                              "artifacts_saved": _artifact_bytes(Path(tmp))}
+                log(f"  {start} start failed: timed out after {timeout:.0f} s at: {last}")
+                continue
             if proc.returncode:
                 out[start] = {"error": (proc.stderr.strip().splitlines() or ["?"])[-1][:300]}
                 log(f"  {start} start failed: {out[start]['error']}")
@@ -168,13 +173,19 @@ def _child(argv: list[str]) -> int:
                                                                                                compile_key(device)))
     shape, tree = (DRAFT_05B if cuda else CPU_DRAFT), draft_tree(cuda)
     runner = draft_runner(shape, device, plan)
-    status = warm_up(runner, trees=[tree], samplings=tuple(SAMPLINGS.values()))
+    status = warm_up(runner, trees=[tree], samplings=tuple(SAMPLINGS.values()),
+                     progress=lambda f, what: print(what, file=sys.stderr, flush=True))   # a cut start says where
     timings = time_drafts(runner, tree, args.ctx, args.repeats)
     print(json.dumps({"warm_up_s": status.seconds or 0.0, "compile": runner.compile_status.line(),
                       "compile_s": runner.compile_status.seconds, "compiles": _compile_counts(),
                       "compile_state": runner.compile_status.state, "capture": status.line(), "timings": timings}),
           flush=True)
     return 0
+
+
+def _artifact_bytes(folder: Path) -> int:
+    """Bytes of compile artifacts saved under ``folder`` so far (what a later start could load)."""
+    return sum(p.stat().st_size for p in folder.glob("*") if p.is_file())
 
 
 def _compile_counts() -> dict:
