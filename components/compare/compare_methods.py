@@ -46,10 +46,11 @@ BY_LABEL = {m.label: m for m in METHODS}
 ALIASES = {"Target only": compare_view.REFERENCE}
 #: The API's method names by row label.
 API_KEYS = {m.label: m.key for m in METHODS}
-#: The full comparison ("Full comparison", and the /compare API): the tree shapes and each kind of drafting
-#: (draft model, copies, both), on FULL_TOKENS tokens.
+#: The full comparison ("Full comparison", and the /compare API): every method the tab offers (the tree shapes and
+#: each kind of drafting: draft model, copies, both), on FULL_TOKENS tokens.
 FULL_METHODS = ("Target alone", "llama.cpp target alone", "Chain", "SpecInfer", "Sequoia (budget & depth)",
-                "Sequoia (auto)", "Sequoia (dynamic)", "Sequoia + n-gram copies", "HF assisted", "HF prompt lookup")
+                "Sequoia (auto)", "Sequoia (dynamic)", "Sequoia + n-gram copies", "n-gram copies only", "HF assisted",
+                "HF prompt lookup")
 FULL_TOKENS = 64
 #: Ticked when the tab opens: a run a class can wait for on a 2-vCPU CPU: the target alone, the llama.cpp
 #: reference where offered, the automatic methods and one fixed tree (components.compare.compare_tab.DEFAULT_TOKENS

@@ -83,8 +83,10 @@ def run_comparison(ctx: AppContext, prompt, budget, depth, temperature, top_p, m
 #: Said under the table once every round is in: how the numbers were made and how to read a band.
 ROUNDS_NOTE = ("Timed in {rounds} interleaved rounds after an untimed warm-up round: tokens/s is each row's median "
                "(its range over the rounds in brackets), the ratio the median of the per-round ratios to the target "
-               "alone (its band in brackets); \"same within noise\" where the band holds 1, \"target alone's "
-               "work\" where every target call made one token.")
+               "alone (its band in brackets); \"same within noise\" where the band holds 1 and the median is within "
+               "the target alone's own round-to-round noise, \"too noisy to tell\" where the band holds 1 but the "
+               "median is further off (more rounds would tell), \"the target alone's work\" where every target call "
+               "made one token.")
 
 
 def _notes_markdown(rows, notes, temperature, checked: bool = True, stopped: bool = False) -> str:
@@ -247,7 +249,7 @@ def compare_api_fn(ctx: AppContext):
 HOW_TO_READ = """\
 **Run comparison** runs a short default (the boxes ticked when the page opens, 16 tokens, 3 rounds), **Full comparison** every method on 64 tokens (minutes on a CPU); rows grow as each run finishes.
 Every method decodes the same prompt with the same seed: first an untimed warm-up round, then timed rounds in which every method runs once in turn (A B C A B C ...), so a busy machine slows all of them alike. Each run is timed by the bench's runner (prefill included).
-**tokens / s** is each row's median over the rounds, its range in brackets; **speedup** is the median of the per-round ratios to the target alone, its band in brackets: where the band holds 1 the row is **the same as the target alone within noise**, and a row whose every target call made one token did **the target alone's work** (1.00, never a speedup). **tokens/call** is new tokens per target forward; **identical** says whether the text equals the target alone's (it must at temperature 0; "checking" while a difference is traced).
+**tokens / s** is each row's median over the rounds, its range in brackets; **speedup** is the median of the per-round ratios to the target alone, its band in brackets: where the band holds 1 and the median is within the target alone's own round-to-round noise (9% at most) the row is **the same as the target alone within noise**; where the band holds 1 but the median is further off, the rounds are **too noisy to tell**; a row whose every target call made one token did **the target alone's work** (its ratio is noise, never a speedup). **tokens/call** is new tokens per target forward; **identical** says whether the text equals the target alone's (it must at temperature 0; "checking" while a difference is traced).
 Above 0 the texts differ run to run, but each is a sample from exactly the target's distribution.
 Three kinds of drafting: a draft model (Sequoia's trees, HF assisted), copies of n-grams already in the prompt or the text so far (n-gram copies only, HF prompt lookup: no draft cost, right where the answer quotes the input), and both in one tree (Sequoia + n-gram copies).
 """
@@ -346,8 +348,12 @@ def _wire(ctx: AppContext, c: SimpleNamespace, outputs: list) -> None:
     ticks = c.full_btn.click(
         lambda: (gr.update(choices=offered(ctx), value=ticked(ctx, full=True)), full_tokens), None,
         [c.methods, c.max_new_tokens], queue=False, api_visibility="private")
-    begun(ticks.then).then(serving.on_gpu(full_handler, _gpu_seconds(FULL_ROUNDS)), inputs, outputs,
-                           api_name="compare_full", api_visibility="private", **MODEL_WORK)
+    full = begun(ticks.then).then(serving.on_gpu(full_handler, _gpu_seconds(FULL_ROUNDS)), inputs, outputs,
+                                  api_name="compare_full", api_visibility="private", **MODEL_WORK)
+    # ...and the default ticks and tokens back after it (stopped or not), so the next Run comparison is the short
+    # default again, not the full set.
+    full.then(lambda: (gr.update(value=ticked(ctx)), DEFAULT_TOKENS), None, [c.methods, c.max_new_tokens],
+              queue=False, api_visibility="private")
     # Stop: its own light handler settles the outputs at once and sets the flag the run reads.
     c.stop_btn.click(stop_comparison, session, outputs, **light)
     gr.api(compare_api_fn(ctx), api_name="compare", **MODEL_WORK)

@@ -110,7 +110,9 @@ def speedups(rows: Sequence[CompareRow], reference: str = REFERENCE) -> list[flo
 def judged(rows: Sequence[CompareRow], reference: str = REFERENCE) -> list[tuple[rounds.Spread | None, str | None]]:
     """Each row's band (:func:`bands`) with the verdict it gives (:func:`sequoia.core.statistics.rounds.verdict`; None
     without a reference): every band computed once."""
-    return [(b, rounds.verdict(b, r.reference_work, r.method == reference) if b is not None else None)
+    ref = next((r for r in rows if r.method == reference), None)
+    noise = ref.rate_spread.half_width if ref is not None and ref.rate_spread is not None else None
+    return [(b, rounds.verdict(b, r.reference_work, r.method == reference, noise) if b is not None else None)
             for r, b in zip(rows, bands(rows, reference))]
 
 
@@ -127,16 +129,16 @@ def span(lo: str, hi: str) -> str:
 
 def ratio_text(band: rounds.Spread | None, verdict_: str | None) -> str:
     """A ratio as the table shows it, its band beside it: "1.52× (1.41–1.60)", "1.03× (0.97–1.10) same within
-    noise", "1.00 (target alone's work) (0.96–1.05)"; a row doing the target alone's work never reads as a
-    speedup."""
+    noise", "0.70× (0.53–1.15) too noisy to tell", "0.97× (0.84–0.98) the target alone's work"; the number is
+    always the band's median, and a row doing the target alone's work is named so, never read as a speedup."""
     if band is None:
         return "–"
     if verdict_ == rounds.REFERENCE:
         return "1× (reference)"
     spread_ = span(f"{band.lo:.2f}", f"{band.hi:.2f}") if band.n > 1 else "(1 round)"
-    if verdict_ == rounds.REFERENCE_WORK:
-        return f"1.00 (target alone's work) {spread_}"
-    words = {rounds.SAME: " same within noise"}.get(verdict_, "")
+    if verdict_ == rounds.REFERENCE_WORK:   # its measured ratio, which is noise: never a printed 1.00 over a band
+        return f"{band.median:.2f}× {spread_} the target alone's work"   # that leaves 1 out
+    words = {rounds.SAME: " same within noise", rounds.TOO_NOISY: " too noisy to tell"}.get(verdict_, "")
     return f"{band.median:.2f}× {spread_}{words}"
 
 
@@ -213,12 +215,13 @@ def number(x: float) -> str:
 
 
 #: The bar panels: title (short: four sit side by side in 600 px), the value of a row (given its ratio band and
-#: verdict), and how its label reads.  A row doing the target alone's work is drawn at 1, never as a speedup.
+#: verdict), and how its label reads.  A ratio is drawn at its band's median, as the table prints it (a row doing
+#: the target alone's work too: the table names it so).
 _PANELS = (
     ("latency (s)", lambda r, b, v: r.seconds, number),
     ("tokens / s", lambda r, b, v: r.tokens_per_s, number),
     ("tokens / target call", lambda r, b, v: r.tokens_per_call or 0.0, number),
-    ("speedup", lambda r, b, v: 1.0 if v == rounds.REFERENCE_WORK else b.median if b else 0.0,
+    ("speedup", lambda r, b, v: b.median if b else 0.0,
      lambda y: f"{y:.2f}×"),
 )
 #: Height of one bar's row in the figure (px): the names and labels stay legible as rows are added.

@@ -110,7 +110,7 @@ def test_a_row_that_did_the_target_alones_work_is_named_so(ctx):
     verdicts = dict(zip(by, compare_view.verdicts(rows)))
     assert verdicts["Sequoia (auto)"] == rounds.REFERENCE_WORK and verdicts["Target alone"] == rounds.REFERENCE
     table = {r[0]: r for r in compare_view.table(rows)}
-    assert table["Sequoia (auto)"][7].startswith("1.00 (target alone's work) (")
+    assert table["Sequoia (auto)"][7].endswith(") the target alone's work")
     md = compare_tab._notes_markdown(rows, notes, 0.0)
     assert "interleaved rounds" in md and "target alone's work" in md
 

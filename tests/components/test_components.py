@@ -313,11 +313,12 @@ def test_compare_rows_in_rounds_carry_bands_and_verdicts():
     tab = [[str(v).replace("\u2060", "") for v in row] for row in compare_view.table(rows)]   # word joiners
     assert "\u2060–\u2060" in compare_view.table(rows)[0][4]        # a range never breaks at its dash
     assert tab[0][4] == "12.6 (12.3–18.0)"
-    assert tab[1][7] == "1.00 (target alone's work) (0.98–1.03)"     # never a speedup, its band beside it
+    assert tab[1][7].endswith("(0.98–1.03) the target alone's work")   # its band beside it, named, not a speedup
+    assert tab[1][7].startswith(f"{bands[1].median:.2f}×")          # the band's own median: never a fixed 1.00
     assert tab[2][7] == "0.31× (0.30–0.31)"       # the band holds the slow round 1 too: paired ratios
     assert tab[3][7].endswith("same within noise") and tab[3][7].startswith("1.05× (0.94–1.05)")
     fig = compare_view.figure(rows)
-    assert list(fig.data[3].x)[:2] == [1.0, 1.0]                    # drawn at 1, whatever its rounds read
+    assert list(fig.data[3].x)[:2] == [1.0, pytest.approx(bands[1].median)]   # drawn at its band's median
     assert fig.data[3].error_x.arrayminus[2] == pytest.approx(3.8 / 12.3 - 5.4 / 18.0)
     assert fig.data[1].error_x.array[0] == pytest.approx(18.0 - 12.6)
     out = compare_view.records(rows, {})
@@ -671,3 +672,12 @@ def test_the_cache_note_says_each_graph_runners_capture_status():
     runner = GraphRunner(tiny_model(0), "d", RunnerInfo(runtime="hf", weights="fp32", device="cpu"))
     note = cache_note(SimpleNamespace(target=runner, draft=object()))
     assert note.startswith("Graph runner slot caches: target ") and "CUDA graphs need a CUDA device" in note
+
+
+def test_full_comparison_runs_every_method_the_tab_offers():
+    """Issue 51: "Full comparison (every method)" ticks them all (n-gram copies only was left out), and the short
+    default stays a subset of it."""
+    from components.compare import compare_methods
+
+    assert set(compare_methods.FULL_METHODS) == {m.label for m in compare_methods.METHODS}
+    assert set(compare_methods.DEFAULT_METHODS) <= set(compare_methods.FULL_METHODS)

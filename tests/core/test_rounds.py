@@ -57,3 +57,20 @@ def test_outliers_hyperfine_rule():
     assert rounds.outliers([10.0, 10.0, 10.5]) == ()             # a zero MAD and 5% off: not worth a warning
     assert rounds.outliers([10.0, 10.0, 13.0]) == (2,)           # a zero MAD and 30% off
     assert rounds.outliers([10.0, 20.0]) == ()                   # two rounds: neither is the odd one
+
+
+def test_a_verdict_never_contradicts_its_band():
+    """Issue 51: "same within noise" only where the band holds 1 and the median is within the reference's own
+    noise (never at 0.9x or 1.1x); a wide band across 1 cannot tell; a band off 1 is faster or slower."""
+    from sequoia.core.statistics.rounds import FASTER, SAME, SLOWER, TOO_NOISY, Spread, verdict
+
+    assert verdict(Spread(0.70, 0.53, 1.15, 3), noise=0.04) == TOO_NOISY       # the page's 0.70x "same within noise"
+    assert verdict(Spread(1.03, 0.97, 1.10, 3), noise=0.04) == SAME
+    assert verdict(Spread(1.03, 0.97, 1.10, 3), noise=0.01) == TOO_NOISY       # beyond the reference's own noise
+    assert verdict(Spread(0.91, 0.85, 1.02, 3), noise=0.50) == SAME            # the cap: 0.09 at most
+    assert verdict(Spread(0.90, 0.85, 1.02, 3), noise=0.50) == TOO_NOISY
+    assert verdict(Spread(1.10, 1.01, 1.14, 3)) == FASTER and verdict(Spread(0.93, 0.84, 0.98, 3)) == SLOWER
+    for median in (0.5, 0.8, 0.9, 1.1, 1.2, 1.5):
+        for lo, hi in ((median * 0.7, max(median * 1.3, 1.01)), (min(median * 0.7, 0.99), median * 1.3)):
+            v = verdict(Spread(median, lo, hi, 3), noise=1.0)
+            assert v != SAME   # never "the same" at or beyond 0.9x / 1.1x, whatever the noise

@@ -31,8 +31,13 @@ OUTLIER_Z = 3.5
 OUTLIER_FRACTION = 0.10
 
 #: The verdicts of :func:`verdict`.
-REFERENCE, REFERENCE_WORK, SAME, FASTER, SLOWER, ONE_ROUND = (
-    "reference", "reference's work", "same within noise", "faster", "slower", "one round")
+REFERENCE, REFERENCE_WORK, SAME, FASTER, SLOWER, ONE_ROUND, TOO_NOISY = (
+    "reference", "reference's work", "same within noise", "faster", "slower", "one round", "too noisy to tell")
+#: "Same within noise" needs the median this close to 1 at least (a CPU's ordinary jitter)...
+SAME_FLOOR = 0.02
+#: ...and at most this close, whatever the reference's own rounds show: a median at 0.9x or 1.1x is never
+#: "the same".
+SAME_CAP = 0.09
 
 
 @dataclass(frozen=True)
@@ -80,11 +85,15 @@ def did_reference_work(tokens: int, target_calls: int | None) -> bool:
     return bool(target_calls) and tokens == target_calls
 
 
-def verdict(band: Spread | None, reference_work: bool = False, is_reference: bool = False) -> str:
-    """What a row's ratio says (one of the module's verdict constants).
+def verdict(band: Spread | None, reference_work: bool = False, is_reference: bool = False,
+            noise: float | None = None) -> str:
+    """What a row's ratio says (one of the module's verdict constants); it never contradicts the band.
 
     A method that did the reference's work is named so before anything else: its ratio can only be noise.
-    One round has no band, so it says nothing about noise yet.
+    One round has no band, so it says nothing about noise yet.  A band above 1 is faster, below 1 slower.  A band
+    that holds 1 is "same within noise" only where its median is within the noise the reference's own rounds
+    show (``noise``: their half-width relative to their median; SAME_FLOOR at least, SAME_CAP at most);
+    otherwise the rounds cannot tell (more rounds, or a quieter machine, would).
     """
     if is_reference:
         return REFERENCE
@@ -92,9 +101,12 @@ def verdict(band: Spread | None, reference_work: bool = False, is_reference: boo
         return REFERENCE_WORK
     if band is None or band.n < 2:
         return ONE_ROUND
-    if band.holds(1.0):
-        return SAME
-    return FASTER if band.lo > 1.0 else SLOWER
+    if band.lo > 1.0:
+        return FASTER
+    if band.hi < 1.0:
+        return SLOWER
+    allowed = min(max(noise or 0.0, SAME_FLOOR), SAME_CAP)
+    return SAME if abs(band.median - 1.0) <= allowed else TOO_NOISY
 
 
 def outliers(values: Sequence[float], z: float = OUTLIER_Z, fraction: float = OUTLIER_FRACTION) -> tuple[int, ...]:
