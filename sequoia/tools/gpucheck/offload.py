@@ -66,18 +66,9 @@ def build_target(shape: Shape, device: torch.device, dtype: torch.dtype, in_flig
 def copy_rate(runner: StreamedRunner, repeats: int = 8) -> dict:
     """GB/s of one layer's host buffer copied into a device slot (asynchronously where the device is a GPU)."""
     stream = runner.stream
-    src, dst = stream.host[0], stream.slots[0]
-    times = []
-    for i in range(repeats + 2):
-        sync(stream.device)
-        t0 = time.perf_counter()
-        dst.copy_(src, non_blocking=True)
-        sync(stream.device)
-        if i >= 2:
-            times.append(time.perf_counter() - t0)
-    stream.restart()                    # the slot was overwritten: the ring copies its layer again
+    src = stream.host[0]
     nbytes = src.numel() * src.element_size()
-    gbps = nbytes / statistics.median(times) / 1e9
+    gbps = nbytes / _copy_seconds(runner, src, repeats) / 1e9
     return {"layer_bytes": nbytes, "gb_per_s": gbps, "pinned": bool(src.is_pinned()) if src.device.type == "cpu"
             and torch.cuda.is_available() else False, "host_bytes": runner.host_bytes,
             "floor_ms": runner.host_bytes / (gbps * 1e9) * 1e3}
@@ -86,19 +77,24 @@ def copy_rate(runner: StreamedRunner, repeats: int = 8) -> dict:
 def pageable_copy_rate(runner: StreamedRunner, repeats: int = 8) -> dict:
     """GB/s of one layer copied into a device slot from ordinary (pageable) host memory, as a user's weights sit
     there unless something pins them: a pageable clone of the first layer's buffer (one layer's bytes more)."""
+    src = runner.stream.host[0].clone()   # clone(): pageable, whatever the source was
+    nbytes = src.numel() * src.element_size()
+    return {"layer_bytes": nbytes, "gb_per_s": nbytes / _copy_seconds(runner, src, repeats) / 1e9, "pinned": False}
+
+
+def _copy_seconds(runner: StreamedRunner, src: torch.Tensor, repeats: int) -> float:
+    """Median seconds of ``src`` copied into the first device slot (after two untimed copies)."""
     stream = runner.stream
-    src, dst = stream.host[0].clone(), stream.slots[0]   # clone(): pageable, whatever the source was
     times = []
     for i in range(repeats + 2):
         sync(stream.device)
         t0 = time.perf_counter()
-        dst.copy_(src, non_blocking=True)
+        stream.slots[0].copy_(src, non_blocking=True)
         sync(stream.device)
         if i >= 2:
             times.append(time.perf_counter() - t0)
-    stream.restart()
-    nbytes = src.numel() * src.element_size()
-    return {"layer_bytes": nbytes, "gb_per_s": nbytes / statistics.median(times) / 1e9, "pinned": False}
+    stream.restart()                    # the slot was overwritten: the ring copies its layer again
+    return statistics.median(times)
 
 
 def accelerate_ordinary(pinned: dict, pinned_rate: float, pageable_rate: float) -> dict:
