@@ -379,7 +379,7 @@ def test_compares_stop_in_the_queue_runs_nothing_and_a_second_click_is_ignored(c
 def test_compare_api_rows(ctx):
     rows = asyncio.run(compare_tab.compare_api_fn(ctx)("x", 4, 2, 0.0, 1.0, 4, 0, False))
     assert [r["method"] for r in rows] == ["target only", "chain", "specinfer", "sequoia", "sequoia-auto",
-                                            "sequoia-dynamic", "sequoia-ngram"]   # the API's names; the page's as labels
+                                            "sequoia-dynamic", "sequoia-ngram", "ngram"]   # the API's names, every method
     assert rows[5]["label"] == "Sequoia (dynamic)" and isinstance(rows[0]["latency (s)"], float)
     assert all(r["identical"] == "✓ identical" for r in rows)
 

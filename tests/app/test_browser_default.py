@@ -240,8 +240,11 @@ def test_stop_during_the_prompts_forward_settles_within_2_s_with_one_message(pag
         if summary.text_content() != said or _unsettled(page):
             late.append((attempt, said, summary.text_content()))
         assert "Stopped before the first step finished" in said
+    # The prompt is read in chunks with Stop read between two (issue 49): most tries end inside the forward, with
+    # no first step at all; a first step that does end came from the last chunk, already in flight.
     forwards = [f - s for f, s in zip(runs.first, runs.started)]
-    print(f"\nthe prompt's forward (run start to first step): {min(forwards):.2f}-{max(forwards):.2f} s")
+    print(f"\n{len(forwards)} of {STOP_TRIES} tries finished the prompt's forward after Stop"
+          + (f" (run start to first step: {min(forwards):.2f}-{max(forwards):.2f} s)" if forwards else ""))
     print(f"\n{default_server.backend}: {STOP_TRIES} Stops during the prompt's forward settled in "
           f"{min(took):.2f}-{max(took):.2f} s (median {sorted(took)[len(took) // 2]:.2f} s)")
     _screenshot(page, tmp_path, "default-stopped-in-the-prompts-forward")

@@ -1,0 +1,146 @@
+"""The first minutes of a new Space, under load: the app as ``python app.py`` serves it (the default runtime, the
+embedded pair) on a fresh cache (shipped profiles hidden, an empty profile cache), so the background profiler
+measures this machine while visitors arrive.  127.0.0.1 only; keeps every core busy.
+
+    .venv/bin/python scripts/page/fresh_cache_load.py [--duration 300] [--json out.json]
+
+The moment the models are ready (the profiler starts then), for ``--duration`` seconds: ``--decode-clients``
+``/decode`` clients at T=0 (each its own prompt), one ``/compare`` client (a few tokens, every method) and
+``--dp-clients`` ``/dp`` clients.  Then, with nothing else running, each decode prompt once more alone and a few
+timed solo decodes.  Prints (and writes) per endpoint the calls, failures and latencies, whether every T=0 output
+under load equals its solo run, the decode p50 under load over alone, and when the profile finished and what its
+note says.  Issue 49's goal: 0 failed requests, every T=0 output equal to its solo run, decode p50 <= 1.5x alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # run as a plain script from anywhere
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from load_test import Calls, machine, random_dp_args  # noqa: E402
+
+PROMPTS = ("def fibonacci(n):", "def is_prime(n):", "class Stack:", "def quicksort(values):")
+
+
+def fresh_server(port: int):
+    """The app from this environment with no profile to find: (demo, ctx, url)."""
+    import app
+
+    assets = Path(tempfile.mkdtemp(prefix="assets-"))
+    shutil.copytree(app.ASSETS, assets, dirs_exist_ok=True, ignore=shutil.ignore_patterns("profiles"))
+    (assets / "profiles").mkdir()
+    demo = app.build_from_env(dict(os.environ))
+    ctx = demo.sequoia_context
+    ctx.hardware.assets_dir = assets
+    ctx.hardware.cache_dir = Path(tempfile.mkdtemp(prefix="profile-cache-"))
+    ctx.models.start_loading()
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    return demo, ctx, url
+
+
+def decode_args(prompt: str, new_tokens: int) -> tuple:
+    return (prompt, "sequoia", 16, 4, 0.0, 1.0, new_tokens, 0, False, "")
+
+
+def loop(url: str, endpoint: str, calls: Calls, deadline: float, timeout_s: float, make_args, outputs=None):
+    from gradio_client import Client  # only this check needs the client
+
+    client = Client(url, verbose=False)
+    while time.monotonic() < deadline:
+        args = make_args()
+        t0 = time.monotonic()
+        job = client.submit(*args, api_name=endpoint)
+        try:
+            result = job.result(timeout=timeout_s)
+            calls.add(time.monotonic() - t0, None)
+            if outputs is not None:
+                outputs.append((args[0], result[0]))
+        except Exception as exc:  # every failure is a data point
+            job.cancel()
+            calls.add(time.monotonic() - t0, f"{type(exc).__name__}: {str(exc)[:160]}")
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--duration", type=float, default=300.0, help="seconds of load from the models' readiness")
+    ap.add_argument("--decode-clients", type=int, default=3)
+    ap.add_argument("--dp-clients", type=int, default=8)
+    ap.add_argument("--new-tokens", type=int, default=16)
+    ap.add_argument("--compare-tokens", type=int, default=4)
+    ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--port", type=int, default=7873)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    demo, ctx, url = fresh_server(args.port)
+    try:
+        while not ctx.status.ready:
+            if ctx.status.error:
+                raise SystemExit(f"the models failed to load: {ctx.status.error}")
+            time.sleep(0.1)
+        ready = time.monotonic()
+        results = {"/decode": Calls(), "/compare": Calls(), "/dp": Calls()}
+        outputs: list[tuple[str, str]] = []
+        deadline = ready + args.duration
+        rng = np.random.default_rng(0)
+        plan = [("/decode", (lambda p=PROMPTS[i % len(PROMPTS)]: decode_args(p, args.new_tokens)), outputs)
+                for i in range(args.decode_clients)]
+        plan.append(("/compare", lambda: ("def add(a, b):", 8, 3, 0.0, 1.0, args.compare_tokens, 0, False), None))
+        plan += [("/dp", lambda: random_dp_args(rng), None)] * args.dp_clients
+        threads = [threading.Thread(target=loop, args=(url, ep, results[ep], deadline, args.timeout, make, out),
+                                    daemon=True) for ep, make, out in plan]
+        for t in threads:
+            t.start()
+        profiled_s = None
+        while any(t.is_alive() for t in threads):
+            if profiled_s is None and ctx.hardware.profiling is not None and not ctx.hardware.measuring:
+                profiled_s = time.monotonic() - ready
+            time.sleep(0.5)
+        while ctx.hardware.measuring:
+            time.sleep(0.5)
+        profiled_s = profiled_s if profiled_s is not None else time.monotonic() - ready
+        # alone: each prompt once (its T=0 output), then timed solo decodes for the p50
+        from gradio_client import Client
+
+        client, solo, alone = Client(url, verbose=False), {}, Calls()
+        for prompt in sorted({p for p, _ in outputs} | set(PROMPTS[:args.decode_clients])):
+            for _ in range(3):
+                t0 = time.monotonic()
+                solo[prompt] = client.predict(*decode_args(prompt, args.new_tokens), api_name="/decode")[0]
+                alone.add(time.monotonic() - t0, None)
+        mismatched = sorted({p for p, text in outputs if text != solo.get(p)})
+        under = results["/decode"].summary()["p50_s"]
+        alone_p50 = alone.summary()["p50_s"]
+        report = {
+            "machine": machine(), "backend": ctx.pair().backend, "duration_s": args.duration,
+            "endpoints": {ep: c.summary() for ep, c in results.items()},
+            "decode_alone": alone.summary(),
+            "decode_p50_over_alone": round(under / alone_p50, 2) if under and alone_p50 else None,
+            "t0_outputs": len(outputs), "t0_outputs_differing_from_solo": mismatched,
+            "profile_s_after_ready": round(profiled_s, 1),
+            "profile_error": ctx.hardware.profiling.error if ctx.hardware.profiling else "not started",
+            "profile_note": ctx.profile.note if ctx.profile is not None else None,
+        }
+    finally:
+        demo.close()
+    print(json.dumps(report, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    failed = sum(c["errors"] for c in report["endpoints"].values())
+    return 0 if not failed and not mismatched else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
