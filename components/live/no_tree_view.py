@@ -66,7 +66,8 @@ def fallback_note(profile: HardwareProfile | None, name: str, proposer, missing_
     return ""
 
 
-def run_words(profile: HardwareProfile | None, name: str, proposer, missing_profile: Callable[[], str]) -> tuple[str, str]:
+def run_words(profile: HardwareProfile | None, name: str, proposer,
+              missing_profile: Callable[[], str]) -> tuple[str, str]:
     """(the summary's no-tree line, a warning for any other fallback): one of them at most is not ""."""
     note = fallback_note(profile, name, proposer, missing_profile)
     line = explain(profile, name, proposer)
