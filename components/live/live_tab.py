@@ -105,7 +105,7 @@ def generated_text(ctx: AppContext, records: list[StepRecord]) -> str:
 def run_decode(ctx: AppContext, req: EngineInputs,
                should_stop: Callable[[], bool] | None = None) -> Iterator[StepRecord]:
     """The engine's step stream for a parsed request's engine inputs, with the token texts the views show;
-    ``should_stop()`` is read after every step (Stop)."""
+    ``should_stop()`` is read after every step and between chunks of a long prompt (Stop)."""
     return generate_with_texts(ctx.engine(), ctx.pair().tokenizer, req.prompt_ids, req.proposer, req.config,
                                should_stop=should_stop, inspect=req.inspect)
 

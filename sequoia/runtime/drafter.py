@@ -141,7 +141,8 @@ def forward_chain(session, tokens: Sequence[int], should_stop: Callable[[], bool
 class Drafter:
     """The draft runner's session for one generation, grown level by level (see the module docstring)."""
 
-    def __init__(self, runner: Runner, sampling: SamplingConfig, vocab_size: int) -> None:
+    def __init__(self, runner: Runner, sampling: SamplingConfig, vocab_size: int,
+                 should_stop: Callable[[], bool] | None = None) -> None:
         self.runner = runner
         self.sampling = sampling
         self.vocab_size = vocab_size
@@ -152,7 +153,7 @@ class Drafter:
         self.root_token = 0
         self.root_q: torch.Tensor | None = None  # [V] set by begin(); None after skip()
         self.context: list[int] = []             # the committed tokens (prompt + generated), root last
-        self.should_stop: Callable[[], bool] | None = None   # read between chunks of a long catch-up (Stop)
+        self.should_stop = should_stop           # read between chunks of a long catch-up (Stop)
 
     # ---------------------------------------------------------------- step API
     def begin(self, committed: list[int]) -> torch.Tensor:

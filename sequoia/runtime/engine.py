@@ -90,9 +90,8 @@ class SpeculativeEngine:
             lease.acquire(owner)
         try:
             with _acting(lease, owner):
-                state = _State(list(prompt_ids), self.pair.target.session(),
-                               Drafter(self.pair.draft, config.sampling, self.vocab_size), stop, should_stop)
-                state.drafter.should_stop = should_stop   # a long prompt's catch-up reads Stop between chunks
+                drafter = Drafter(self.pair.draft, config.sampling, self.vocab_size, should_stop)
+                state = _State(list(prompt_ids), self.pair.target.session(), drafter, stop, should_stop)
                 proposer.start()
                 record = self._first_step(state, proposer, config, gen, inspect)
             step = 0
@@ -264,8 +263,9 @@ def model_lock(pair, background: bool = False) -> AbstractContextManager:
 
 
 def _acting(lease, owner) -> AbstractContextManager:
-    """A step run on behalf of its generation (which holds the lease), on whichever thread runs it."""
-    return lease.acting(owner) if owner is not None else (lease if lease is not None else nullcontext())
+    """A step run on behalf of its generation (which holds the lease), on whichever thread runs it; without a
+    lease (a stand-in pair's lock, or none: ``model_lock`` gives a null context) the step holds ``lease`` itself."""
+    return lease.acting(owner) if owner is not None else lease
 
 
 def sync(device) -> None:
