@@ -66,7 +66,8 @@ Read top to bottom on the right: text, summary, tree, inspector; the statistics 
 **Tree**: the step's draft tree, first-sampled child on the left (the one p_1 is about); green = accepted path, red = tested and rejected, grey = never tested, open = cut by the length limit.
 **Inspector**: pick a node to see the target's p and the draft's q over the likeliest tokens, the random draw u against min(1, p/q), and the residual the next sibling is tested against.
 """
-# While streaming, update the page at most every FRAME_S (components.widgets.frames), the tree and statistics less often.
+# While streaming, update the page at most every FRAME_S (components.widgets.frames), the tree and statistics
+# less often.
 _TREE_EVERY_S = 0.5    # the tree (with the step slider and the outlined step, which follow it)
 _STATS_EVERY_S = 2.0   # the six-panel statistics
 
@@ -83,7 +84,7 @@ class LiveSession(RunFlags):
     elsewhere: str = ""               # the fastest configuration measured here, when another one (see context)
     no_tree: str = ""                 # why this automatic method draws no tree here (components.live.no_tree_view)
     rate_key: tuple = ()              # the target alone's rate's key: this run's prompt and settings
-    projection: str = ""              # after a run: what its trees would do elsewhere (components.widgets.projection_view)
+    projection: str = ""              # after a run: what its trees would do elsewhere (widgets.projection_view)
 
 
 def budget_help() -> str:
