@@ -24,7 +24,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from components.app_state import validation
+from components.app_state import serving, validation
 from components.app_state.context import ASSETS, AppContext, LoadStatus
 from components.app_state.extra_runners import ExtraLoader
 from components.app_state.lanes import WorkLanes
@@ -319,6 +319,10 @@ def env_device(env: Mapping[str, str] = os.environ) -> str | None:
 def build_from_env(env: Mapping[str, str] = os.environ, lanes: WorkLanes | None = None) -> gr.Blocks:
     """The app as ``python app.py`` serves it, from the environment: the runtime decided once (and said on the
     console), every loader reading that runtime; the pair not loading yet (``models.start_loading()``)."""
+    standin = serving.install_standin(env)   # SEQUOIA_ZEROGPU_STANDIN=1: served as ZeroGPU would serve it
+    zero = serving.zerogpu()
+    if zero:
+        env = zerogpu_env(env)
     runtime = runtime_from_env(env)   # an unknown SEQUOIA_BACKEND stops here, before anything loads
     print(f"Sequoia Studio: {runtime.summary()}", flush=True)
     env = {**env, "SEQUOIA_BACKEND": runtime.backend}   # a copy: the loaders below all read this one decision
@@ -328,10 +332,30 @@ def build_from_env(env: Mapping[str, str] = os.environ, lanes: WorkLanes | None 
     memory = memory_from_env(env)   # a bad SEQUOIA_MEMORY_GB stops here, before anything loads
     status = LoadStatus(listener=_ConsoleProgress())
     # SEQUOIA_OWNER=1: this server's owner may change server-wide state (Profile now); visitors may not.
-    return build_demo(lambda: load_from_env(env, progress=status), device=env_device(env), status=status,
-                      auto_profile=True, owner=env.get("SEQUOIA_OWNER") == "1", cache_dir=default_cache_dir(env),
-                      exact_loader=exact_loader_from_env(env), reference_loader=reference_loader_from_env(env),
+    def load() -> ModelPair:
+        pair = load_from_env(env, progress=status)
+        if standin is not None:          # as on ZeroGPU: no model work outside a GPU call
+            standin.guard(pair.draft)
+            standin.guard(pair.target)
+        return pair
+    # On ZeroGPU no background profiler (its model work would run outside a GPU call) and no llama.cpp reference
+    # (a CPU runtime whose threads do not survive the fork each call runs in).
+    return build_demo(load, device=env_device(env), status=status, auto_profile=not zero,
+                      owner=env.get("SEQUOIA_OWNER") == "1", cache_dir=default_cache_dir(env),
+                      exact_loader=exact_loader_from_env(env),
+                      reference_loader=None if zero else reference_loader_from_env(env),
                       memory=memory, runtime=runtime, lanes=lanes)
+
+
+def zerogpu_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment a ZeroGPU Space serves with: the Hugging Face runtime (the GPU's; llama.cpp's worker
+    threads do not survive the fork each GPU call runs in, so a call on it would hang until aborted), a clear
+    ValueError for another one named; no CUDA graphs (a call's process is fresh: captures would not last)."""
+    named = (env.get("SEQUOIA_BACKEND") or "").strip().lower()
+    if named and named != "hf":
+        raise ValueError(f"SEQUOIA_BACKEND={named!r} cannot serve on ZeroGPU: each GPU call runs in a process forked "
+                         "for it, where llama.cpp's worker threads are gone (a call would hang); use hf or unset it")
+    return {**env, "SEQUOIA_BACKEND": "hf", "SEQUOIA_GRAPHS": "0"}
 
 
 def main() -> None:

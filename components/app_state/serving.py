@@ -18,15 +18,39 @@ Model-free work runs in the app's lanes (:mod:`components.app_state.lanes`).
 wraps the model work in ``spaces.GPU(duration=...)`` sized from the request and
 the card's hardware profile (:func:`gpu_seconds`); elsewhere it returns the work
 unchanged (the ``spaces`` package's own decorator also passes through outside Spaces).
+ZeroGPU runs each call in a worker process forked from the server for it (reused
+only while alive and idle): what the call leaves behind in memory (caches, captured
+graphs, a session's records) is gone with that process.  So a call gets its inputs
+pickled, gives back only what it yields or returns, and a session's run flags live
+in shared memory (:mod:`components.app_state.run_flags`); once a call ends however
+it ended, the server settles the sessions it was given.
+
+**The stand-in.**  :class:`ZeroGPUStandIn` behaves as ZeroGPU does on a machine
+without it: every call in a process forked for it, its inputs and outputs pickled,
+the call killed at its duration ("GPU task aborted"), the models usable inside calls
+only (:meth:`ZeroGPUStandIn.guard`).  ``SEQUOIA_ZEROGPU_STANDIN=1 python app.py``
+serves the page under it; the tests drive a decode, a comparison and the
+distribution check through it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
+import multiprocessing
+import os
+import pickle
 import threading
+import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import closing
+from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import TypeVar
+
+from components.app_state.run_flags import RunFlags, StopFlag
 
 from sequoia.core.profiles.profile import HardwareProfile
 from sequoia.runtime.measuring.finder import DEFAULT_ENTRY
@@ -37,6 +61,9 @@ try:  # only on Hugging Face Spaces; nothing else here needs it
 except ImportError:
     spaces = None
 
+#: The environment variable that serves the page under :class:`ZeroGPUStandIn` (``python app.py``).
+STANDIN_ENV = "SEQUOIA_ZEROGPU_STANDIN"
+
 T = TypeVar("T")
 
 #: The vector a call's duration is priced with when the request gives none (the page's default: code, T=0).
@@ -44,7 +71,7 @@ DEFAULT_ACCEPTANCE = DEFAULT_ENTRY.values
 
 
 # ------------------------------------------------------------------ cancellation
-def drain(steps: Iterator[T], stop: threading.Event) -> list[T]:
+def drain(steps: Iterator[T], stop: threading.Event | StopFlag) -> list[T]:
     """Every item of ``steps`` until it ends or ``stop`` is set; the generator is closed either way
     (an engine generator then frees its KV caches at once)."""
     out: list[T] = []
@@ -56,10 +83,11 @@ def drain(steps: Iterator[T], stop: threading.Event) -> list[T]:
     return out
 
 
-async def run_cancellable(work: Callable[[threading.Event], T]) -> T:
+async def run_cancellable(work: Callable[[StopFlag], T]) -> T:
     """``work(stop)`` in a worker thread; if this request is cancelled, set ``stop`` and wait for the work
-    to return before letting the cancellation through (the queue slot stays held until the model is free)."""
-    stop = threading.Event()
+    to return before letting the cancellation through (the queue slot stays held until the model is free).
+    ``stop`` is a shared flag with an Event's face (the work may run in a process forked for it: ZeroGPU)."""
+    stop = StopFlag(running=True)
     future = asyncio.get_running_loop().run_in_executor(None, work, stop)
     try:
         return await asyncio.shield(future)
@@ -83,7 +111,7 @@ def zerogpu() -> bool:
 
 
 def gpu_seconds(max_new_tokens, n_methods: int = 1, profile: HardwareProfile | None = None,
-                acceptance=None) -> int:
+                acceptance=None, tree: tuple[int, int] | None = None) -> int:
     """GPU seconds to ask ZeroGPU for: the request's expected time under this card's hardware profile (the
     tree it chooses, eager or with graphs captured in the call, :func:`sequoia.runtime.measuring.gpu_call.plan_call`), or
     a flat rate per token without one."""
@@ -91,13 +119,193 @@ def gpu_seconds(max_new_tokens, n_methods: int = 1, profile: HardwareProfile | N
         n = max(int(max_new_tokens), 0)
     except (TypeError, ValueError):
         n = 0
+    try:
+        tree = (int(tree[0]), int(tree[1])) if tree else None
+    except (TypeError, ValueError):
+        tree = None
+    # The app's runner on ZeroGPU is eager (app.zerogpu_env: a call's captures would not outlast it), so its
+    # steps are priced eager.
     return plan_call(n, profile, DEFAULT_ACCEPTANCE if acceptance is None else acceptance,
-                     n_runs=max(int(n_methods), 1)).duration_s
+                     n_runs=max(int(n_methods), 1), tree=tree, graphs_ok=False).duration_s
 
 
 def on_gpu(work: Callable[..., T], duration: Callable[..., int]) -> Callable[..., T]:
-    """``work`` under ``spaces.GPU(duration=duration)`` on ZeroGPU (``duration`` gets the same arguments);
-    ``work`` itself everywhere else."""
+    """``work`` under ``spaces.GPU(duration=duration)`` on ZeroGPU (``duration`` gets the same arguments),
+    the run flags of every session among its arguments settled once the call ends (the call's process had
+    only copies of them); ``work`` itself everywhere else."""
     if not zerogpu():
         return work
-    return spaces.GPU(duration=duration)(work)
+    gpu_work = spaces.GPU(duration=duration)(work)
+    if inspect.isgeneratorfunction(work):
+        @functools.wraps(work)
+        def stream(*args, **kwargs):
+            try:
+                yield from gpu_work(*args, **kwargs)
+            finally:
+                _settle(args, kwargs)
+        return stream
+
+    @functools.wraps(work)
+    def call(*args, **kwargs):
+        try:
+            return gpu_work(*args, **kwargs)
+        finally:
+            _settle(args, kwargs)
+    return call
+
+
+def _settle(args, kwargs) -> None:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, RunFlags):
+            value.settle()
+
+
+# ------------------------------------------------------------------ the ZeroGPU stand-in
+class GPUTaskAborted(RuntimeError):
+    """A stand-in call ran past its duration and was killed, as ZeroGPU aborts one."""
+
+
+@dataclass
+class GPUCall:
+    """One stand-in call, as the tests and the console read it."""
+
+    name: str
+    duration_s: int            # what the call asked for
+    seconds: float = 0.0       # what it took, the fork and the transfers included
+    outcome: str = "running"   # "returned" | "raised <type>" | "aborted" | "closed"
+    pid: int = 0               # the process it ran in
+
+
+#: Set in a stand-in call's process only (a forked process's own environment: no module state).
+INSIDE_ENV = "SEQUOIA_IN_GPU_CALL"
+
+
+def in_gpu_call() -> bool:
+    """True in a stand-in call's process (where ZeroGPU attaches the GPU)."""
+    return os.environ.get(INSIDE_ENV) == "1"
+
+
+class ZeroGPUStandIn:
+    """The ``spaces`` package's ZeroGPU surface (``config.Config.zero_gpu``, ``GPU(duration=...)``) for a machine
+    without ZeroGPU: each call in a process forked from this one for it, its arguments pickled as ZeroGPU
+    sends them (what does not pickle fails here as it would there), what it yields or returns pickled back,
+    killed at its duration.  ``calls`` records each call."""
+
+    def __init__(self, verbose: bool = False) -> None:
+        self.config = SimpleNamespace(Config=SimpleNamespace(zero_gpu=True))
+        self.calls: list[GPUCall] = []
+        self.verbose = verbose            # a line on the console per call
+
+    def GPU(self, fn=None, *, duration=60):  # noqa: N802 - the name spaces gives it
+        if fn is None:
+            return functools.partial(self.GPU, duration=duration)
+        seconds = duration if callable(duration) else (lambda *a, **k: duration)
+        if inspect.isgeneratorfunction(fn):
+            @functools.wraps(fn)
+            def stream(*args, **kwargs):
+                yield from self._run(fn, args, kwargs, int(seconds(*args, **kwargs)), streaming=True)
+            return stream
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            run = self._run(fn, args, kwargs, int(seconds(*args, **kwargs)), streaming=False)
+            while True:
+                try:
+                    next(run)
+                except StopIteration as done:
+                    return done.value
+        return call
+
+    def guard(self, runner) -> None:
+        """Make ``runner`` refuse work outside a call (ZeroGPU: no CUDA outside ``@spaces.GPU``)."""
+        session = runner.session
+
+        def guarded():
+            if not in_gpu_call():
+                raise RuntimeError(f"{runner.name}: model work outside a @spaces.GPU call (no CUDA there on ZeroGPU)")
+            return session()
+        runner.session = guarded
+
+    def _run(self, fn, args, kwargs, duration: int, streaming: bool):
+        record = GPUCall(getattr(fn, "__name__", "call"), duration)
+        self.calls.append(record)
+        payload = pickle.dumps((args, kwargs))      # ZeroGPU sends the arguments to its worker pickled
+        ctx = multiprocessing.get_context("fork")
+        receive, send = ctx.Pipe(duplex=False)
+        start = time.monotonic()
+        with warnings.catch_warnings():              # a fork of a threaded server, as ZeroGPU's own
+            warnings.simplefilter("ignore", DeprecationWarning)
+            child = ctx.Process(target=_child, args=(fn, payload, send, streaming), daemon=True)
+            child.start()
+        record.pid = child.pid
+        send.close()
+        try:
+            while True:
+                left = duration - (time.monotonic() - start)
+                if left <= 0 or not receive.poll(left):
+                    record.outcome = "aborted"
+                    raise GPUTaskAborted(f"GPU task aborted: the call ran past its {duration} s")
+                try:
+                    kind, value = pickle.loads(receive.recv_bytes())
+                except EOFError:
+                    record.outcome = "raised EOFError"
+                    raise RuntimeError(f"the GPU call's process ended with exit code {child.exitcode}") from None
+                if kind == "yield":
+                    yield value
+                    continue
+                if kind == "error":
+                    record.outcome = f"raised {type(value).__name__}"
+                    raise value
+                record.outcome = "returned"
+                return value
+        except GeneratorExit:
+            record.outcome = "closed"
+            raise
+        finally:
+            record.seconds = time.monotonic() - start
+            if child.is_alive():
+                child.kill()
+            child.join(5)
+            receive.close()
+            if self.verbose:
+                print(f"ZeroGPU stand-in: {record.name} asked {duration} s, took {record.seconds:.1f} s in process "
+                      f"{record.pid}: {record.outcome}", flush=True)
+
+
+def _child(fn, payload: bytes, send, streaming: bool) -> None:
+    """A stand-in call's process: run ``fn`` on the unpickled arguments, send back what it yields, returns or
+    raises (an exception that does not pickle goes back as a RuntimeError with its text)."""
+    os.environ[INSIDE_ENV] = "1"
+
+    def put(kind, value) -> None:
+        try:
+            data = pickle.dumps((kind, value))
+        except Exception as exc:   # noqa: BLE001 - said to the server instead
+            if kind != "error":
+                raise TypeError(f"a GPU call's {kind}ed value does not pickle: {exc}") from exc
+            data = pickle.dumps((kind, RuntimeError(f"{type(value).__name__}: {value}")))
+        send.send_bytes(data)
+
+    try:
+        args, kwargs = pickle.loads(payload)
+        if streaming:
+            for item in fn(*args, **kwargs):
+                put("yield", item)
+            put("return", None)
+        else:
+            put("return", fn(*args, **kwargs))
+    except BaseException as exc:   # noqa: BLE001 - every failure goes back to the server
+        put("error", exc)
+    finally:
+        send.close()
+        os._exit(0)                # nothing of the server's (its threads, its atexit) runs here
+
+
+def install_standin(env=os.environ) -> ZeroGPUStandIn | None:
+    """Serve under the stand-in where ``SEQUOIA_ZEROGPU_STANDIN=1`` (before the page is built); the stand-in,
+    or None."""
+    global spaces
+    if (env.get(STANDIN_ENV) or "").strip() not in ("1", "true", "yes", "on"):
+        return None
+    spaces = ZeroGPUStandIn(verbose=True)
+    return spaces

@@ -230,7 +230,8 @@ def compare_api_fn(ctx: AppContext):
         rows = serving.drain(states, stop)[-1].rows  # a cancelled request stops within a step
         return compare_view.records(rows, API_KEYS)
 
-    gpu_work = serving.on_gpu(work, lambda stop, *a: serving.gpu_seconds(a[5], (FULL_ROUNDS + 1) * len(FULL_METHODS)))
+    gpu_work = serving.on_gpu(work, lambda stop, *a: serving.gpu_seconds(
+        a[5], (FULL_ROUNDS + 1) * len(FULL_METHODS), ctx.profile, tree=(a[1], a[2])))
 
     async def compare(prompt: str, budget: int = 32, depth: int = 8, temperature: float = 0.0, top_p: float = 1.0,
                       max_new_tokens: int = 64, seed: int = 0, include_hf: bool = True) -> list:
@@ -310,12 +311,13 @@ def _controls(ctx: AppContext) -> SimpleNamespace:
     return c
 
 
-def _gpu_seconds(runs_per_method: int):
+def _gpu_seconds(ctx: AppContext, runs_per_method: int):
     """ZeroGPU's duration for a Compare handler: ``runs_per_method`` decodes (one a round) of every ticked method
-    and the reference."""
+    and the reference, priced by the profile (the slower of its tree's and the page's budget and depth's)."""
     def seconds(*values) -> int:
         named = dict(zip(COMPARE_FIELDS, values))
-        return serving.gpu_seconds(named["max_new_tokens"], runs_per_method * (len(named["methods"] or ()) + 1))
+        return serving.gpu_seconds(named["max_new_tokens"], runs_per_method * (len(named["methods"] or ()) + 1),
+                                   ctx.profile, tree=(named["budget"], named["depth"]))
     return seconds
 
 
@@ -336,10 +338,10 @@ def _wire(ctx: AppContext, c: SimpleNamespace, outputs: list) -> None:
     def begun(trigger):
         return trigger(begin, inputs, session, **light)
 
-    begun(c.run_btn.click).then(serving.on_gpu(handler, _gpu_seconds(DEFAULT_ROUNDS)), inputs, outputs,
+    begun(c.run_btn.click).then(serving.on_gpu(handler, _gpu_seconds(ctx, DEFAULT_ROUNDS)), inputs, outputs,
                                 api_name="compare_stream", api_visibility="private",
                                 **MODEL_WORK)  # the name: components.app_state.validation finds it
-    begun(c.exact_btn.click).then(serving.on_gpu(exact_handler, _gpu_seconds(DEFAULT_ROUNDS + 1)), inputs, outputs,
+    begun(c.exact_btn.click).then(serving.on_gpu(exact_handler, _gpu_seconds(ctx, DEFAULT_ROUNDS + 1)), inputs, outputs,
                                   api_visibility="private", **MODEL_WORK)
     # The full run: tick every method and set the tokens where the visitor sees them, then run as Run does.  The
     # choices are set with the ticks: both read this server's methods now, so the ticks are always among them
@@ -348,7 +350,7 @@ def _wire(ctx: AppContext, c: SimpleNamespace, outputs: list) -> None:
     ticks = c.full_btn.click(
         lambda: (gr.update(choices=offered(ctx), value=ticked(ctx, full=True)), full_tokens), None,
         [c.methods, c.max_new_tokens], queue=False, api_visibility="private")
-    full = begun(ticks.then).then(serving.on_gpu(full_handler, _gpu_seconds(FULL_ROUNDS)), inputs, outputs,
+    full = begun(ticks.then).then(serving.on_gpu(full_handler, _gpu_seconds(ctx, FULL_ROUNDS)), inputs, outputs,
                                   api_name="compare_full", api_visibility="private", **MODEL_WORK)
     # ...and the default ticks and tokens back after it (stopped or not), so the next Run comparison is the short
     # default again, not the full set.

@@ -34,7 +34,7 @@ from sequoia.runtime.measuring.fingerprint import machine_fingerprint
 from sequoia.runtime.measuring.profiling import measure_profile
 from sequoia.runtime.measuring.timing import run_method, warmup
 
-from components.app_state import target_rate, validation
+from components.app_state import serving, target_rate, validation
 from components.app_state.acceptance_choice import acceptance_catalogue, default_acceptance_label
 from components.app_state.context import LIGHT_WORK, MODEL_WORK, AppContext, ModelsNotReady
 from components.app_state.runtimes_here import runtimes_here
@@ -47,6 +47,10 @@ MEASURE_PROMPT = "Write a Python function that returns the n-th Fibonacci number
 MEASURE_TOKENS = 48
 #: Timed rounds of Measure (each decodes the target alone, then the chosen tree), after an untimed warm-up.
 MEASURE_ROUNDS = 3
+#: Why Profile now is refused on ZeroGPU.
+PROFILE_NOW_ZEROGPU = ("Profile now does not run on ZeroGPU: a profile's grid takes longer than one GPU call may "
+                       "last, and what a call measures is gone with its process; profile on a dedicated GPU and "
+                       "ship the JSON in assets/profiles")
 PROFILE_NOW_DISABLED = ("Profile now changes the profile for every visitor, so it is disabled here; the server's "
                         "owner enables it by starting the app with SEQUOIA_OWNER=1")
 
@@ -248,8 +252,11 @@ def build(ctx: AppContext, demo: gr.Blocks, refresh_on=()) -> None:
                 **LIGHT_WORK)
     prof_btn.click(_bound(_on_profile, ctx), [quick, *inputs], [prof_file, *outputs], api_visibility="private",
                    **MODEL_WORK)
-    measure_btn.click(_bound(_on_measure, ctx), inputs, [*outputs, session], api_visibility="private",
-                      **MODEL_WORK)
+    # ZeroGPU only: the warm-up and the interleaved rounds of both runs, in one GPU call
+    def seconds(*_, **__) -> int:
+        return serving.gpu_seconds(MEASURE_TOKENS, 2 * (MEASURE_ROUNDS + 1), ctx.profile)
+    measure_btn.click(serving.on_gpu(_bound(_on_measure, ctx), seconds), inputs,
+                      [*outputs, session], api_visibility="private", **MODEL_WORK)
 
 
 def _bound(fn, ctx: AppContext, name: str = ""):
@@ -280,6 +287,8 @@ def _controls(ctx: AppContext):
 def _on_profile(ctx: AppContext, q, name, b, d, s, progress=gr.Progress()):
     if not ctx.owner:
         raise gr.Error(PROFILE_NOW_DISABLED)
+    if serving.zerogpu():
+        raise gr.Error(PROFILE_NOW_ZEROGPU)
     try:
         path = profile_now(ctx, q, progress=lambda fraction, label: progress(fraction, desc=label))
     except ModelsNotReady as exc:

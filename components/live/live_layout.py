@@ -113,9 +113,11 @@ def _outputs_column() -> SimpleNamespace:
 
 def _gpu_seconds(ctx: AppContext, scale: int):
     """ZeroGPU's duration for a Live handler (the page's fields, then the session): ``scale`` decodes of the
-    request's new tokens, priced by the profile."""
-    return lambda *values: serving.gpu_seconds(DecodeInputs.from_page(*values[:-1]).max_new_tokens, scale,
-                                               ctx.profile)
+    request's new tokens, priced by the profile (its own tree's and the page's budget and depth's, the slower)."""
+    def seconds(*values) -> int:
+        inputs = DecodeInputs.from_page(*values[:-1])
+        return serving.gpu_seconds(inputs.max_new_tokens, scale, ctx.profile, tree=(inputs.budget, inputs.depth))
+    return seconds
 
 
 def _handlers(ctx: AppContext):

@@ -333,8 +333,8 @@ def decode_api_fn(ctx: AppContext):
         records = serving.drain(run_decode(ctx, validation.engine_inputs(ctx, req), stop.is_set), stop)
         return generated_text(ctx, records), [r.to_dict() for r in records]
 
-    gpu_work = serving.on_gpu(work, lambda stop, inputs: serving.gpu_seconds(inputs.max_new_tokens,
-                                                                              profile=ctx.profile))
+    gpu_work = serving.on_gpu(work, lambda stop, inputs: serving.gpu_seconds(
+        inputs.max_new_tokens, profile=ctx.profile, tree=(inputs.budget, inputs.depth)))
 
     async def decode(*values, **named):
         """Generate with one method; returns the text and one JSON object per step.

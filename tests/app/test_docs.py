@@ -74,12 +74,20 @@ def test_the_readme_stays_short_and_current():
     assert not re.search(r"\b(session|round) \d+", text, re.I), "history belongs in git, not the README"
 
 
-def test_the_space_front_matter_names_the_python_the_pins_are_for():
-    """Spaces default to Python 3.10 unless told; torch==2.13.0's CPU wheel and the CI are Python 3.11."""
+def test_the_space_front_matter_names_a_python_and_a_torch_every_space_kind_offers():
+    """ZeroGPU offers Python 3.10.13 and 3.12.12 only and installs a torch of its own list (2.8-2.11 today: a pin
+    it cannot match fails the build); CPU and GPU Spaces take any.  The torch requirement admits ZeroGPU's newest
+    and the CPU build on disk here (2.13.0+cpu), nothing newer (untested)."""
+    from packaging.specifiers import SpecifierSet
+
     front = README.read_text().split("---\n")[1]
-    assert re.search(r'^python_version: "3\.11"$', front, re.M)
+    assert re.search(r'^python_version: "3\.12"$', front, re.M)
+    requirements = (ROOT / "requirements.txt").read_text()
     sdk = re.search(r"^sdk_version: (\S+)$", front, re.M)[1]
-    assert f"gradio=={sdk}\n" in (ROOT / "requirements.txt").read_text()
+    assert f"gradio=={sdk}\n" in requirements
+    torch_spec = SpecifierSet(re.search(r"^torch([<>=!~][^\s#]*)", requirements, re.M)[1])
+    assert {"2.11.0", "2.13.0", "2.13.0+cpu"} <= set(torch_spec.filter(["2.11.0", "2.13.0", "2.13.0+cpu", "2.14.0"]))
+    assert "2.14.0" not in torch_spec
     # llama-cpp-python builds from its sdist on install: a Space needs cmake and a C++ compiler (Debian packages)
     assert {"cmake", "build-essential"} <= set((ROOT / "packages.txt").read_text().split())
 

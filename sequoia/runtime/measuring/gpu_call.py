@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 from ...core.profiles.cost import draft_widths
 from ...core.profiles.profile import HardwareProfile
-from ...core.trees.optimizer import choose_tree
+from ...core.trees.dp import optimal_tree
+from ...core.trees.optimizer import choose_tree, predict
 from ...runners.hf.graph_runner import BUCKETS, bucket_of, window_of
 
 
@@ -85,9 +86,12 @@ def capture_pays(steps: int, eager_step_s: float, graph_step_s: float, graphs: i
 
 def plan_call(new_tokens: int, profile: HardwareProfile | None, acceptance, context: int = 128,
               capture: CaptureCost = CAPTURE_NOT_MEASURED, eager_over_graph: float = EAGER_OVER_GRAPH,
-              n_runs: int = 1) -> CallPlan:
+              n_runs: int = 1, tree: tuple[int, int] | None = None, graphs_ok: bool = True) -> CallPlan:
     """The plan of a call decoding ``new_tokens`` ``n_runs`` times with the tree ``profile`` chooses for
-    ``acceptance`` (the profile measured eagerly on this card); without a profile, the flat per-token rule."""
+    ``acceptance`` (the profile measured eagerly on this card); without a profile, the flat per-token rule.
+    ``tree`` (budget, depth): the request's own fixed tree, priced too (on a CPU a big tree's verify forward
+    costs many one-token forwards: the call must last for it).  ``graphs_ok=False``: the runner is eager
+    whatever would pay (the app on ZeroGPU), so every step is priced eager."""
     if not isinstance(new_tokens, int) or new_tokens < 0 or n_runs < 1:
         raise ValueError(f"new_tokens must be a non-negative integer and n_runs >= 1, got {new_tokens!r}, {n_runs!r}")
     if profile is None:
@@ -101,18 +105,30 @@ def plan_call(new_tokens: int, profile: HardwareProfile | None, acceptance, cont
     graphs = graphs_needed(widths, choice.tree.n_nodes, context, new_tokens)
     graphs_s = graphs * capture.per_graph_s + steps * eager_step / eager_over_graph
     eager_s = steps * eager_step
-    take = capture_pays(steps, eager_step, eager_step / eager_over_graph, graphs, capture.per_graph_s)
+    # CUDA graphs only on a GPU's profile (the stand-in serves a CPU's: its steps run as measured)
+    take = graphs_ok and not profile.device.lower().startswith("cpu") and \
+        capture_pays(steps, eager_step, eager_step / eager_over_graph, graphs, capture.per_graph_s)
     # The request's method may be slower than the profile's tree (the target alone: one token a step), and a
     # call that outlives its duration is cut off: price the slower of the two.
     alone_s = new_tokens * n_runs * (float(profile.target(1)) + profile.step_overhead_ms) / 1e3
-    worst = max(graphs_s, graphs * capture.per_graph_s + alone_s / eager_over_graph) if take else \
-        max(eager_s, alone_s)
+    asked_s = _asked_tree_s(tree, new_tokens * n_runs, acceptance, profile)
+    worst = max(graphs_s, graphs * capture.per_graph_s + max(alone_s, asked_s) / eager_over_graph) if take else \
+        max(eager_s, alone_s, asked_s)
     unmeasured = [] if capture.measured else [f"capture time {capture.source}"]
     unmeasured.append(f"eager/graph ratio {eager_over_graph} (H100, not measured on this card)")
     reason = (f"{steps} steps of the profile's tree: eager {eager_s:.1f} s, with {graphs} graphs captured "
-              f"{graphs_s:.1f} s, so {'capture' if take else 'eager'}; priced at {worst:.1f} s (the slower of "
-              "that tree and the target alone); " + "; ".join(unmeasured))
+              f"{graphs_s:.1f} s, so {'capture' if take else 'eager'}; priced at {worst:.1f} s (the slowest of "
+              "that tree, the target alone and the request's own tree); " + "; ".join(unmeasured))
     return CallPlan(_clamp(BASE_S + MARGIN * worst), take, steps, graphs, eager_s, graphs_s, reason)
+
+
+def _asked_tree_s(tree: tuple[int, int] | None, tokens: int, acceptance, profile: HardwareProfile) -> float:
+    """Expected seconds of ``tokens`` decoded with the DP tree of the request's (budget, depth), eager."""
+    if not tree or tree[0] < 1 or tokens == 0:
+        return 0.0
+    budget, depth = int(tree[0]), max(int(tree[1]), 1)
+    cost = predict(optimal_tree(acceptance, budget, depth).tree(budget, depth), acceptance, profile)
+    return math.ceil(tokens / max(cost.expected_tokens, 1.0)) * cost.total_ms / 1e3
 
 
 def _clamp(seconds: float) -> int:

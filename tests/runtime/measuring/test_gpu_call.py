@@ -92,3 +92,20 @@ def test_the_duration_covers_the_target_alone_too():
     assert not plan.capture and plan.eager_s < alone_s       # the tree is faster per token, yet the call is
     assert plan.duration_s >= gpu_call.BASE_S + gpu_call.MARGIN * alone_s   # long enough for the target alone
     assert "target alone" in plan.reason
+
+
+def test_the_duration_covers_the_requests_own_tree_on_an_arithmetic_bound_machine():
+    """A CPU's verify forward costs about its width in one-token forwards (the AVX2 Zen 3's 16 tokens: 11x one):
+    a page's fixed tree of 12 tokens then costs far more a token than the tree the profile would choose, and
+    the call must last for it (the stand-in's first decode on the embedded pair was cut at 20 s for 18 s)."""
+    cpu = HardwareProfile(device="cpu (test)", dtype="torch.bfloat16", context_len=128,
+                          target_n=(1, 2, 4, 8, 16, 32), target_ms=(233.0, 400.0, 700.0, 1300.0, 2605.0, 5200.0),
+                          draft_width=(1, 2, 4, 8, 16), draft_ms=(72.0, 120.0, 220.0, 420.0, 800.0))
+    own = gpu_call.plan_call(16, cpu, DEFAULT_ENTRY.values)
+    asked = gpu_call.plan_call(16, cpu, DEFAULT_ENTRY.values, tree=(12, 5))
+    assert asked.duration_s > own.duration_s
+    assert "request's own tree" in asked.reason
+    # on a launch-bound card the same fixed tree costs about a one-token step: no longer than the target alone's
+    gpu = _profile()
+    assert gpu_call.plan_call(16, gpu, DEFAULT_ENTRY.values, tree=(12, 5)).duration_s <= \
+        gpu_call.plan_call(16, gpu, DEFAULT_ENTRY.values).duration_s + 1

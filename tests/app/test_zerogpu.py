@@ -1,0 +1,133 @@
+"""The page as ZeroGPU serves it (issue 50), under :class:`components.app_state.serving.ZeroGPUStandIn`: every
+model call in a process forked for it (its inputs and outputs pickled, killed at its duration), the models
+refusing work outside a call (no CUDA there on ZeroGPU).  A decode, a comparison and the distribution check
+must be served, twice each (nothing a call leaves behind may be needed by the next), Stop must reach a call's
+process, and no call may run past the duration it asked for.
+
+    python -m pytest -q tests/app/test_zerogpu.py         # ~1 min on a 2-core CPU
+"""
+
+import os
+import time
+from types import SimpleNamespace
+
+import pytest
+from conftest import app_pair
+
+import app
+from components.app_state import serving
+from test_browser import _click_decode, _free_port, _slow_steps, browser_context, sync_api
+
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(not os.path.exists("/usr/bin/chromium"), reason="no /usr/bin/chromium")]
+__all__ = ["browser_context"]
+
+ERROR_BADGES = "[data-testid='toast-body'], span.error"
+
+
+@pytest.fixture(scope="module")
+def zero(tiny_target, tmp_path_factory, lanes):
+    """The app on a tiny pair of its own, built and served under the stand-in."""
+    standin = serving.ZeroGPUStandIn()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(serving, "spaces", standin)
+        pair = app_pair(tiny_target, tiny_target)
+        standin.guard(pair.draft)
+        standin.guard(pair.target)
+        demo = app.build_demo(pair, assets_dir=tmp_path_factory.mktemp("assets"), max_budget=24, lanes=lanes)
+        _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True,
+                                quiet=True, css_paths=[app.CSS_PATH])
+        yield SimpleNamespace(url=url, standin=standin, pair=pair, ctx=demo.sequoia_context)
+        demo.close()
+
+
+@pytest.fixture()
+def page(zero, browser_context):
+    page = browser_context.new_page()
+    page.set_viewport_size({"width": 1280, "height": 720})
+    page.goto(zero.url, wait_until="domcontentloaded")
+    page.locator("#sq-prompt textarea").wait_for()
+    yield page
+    page.close()
+
+
+def _errors(page) -> list[str]:
+    return [e.text_content().strip()[:200] for e in page.locator(ERROR_BADGES).all() if e.is_visible()
+            and "error" in (e.get_attribute("class") or "") + (e.text_content() or "").lower()]
+
+
+def _calls_since(zero, n: int) -> list:
+    return zero.standin.calls[n:]
+
+
+def _all_within_their_durations(calls) -> None:
+    assert calls, "no call went through the stand-in"
+    deadline = time.monotonic() + 10        # the page may show a call's last frame before the call has ended
+    while any(c.outcome == "running" for c in calls) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for call in calls:
+        assert call.outcome in ("returned", "closed"), call
+        assert call.seconds < call.duration_s, call
+
+
+def test_the_models_refuse_work_outside_a_call(zero):
+    assert serving.zerogpu()
+    with pytest.raises(RuntimeError, match="outside a @spaces.GPU call"):
+        zero.pair.target.session()
+
+
+def test_the_api_decodes_and_compares_in_a_fresh_process_each_call(zero):
+    from gradio_client import Client
+
+    client, first = Client(zero.url, verbose=False), len(zero.standin.calls)
+    decodes = [client.predict("def add(a, b):", "Sequoia (budget & depth)", 8, 3, 0.0, 1.0, 12, 0,
+                              api_name="/decode") for _ in range(2)]
+    steps = [[(s["tokens"], s["accepted"], s["new_tokens"]) for s in d[1]] for d in decodes]
+    assert decodes[0][0] and decodes[0][0] == decodes[1][0] and steps[0] == steps[1]   # T=0, call after call
+    rows = client.predict("def add(a, b):", 8, 3, 0.0, 1.0, 8, 0, False, api_name="/compare")
+    assert rows[0]["method"] == "target only" and len(rows) >= 4
+    calls = _calls_since(zero, first)
+    assert len(calls) == 3 and len({c.pid for c in calls}) == 3 and os.getpid() not in {c.pid for c in calls}
+    _all_within_their_durations(calls)
+
+
+def test_live_decodes_twice_and_stop_reaches_the_calls_process(zero, page, monkeypatch):
+    first = len(zero.standin.calls)
+    summary = page.locator("#sq-summary")
+    for _ in range(2):                                  # the second click runs: the first one's flags settled
+        _click_decode(page)
+        sync_api.expect(summary).to_contain_text("finished", timeout=60_000)
+    _slow_steps(monkeypatch, 0.5)                       # inherited by the calls' processes (forked after this)
+    _click_decode(page)
+    sync_api.expect(summary).not_to_contain_text("finished", timeout=30_000)
+    sync_api.expect(summary).to_contain_text("tokens in", timeout=30_000)
+    page.get_by_role("button", name="Stop", exact=True).click()
+    sync_api.expect(summary).to_contain_text("Stopped", timeout=2_000)
+    stopped = zero.standin.calls[-1]
+    deadline = time.monotonic() + 5
+    while stopped.outcome == "running":                 # the call's process read the flag Stop set here
+        assert time.monotonic() < deadline, "Stop did not reach the call's process"
+        time.sleep(0.05)
+    monkeypatch.undo()
+    _click_decode(page)                                  # and the page runs again after Stop
+    sync_api.expect(summary).to_contain_text("finished", timeout=60_000)
+    assert _errors(page) == []
+    _all_within_their_durations(_calls_since(zero, first))
+
+
+def test_compare_and_the_distribution_check_run_twice(zero, page):
+    first = len(zero.standin.calls)
+    page.get_by_role("tab", name="Compare").click()
+    notes = page.locator("#sq-compare-notes")
+    for _ in range(2):
+        page.get_by_role("button", name="Run comparison", exact=True).click()
+        sync_api.expect(notes).to_contain_text("Identical at T=0", timeout=120_000)
+        time.sleep(1.0)
+    page.get_by_role("tab", name="Distribution check", exact=True).click()
+    verdicts = page.locator("#sq-check-verdicts")
+    for _ in range(2):
+        page.get_by_role("button", name="Run the check", exact=True).click()
+        sync_api.expect(verdicts).to_contain_text("Finished in", timeout=120_000)
+        time.sleep(1.0)
+    assert _errors(page) == []
+    _all_within_their_durations(_calls_since(zero, first))
