@@ -235,16 +235,22 @@ def test_log_axes_have_a_few_readable_ticks():
         assert fig.layout.xaxis.type == "log" and list(fig.layout.xaxis.tickvals) == [1, 2, 4, 8, 16, 32, 64]
 
 
-def test_the_llamacpp_runtime_reads_the_tokenizer_the_hf_runtime_converted():
-    """The tokenizer read from the shipped GGUF by its class (seconds, where AutoTokenizer spent 40+ s building a
-    config) is the one the Hugging Face runtime's conversion wrote: same ids, specials and chat template."""
+def test_the_llamacpp_runtime_reads_the_tokenizer_the_hf_runtime_converted(monkeypatch):
+    """The tokenizer read from the shipped GGUF by its class, never through AutoTokenizer's model config (which
+    spent 40+ s parsing every metadata field), is the one the Hugging Face runtime's conversion wrote: same ids,
+    specials and chat template.  (How long the read takes depends on the transformers release: 5 s with 5.23,
+    23 s of CPU with 5.17 on an AVX2 Zen 3; no timing is asserted here.)"""
+    import transformers
 
     spec, cache = EMBEDDED["target"], default_cache_dir()
     if not (is_gguf_kept(spec, cache) and is_converted(spec, cache)):
         pytest.skip("the embedded target is not kept and converted in this machine's cache (scripts/prepare_models.py)")
-    start = time.process_time()
+
+    def no_config(*args, **kwargs):
+        raise AssertionError("the tokenizer was read through AutoConfig (the slow path)")
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", no_config)
     tok = tokenizer_from_gguf(gguf_path(spec, cache))
-    assert time.process_time() - start < 20
+    monkeypatch.undo()
     ref = load_tokenizer(converted_dir(spec, cache))
     assert tok.get_vocab() == ref.get_vocab() and tok.chat_template == ref.chat_template
     assert (tok.eos_token, tok.pad_token) == (ref.eos_token, ref.pad_token)
