@@ -19,6 +19,9 @@ copied tokens (see :mod:`sequoia.core.verification.sampling`, "Mixed sources").
 
 from __future__ import annotations
 
+import math
+import textwrap
+
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -85,8 +88,40 @@ def _chance(c: NodeCheck) -> float:
     return 1.0 if c.q_token <= 0 else min(1.0, c.p_token / c.q_token)
 
 
+def significant(x: float, digits: int) -> str:
+    """``x`` with ``digits`` significant digits, positional (0.000287, never 2.87e-04)."""
+    x = float(x)
+    decimals = digits - 1 - (math.floor(math.log10(abs(x))) if x else 0)
+    return f"{x:.{max(decimals, 0)}f}"
+
+
+def rule_numbers(p: float, q: float, u: float | None = None) -> tuple[str, str, str, str]:
+    """(p, q, min(1, p/q), u) as a test is printed, each to the digits that let a reader redo it by hand: the
+    chance computed from the printed p and q rounds to the printed chance (3 significant digits, more where
+    p/q needs them), and the printed u and chance differ and compare as the test did."""
+    chance = 1.0 if q <= 0 else min(1.0, p / q)
+    c_digits = 3
+    if u is not None:   # u and the chance to as many digits as it takes to tell them apart, as the test did
+        while c_digits < 9 and (significant(u, c_digits) == significant(chance, c_digits) or
+                                (float(significant(u, c_digits)) < float(significant(chance, c_digits)))
+                                != (u < chance)):
+            c_digits += 1
+    shown = significant(chance, c_digits)
+    digits = 3
+    while digits < 9:
+        ps, qs = significant(p, digits), significant(q, digits)
+        by_hand = 1.0 if float(qs) <= 0 else min(1.0, float(ps) / float(qs))
+        if significant(by_hand, c_digits) == shown:
+            break
+        digits += 1
+    return (significant(p, digits), significant(q, digits), shown,
+            "" if u is None else significant(u, c_digits))
+
+
 #: Characters of a token in a tick label: eight labels side by side fit the Live tab's column at 1280 px.
 TICK_CHARS = 8
+#: Characters of a line of a row title (at 20 px in the projector view, ~45 fit the column at 1280 px).
+ROW_TITLE_CHARS = 45
 
 
 def figure(record: StepRecord, node: int) -> go.Figure:
@@ -120,7 +155,7 @@ def _lay_out(fig: go.Figure, headline: str, n_rows: int) -> None:
                       title=dict(text=headline, x=0.01, y=1 - BADGE_PX / height, yanchor="top"))
     for ann in fig.layout.annotations:
         if ann.xref == "paper" and ann.yref == "paper" and ann.text and ann.x < 0.5:  # the left column's titles
-            ann.update(x=0.0, xanchor="left", font=dict(size=12))
+            ann.update(x=0.0, xanchor="left", align="left", font=dict(size=12))   # grows rightwards at 20 px
     fig.update_yaxes(range=[0, 1.05], gridcolor="#eee")
     # Level labels of two short lines: Plotly tilted the long one-line labels, and the first ran into the row
     # title below it (or off the left edge), unreadable.
@@ -128,8 +163,9 @@ def _lay_out(fig: go.Figure, headline: str, n_rows: int) -> None:
 
 
 def _row_title(record: StepRecord, c: NodeCheck) -> str:
-    if c.node == record.tree.n_nodes:
-        return f"the bonus token {escape_token(record.bonus_text)} was drawn from {_bonus_source(record)}"
+    if c.node == record.tree.n_nodes:   # long: lines of a width the projector view's 20 px still fits
+        text = f"the bonus token {escape_token(record.bonus_text)} was drawn from {_bonus_source(record)}"
+        return "<br>".join(textwrap.wrap(text, ROW_TITLE_CHARS, break_long_words=False))
     verdict = "accepted" if c.accepted else "rejected"
     tok = escape_token(record.texts[c.node]) if record.texts else str(record.tokens[c.node])
     return f"{child_name(record, c.node)} · node {c.node} {tok}: {verdict}"
@@ -254,8 +290,10 @@ def _numbers(record: StepRecord, c: NodeCheck) -> str:
     if c.u is None:
         return f" (target p = {c.p_token:.3f}, not the target's most likely token)"
     if copied(record, c.node):
-        return f" (copied: a fixed proposal, chance min(1, p/1) = p = {c.p_token:.3f}, draw u = {c.u:.3f})"
-    return f" (p = {c.p_token:.3f}, q = {c.q_token:.3f}, chance min(1, p/q) = {_chance(c):.3f}, draw u = {c.u:.3f})"
+        p, _, _, u = rule_numbers(c.p_token, 1.0, c.u)
+        return f" (copied: a fixed proposal, chance min(1, p/1) = p = {p}, draw u = {u})"
+    p, q, chance, u = rule_numbers(c.p_token, c.q_token, c.u)
+    return f" (p = {p}, q = {q}, chance min(1, p/q) = {chance}, draw u = {u})"
 
 
 def _verdict(record: StepRecord, c: NodeCheck) -> str:
@@ -268,11 +306,12 @@ def _verdict(record: StepRecord, c: NodeCheck) -> str:
                     "it is accepted: greedy verification keeps a draft exactly when it matches the target's argmax.")
         return (f"{who}, is not the target's most likely token (p = {c.p_token:.3f}, q = {c.q_token:.3f}), "
                 "so at temperature 0 it is rejected.")
-    rule = (f"It is accepted when the uniform draw u falls below min(1, p/q) = {_chance(c):.3f} "
-            f"(p = {c.p_token:.3f} target, q = {c.q_token:.3f} draft, both after the earlier siblings).")
+    p, q, chance, u = rule_numbers(c.p_token, c.q_token, c.u)
+    rule = (f"It is accepted when the uniform draw u falls below min(1, p/q) = {chance} "
+            f"(p = {p} target, q = {q} draft, both after the earlier siblings).")
     if c.accepted:
-        return f"{who}: {rule} u = {c.u:.3f} did, so it is **accepted** and its own children are tested next."
-    return (f"{who}: {rule} u = {c.u:.3f} did not, so it is **rejected**; the next sibling (if any) is tested "
+        return f"{who}: {rule} u = {u} did, so it is **accepted** and its own children are tested next."
+    return (f"{who}: {rule} u = {u} did not, so it is **rejected**; the next sibling (if any) is tested "
             "against the residual, which is how the output stays distributed exactly as the target's.")
 
 
@@ -283,11 +322,12 @@ def _verdict_copied(who: str, c: NodeCheck) -> str:
         verdict = "**accepted**" if c.accepted else "**rejected**"
         return (f"{what} At temperature 0 it is accepted exactly when it is the target's most likely token "
                 f"(p = {c.p_token:.3f} at T=1): it is {verdict}.")
-    rule = (f" It is accepted when u falls below min(1, p(x)/1) = p(x) = {c.p_token:.3f} (p after any earlier "
+    p, _, _, u = rule_numbers(c.p_token, 1.0, c.u)
+    rule = (f" It is accepted when u falls below min(1, p(x)/1) = p(x) = {p} (p after any earlier "
             "copied sibling).")
     if c.accepted:
-        return f"{what}{rule} u = {c.u:.3f} did, so it is **accepted** and its own children are tested next."
-    return (f"{what}{rule} u = {c.u:.3f} did not, so it is **rejected**; the target's residual is p with this "
+        return f"{what}{rule} u = {u} did, so it is **accepted** and its own children are tested next."
+    return (f"{what}{rule} u = {u} did not, so it is **rejected**; the target's residual is p with this "
             "token removed, and the draft's children (if any) were drawn from q without the copied tokens.")
 
 

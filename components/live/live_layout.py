@@ -100,7 +100,8 @@ def _outputs_column() -> SimpleNamespace:
     v = SimpleNamespace()
     v.text = gr.HTML(text_view.html_view([]), label="Generated text", elem_id="sq-text")
     v.summary_md = gr.Markdown(stats_view.summary_markdown([]), elem_id="sq-summary")
-    v.step = gr.Slider(0, 1, value=0, step=1, label="step (tree shown below)", interactive=False)
+    v.step = gr.Slider(0, 1, value=0, step=1, label="step (tree shown below)", interactive=False,
+                       elem_id="sq-step-slider")
     v.tree = gr.Plot(label="Speculated tree", elem_id="sq-tree")
     with gr.Accordion("Inspector: why was a node accepted or rejected?", open=True, elem_id="sq-inspector"):
         v.node = gr.Dropdown([], label="node of the step shown above", elem_id="sq-inspect-node")

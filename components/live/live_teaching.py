@@ -97,6 +97,7 @@ def step_panel() -> SimpleNamespace:
         with gr.Row():
             s.step_btn = gr.Button("Step ▶ (next phase)", size="sm", elem_id="sq-step-btn")
             s.next_btn = gr.Button("Next target call »", size="sm", elem_id="sq-next-call")
+            s.reject_btn = gr.Button("Next rejection »", size="sm", elem_id="sq-next-rejection")
         s.text = gr.Markdown(NO_STEP, elem_id="sq-step-text")
         s.plot = gr.Plot(show_label=False, elem_id="sq-step-plot")
     s.cursor = gr.State((-1, -1, 0))   # (step, phase, id of the session it replays)
@@ -104,29 +105,40 @@ def step_panel() -> SimpleNamespace:
 
 
 # ------------------------------------------------------------------------------ handlers
-def step_views(slider, cursor, session: LiveSession | None, next_call: bool = False):
-    """(cursor, figure, words, slider, tree, text) after one press of Step (``next_call``: Next target call).
+def step_views(slider, cursor, session: LiveSession | None, move: str = "phase"):
+    """(cursor, figure, words, slider, tree, text) after one press of Step (``move``: "phase"), Next target call
+    ("call") or Next rejection ("rejection": the next rejected test, wrapping to the run's start).
 
-    A new run's replay starts at its first call after the prompt's forward; a slider moved by hand starts it
-    over at the slider's step.  When the replay moves to another call, the slider, the tree and the text follow."""
+    A replay starts at the call the slider shows (the first call after the prompt's forward when it shows the
+    prompt's), and starts over there when the slider is moved by hand.  When the replay moves to another call,
+    the slider, the tree and the text follow."""
     if session is None or not session.records:
         return cursor, None, NO_STEP, gr.skip(), gr.skip(), gr.skip()
     records = session.records
     on_slider = min(max(int(slider or 0), 0), len(records) - 1)
     step, phase, run = cursor
-    if run != id(session):
-        step, phase = min(1, len(records) - 1), 0
-    elif step != on_slider:
-        step, phase = on_slider, 0
-    elif next_call:
+    fresh = run != session.owner or step != on_slider
+    if fresh:
+        step, phase = (on_slider if on_slider > 0 else min(1, len(records) - 1)), 0
+    note = ""
+    if move == "rejection":
+        spot = step_mode.next_rejection(records, step, phase - 1 if fresh else phase)
+        if spot is None:
+            note = "**No draft was rejected in this run**: every test passed (a lower temperature or another " \
+                   "prompt makes rejections likelier).\n\n"
+        else:
+            step, phase = spot
+    elif fresh:
+        pass
+    elif move == "call":
         step, phase = (step + 1, 0) if step + 1 < len(records) else (step, phase)
     else:
         step, phase = step_mode.advance(step, phase, len(step_mode.phases(records[step])), len(records))
     rec = records[step]
     phase = min(phase, len(step_mode.phases(rec)) - 1)
     follow = (gr.Slider(value=step), *show_step(step, session)) if step != on_slider else (gr.skip(),) * 3
-    return ((step, phase, id(session)), step_mode.figure(rec, step_mode.phases(rec)[phase]),
-            step_mode.markdown(rec, phase), *follow)
+    return ((step, phase, session.owner), step_mode.figure(rec, step_mode.phases(rec)[phase]),
+            note + step_mode.markdown(rec, phase), *follow)
 
 
 def wire(ctx: AppContext, c: SimpleNamespace, v: SimpleNamespace, run_after_fields, refresh_on=()):
@@ -149,8 +161,8 @@ def wire(ctx: AppContext, c: SimpleNamespace, v: SimpleNamespace, run_after_fiel
                 api_visibility="private", show_progress="hidden", concurrency_limit=None)
     s = v.steps
     outputs = [s.cursor, s.plot, s.text, v.step, v.tree, v.text]
-    for button, next_call in ((s.step_btn, False), (s.next_btn, True)):
-        button.click(lambda slider, cursor, session, n=next_call: step_views(slider, cursor, session, n),
+    for button, move in ((s.step_btn, "phase"), (s.next_btn, "call"), (s.reject_btn, "rejection")):
+        button.click(lambda slider, cursor, session, m=move: step_views(slider, cursor, session, m),
                      [v.step, s.cursor, v.session], outputs, api_visibility="private", show_progress="hidden",
                      **LIGHT_WORK)
     return run_after_fields(fields)

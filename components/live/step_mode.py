@@ -120,14 +120,31 @@ def _title(record: StepRecord, phase: Phase) -> str:
     verdict = "accepted" if c.accepted else "rejected"
     if c.u is None:
         return f"step {record.step} · test of node {c.node} (T=0: the target's argmax?): {verdict}"
-    return f"step {record.step} · test of node {c.node} · u = {c.u:.3f} vs min(1, p/q) = {_chance(record, c):.3f}: " \
-           f"{verdict}"
+    _, _, chance, u = _printed(record, c)
+    return f"step {record.step} · test of node {c.node} · u = {u} vs min(1, p/q) = {chance}: {verdict}"
 
 
 def _chance(record: StepRecord, c: NodeCheck) -> float:
     """min(1, p/q) of a test, by the verifier's rule (a copied child is a point mass: q = 1)."""
     q = 1.0 if inspector_view.copied(record, c.node) else c.q_token
     return acceptance_probability(c.p_token, q) if q > 0 else 1.0
+
+
+def _printed(record: StepRecord, c: NodeCheck) -> tuple[str, str, str, str]:
+    """(p, q, min(1, p/q), u) of a test as printed: digits enough to redo it by hand
+    (:func:`components.live.inspector_view.rule_numbers`)."""
+    q = 1.0 if inspector_view.copied(record, c.node) else c.q_token
+    return inspector_view.rule_numbers(c.p_token, q, c.u)
+
+
+def next_rejection(records, step: int, phase: int) -> tuple[int, int] | None:
+    """The (call, phase) of the first rejected test after ``(step, phase)``, wrapping to the run's start; None
+    when the run rejected nothing (or its records hold no tests)."""
+    spots = [(i, k) for i, rec in enumerate(records) for k, ph in enumerate(phases(rec))
+             if ph.kind == TEST and not ph.check.accepted]
+    if not spots:
+        return None
+    return next((spot for spot in spots if spot > (step, phase)), spots[0])
 
 
 # ------------------------------------------------------------------------------------------- words
@@ -173,13 +190,14 @@ def _verify_words(record: StepRecord, phase: Phase) -> str:
 
 def _test_words(record: StepRecord, phase: Phase) -> str:
     c = phase.check
-    who = f"{inspector_view.child_name(record, c.node)} of node {c.parent}, " + _token(record, c.node)
+    who = (f"Node {c.node} ({inspector_view.child_name(record, c.node)} of node {c.parent}), "
+           + _token(record, c.node))
     if c.u is None:
         if c.accepted:
             return f"{who}: at T=0 a child passes when it is the target's most likely token. It is: **accepted**."
         return f"{who}: at T=0 a child passes when it is the target's most likely token. It is not: **rejected**."
-    q = 1.0 if inspector_view.copied(record, c.node) else c.q_token
-    rule = f"u = {c.u:.3f} against min(1, p/q) = min(1, {c.p_token:.3f} / {q:.3f}) = {_chance(record, c):.3f}"
+    p, q, chance, u = _printed(record, c)
+    rule = f"u = {u} against min(1, p/q) = min(1, {p} / {q}) = {chance}"
     if c.accepted:
         return f"{who}: {rule}. u is below: **accepted**; its own children are tested next."
     return f"{who}: {rule}. u is not below: **rejected**."

@@ -15,7 +15,7 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not 
 #: The key texts a class reads from the back of a room: where to start, the text, its summary, the inspector's
 #: and step mode's words, the buttons that drive the lesson.
 KEY_TEXTS = ("#sq-start", "#sq-text", "#sq-summary", "#sq-inspect-text", "#sq-step-text", "#sq-guided",
-             "#sq-step-btn", "#sq-next-call")
+             "#sq-step-btn", "#sq-next-call", "#sq-next-rejection")
 #: The smallest computed font size (px) of the elements holding text under each selector (None: no such text).
 SMALLEST_FONT = """(selectors) => Object.fromEntries(selectors.map((sel) => {
   const root = document.querySelector(sel);
@@ -26,13 +26,29 @@ SMALLEST_FONT = """(selectors) => Object.fromEntries(selectors.map((sel) => {
 }))"""
 TREE_LABELS = """() => [...document.querySelectorAll('#sq-tree .textpoint text')]
   .map((t) => parseFloat(getComputedStyle(t).fontSize))"""
+#: (text, px) of every visible text of the Live tab's figures a class reads, legends aside (see studio.css).
+FIGURE_TEXTS = """() => [...document.querySelectorAll(
+    ':is(#sq-tree, #sq-step-plot, #sq-inspect-plot, #sq-stats) svg text')]
+  .filter((t) => !t.closest('.legend') && t.textContent.trim() && t.getClientRects().length)
+  .map((t) => [t.textContent.trim().slice(0, 30), parseFloat(getComputedStyle(t).fontSize)])"""
 
 
 def _decoded(page, tokens: int = 12) -> None:
     _decode(page, "def add(a, b):", tokens)   # the page's default method: a fixed tree, drawn on every machine
     sync_api.expect(page.locator("#sq-summary")).to_contain_text("finished: length", timeout=60_000)
-    page.locator("#sq-step-btn").click()   # a new run's replay starts at its first call after the prompt
+    last = int(page.locator("#sq-step-slider input[type=number]").input_value())
+    page.locator("#sq-step-btn").click()   # a replay starts at the call the slider shows: a run leaves it at its last
+    sync_api.expect(page.locator("#sq-step-text")).to_contain_text(f"Target call {last} · phase 1 of")
+    _slide_to(page, 1)                     # moved by hand: the replay starts over there
+    page.locator("#sq-step-btn").click()
     sync_api.expect(page.locator("#sq-step-text")).to_contain_text("Target call 1 · phase 1 of")
+
+
+def _slide_to(page, step: int) -> None:
+    box = page.locator("#sq-step-slider input[type=number]")
+    box.fill(str(step))
+    box.press("Enter")
+    page.wait_for_timeout(500)   # the slider's own event (the tree and text of that step) answers first
 
 
 def test_the_projector_view_sets_key_texts_to_20_px_at_1280x720(page, tmp_path):
@@ -42,12 +58,19 @@ def test_the_projector_view_sets_key_texts_to_20_px_at_1280x720(page, tmp_path):
     assert min(v for v in before.values() if v) < 20, before      # the page's own sizes: the box must matter
     page.get_by_label("Projector view").check()
     page.wait_for_function("document.body.classList.contains('sq-projector')")
-    after = page.evaluate(SMALLEST_FONT, list(KEY_TEXTS))
+    # buttons ease their font size up (a CSS transition): poll until every key text is there rather than read a
+    # size mid-way (issue 51: this read once failed in the full run, a race)
+    deadline, after = time.monotonic() + 5.0, page.evaluate(SMALLEST_FONT, list(KEY_TEXTS))
+    while not all(v is not None and v >= 20 for v in after.values()) and time.monotonic() < deadline:
+        page.wait_for_timeout(100)
+        after = page.evaluate(SMALLEST_FONT, list(KEY_TEXTS))
     assert all(v is not None and v >= 20 for v in after.values()), after
     # the tree redraws as the page settles after the run: wait for its labels rather than read a blank frame
     page.wait_for_function(f"({TREE_LABELS})().length > 0")
     labels = page.evaluate(TREE_LABELS)
-    assert labels and min(labels) >= 18, labels                    # the tree's token labels
+    assert labels and min(labels) >= 20, labels                    # the tree's token labels
+    figures = page.evaluate(FIGURE_TEXTS)                          # titles, axes and annotations of every figure
+    assert figures and min(size for _, size in figures) >= 20, [f for f in figures if f[1] < 20]
     _screenshot(page, tmp_path, "projector-1280x720")
     page.get_by_label("Projector view").uncheck()
     page.wait_for_function("!document.body.classList.contains('sq-projector')")

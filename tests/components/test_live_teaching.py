@@ -62,8 +62,13 @@ def test_step_mode_replays_a_run_phase_by_phase_then_moves_the_slider_to_the_nex
     session = _run(demo.sequoia_context, _default_inputs(24))
     assert len(session.records) >= 3 and all(r.checks for r in session.records)   # the Live tab records what verification saw
     last = len(session.records) - 1   # where a run leaves the slider
+    # Step starts at the call the slider shows (issue 51: it started at call 1 whatever the slider said)
     cursor, fig, words, slider, *_ = live_teaching.step_views(last, (-1, -1, 0), session)
-    assert cursor == (1, 0, id(session)) and "Target call 1 · phase 1 of" in words and slider.value == 1
+    assert cursor == (last, 0, session.owner) and f"Target call {last} · phase 1 of" in words
+    assert slider == gr.skip()   # the slider stays where it is
+    # the slider at the prompt's forward: the replay starts at the first drafted call
+    cursor, fig, words, slider, *_ = live_teaching.step_views(0, (-1, -1, 0), session)
+    assert cursor == (1, 0, session.owner) and "Target call 1 · phase 1 of" in words and slider.value == 1
     n = len(step_mode.phases(session.records[1]))
     for i in range(1, n):
         cursor, fig, words, slider, tree, text = live_teaching.step_views(1, cursor, session)
@@ -71,9 +76,11 @@ def test_step_mode_replays_a_run_phase_by_phase_then_moves_the_slider_to_the_nex
     assert "commits" in words   # the last phase: the bonus
     cursor, fig, words, slider, tree, text = live_teaching.step_views(1, cursor, session)
     assert cursor[:2] == (2, 0) and slider.value == 2 and tree is not None   # the slider and tree follow
-    cursor, *_ = live_teaching.step_views(2, cursor, session, next_call=True)
+    cursor, *_ = live_teaching.step_views(2, cursor, session, "call")
     assert cursor[:2] == (min(3, last), 0)   # the last call stays where it is
     assert live_teaching.step_views(0, cursor, None)[2] == live_teaching.NO_STEP
+    # draft == target here: nothing is ever rejected, and Next rejection says so
+    assert "No draft was rejected" in live_teaching.step_views(0, cursor, session, "rejection")[2]
 
 
 def test_the_inspector_holds_the_worked_example_and_the_page_the_projector_box(demo):

@@ -83,3 +83,36 @@ def test_step_moves_through_the_phases_then_to_the_next_call_and_stops_at_the_en
     assert step_mode.advance(0, 0, 3, 2) == (0, 1)
     assert step_mode.advance(0, 2, 3, 2) == (1, 0)
     assert step_mode.advance(1, 2, 3, 2) == (1, 2)
+
+
+def test_every_printed_test_reproduces_by_hand_to_its_digits():
+    """Issue 51: "min(1, 0.000 / 0.007) = 0.041" cannot be redone by hand; p and q get the digits it takes."""
+    import itertools
+    import random
+
+    from components.live.inspector_view import rule_numbers
+
+    rng = random.Random(0)
+    cases = [(0.000287, 0.007, 0.5), (0.3, 0.3, 0.9999), (0.04101, 1.0, 0.04102)]
+    cases += [(rng.random() ** 4, rng.random() ** 2, rng.random()) for _ in range(2000)]
+    for p, q, u in itertools.chain(cases):
+        ps, qs, chance, us = rule_numbers(p, q, u)
+        by_hand = min(1.0, float(ps) / float(qs))
+        decimals = len(chance.split(".")[1]) if "." in chance else 0
+        assert f"{by_hand:.{decimals}f}" == chance, (p, q, ps, qs, chance)
+        assert (float(us) < float(chance)) == (u < min(1.0, p / q)) and us != chance, (p, q, u, us, chance)
+    words = step_mode.markdown(replace(_record(), checks=(replace(_record().checks[0], p_token=0.000287,
+                                                                  q_token=0.007, u=0.5),)), 3)
+    assert "min(1, 0.000287 / 0.00700) = 0.0410" in words
+
+
+def test_next_rejection_jumps_to_the_next_rejected_test_and_wraps():
+    rec = _record()
+    kinds = [(ph.kind, ph.check.accepted if ph.check else None) for ph in step_mode.phases(rec)]
+    first = kinds.index(("test", False))
+    assert step_mode.next_rejection([rec, rec], 0, 0) == (0, first)
+    later = [k for k, v in enumerate(kinds) if v == ("test", False)][1]
+    assert step_mode.next_rejection([rec, rec], 0, first) == (0, later)
+    assert step_mode.next_rejection([rec, rec], 1, later) == (0, first)            # wraps to the run's start
+    passed = replace(rec, checks=tuple(replace(c, accepted=True) for c in rec.checks))
+    assert step_mode.next_rejection([passed], 0, 0) is None
