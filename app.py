@@ -114,7 +114,14 @@ def build_demo(pair_or_loader: ModelPair | Callable[[], ModelPair], assets_dir: 
 def _banner(ctx: AppContext) -> str:
     converts = ctx.hardware.runtime is None or ctx.hardware.runtime.backend != "llamacpp"
     return (status_view.banner_html(ctx.status, ctx.models.label(), converts=converts)
-            + runtime_view.banner_html(ctx.hardware.runtime) + ctx.hardware.banner())
+            + runtime_view.banner_html(ctx.hardware.runtime, measured_since=_measured_since(ctx))
+            + ctx.hardware.banner())
+
+
+def _measured_since(ctx: AppContext) -> bool:
+    """This server measured its machine's profile after it chose the runtime (the background profiler)."""
+    p = ctx.hardware.profiling
+    return p is not None and p.ready and p.error is None
 
 
 def _wire_status(ctx: AppContext, demo: gr.Blocks, banner: gr.HTML, ready: gr.State) -> None:

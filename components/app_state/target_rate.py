@@ -132,7 +132,7 @@ def reconcile_markdown(predicted_: TargetRate | None, measured: TargetRate | Non
         parts.append(f"measured **{measured.band_text()}** ({measured.source}; decode after the prompt's forward)")
     else:
         parts.append("measured: not yet (a Live run or a Compare run measures it)")
-    gap = (f" The measurement is {measured.tokens_per_s / predicted_.tokens_per_s:.2f}x the prediction: the step's "
+    gap = (f" The measurement is {measured.tokens_per_s / predicted_.tokens_per_s:.2f}× the prediction: the step's "
            "own overhead and a busy machine show there, not in the profile." if predicted_ and measured else "")
     return "**The target alone here**: " + "; ".join(parts) + "." + gap
 

@@ -199,8 +199,8 @@ def reference_note(rows: Sequence[CompareRow], reference: str = REFERENCE) -> st
     ratio = dict(zip((r.method for r in rows), speedups(rows, reference))).get(row.method)
     fastest = max(rows, key=lambda r: r.tokens_per_s)
     best = ("the fastest row here" if fastest is row else
-            f"{fastest.method} is {fastest.tokens_per_s / row.tokens_per_s:.2f}x it" if row.tokens_per_s else "")
-    vs = f", {ratio:.2f}x the {reference.lower()}" if ratio is not None else ""
+            f"{fastest.method} is {fastest.tokens_per_s / row.tokens_per_s:.2f}× it" if row.tokens_per_s else "")
+    vs = f", {ratio:.2f}× the {reference.lower()}" if ratio is not None else ""
     return (f"**{LLAMACPP_REFERENCE}**: the same target alone on llama.cpp, as its shipped Q4_K_M GGUF (what a "
             f"CPU user would run instead): {number(row.tokens_per_s)} tokens/s{vs}; {best}. Its kernels round "
             "differently, so its text is not compared token for token.")

@@ -95,5 +95,5 @@ def _gain(graph: CostSeries, eager: CostSeries) -> str:
                                       (eager.draft_width, eager.draft_ms))):
         if 1 in gx and 1 in ex:
             g, e = gy[gx.index(1)], ey[ex.index(1)]
-            parts.append(f"{what} {g:.2f} ms on graphs against {e:.2f} ms eager ({e / g:.1f}x)")
+            parts.append(f"{what} {g:.2f} ms on graphs against {e:.2f} ms eager ({e / g:.1f}×)")
     return ("Measured: " + "; ".join(parts) + ".") if parts else ""

@@ -36,7 +36,7 @@ def no_tree_line(profile: HardwareProfile, name: str) -> str:
     one = float(profile.target(1))
     ratio = float(profile.target(n)) / one
     copies = " (copied continuations still are, where one pays)" if name == "sequoia-ngram" else ""
-    return (f"**No tree pays on this machine**: verifying {counted(n, 'token')} costs {ratio:.1f}x one here "
+    return (f"**No tree pays on this machine**: verifying {counted(n, 'token')} costs {ratio:.1f}× one here "
             f"({one:.0f} ms for one token), so each step is the target alone{copies}. "
             f"Pick *{TREE_LABEL}* with a budget to see a tree anyway.")
 

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
+from sequoia.core.profiles.runtimes import display_name
+
 from components import COLORS
 
 #: The most ticks a log axis gets before it falls back to decades.
@@ -136,7 +138,22 @@ def cost_series(profile) -> CostSeries:
     """Read a :class:`sequoia.core.profiles.profile.HardwareProfile` into a :class:`CostSeries`."""
     return CostSeries(target_n=tuple(profile.target_n), target_ms=tuple(profile.target_ms),
                       draft_width=tuple(profile.draft_width), draft_ms=tuple(profile.draft_ms),
-                      label=f"{profile.device} · {profile.dtype}")
+                      label=profile_label(profile))
+
+
+def profile_label(profile) -> str:
+    """What a profile's costs were measured on, in the words of its runtime: a llama.cpp profile names its GGUF
+    weights, not torch's kernels and logits dtype (issue 51: "oneDNN bf16 ... torch.float32" on llama.cpp)."""
+    fp = profile.fingerprint
+    runtime = getattr(fp, "runtime", "") or "hf"
+    if fp is None or runtime == "hf":
+        return f"{profile.device} · {profile.dtype}"
+    cpu = fp.cpu_model + (f" ({', '.join(fp.cpu_features)})" if fp.cpu_features else "")
+    where = fp.gpu_name or f"{cpu}, {fp.threads} threads"
+    same = fp.target_dtype == fp.draft_dtype
+    weights = fp.target_dtype if same else f"target {fp.target_dtype}, draft {fp.draft_dtype}"
+    name = display_name("mixed" if "+" in runtime else runtime)
+    return f"{where} · {name}, {weights}"
 
 
 def choice_markdown(choice, acceptance_name: str = "") -> str:

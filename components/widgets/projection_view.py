@@ -44,7 +44,7 @@ def machines(here: HardwareProfile | None, shipped: Sequence[Elsewhere]) -> list
 
 
 def projection_line(p: Projection) -> str:
-    return (f"On {p.label} this run's trees would run at **{p.tokens_per_s:.0f} tokens/s, {p.speedup:.2f}x the "
+    return (f"On {p.label} this run's trees would run at **{p.tokens_per_s:.0f} tokens/s, {p.speedup:.2f}× the "
             f"target alone** ({p.alone_tokens_per_s:.0f} tokens/s; {PROJECTED}).")
 
 
@@ -52,7 +52,7 @@ def choice_line(label: str, c: Choice) -> str:
     if not c.budget:
         return f"On {label} no tree pays for this acceptance either: the target alone ({PROJECTED})."
     return (f"On {label} its tree of {c.budget} draft tokens, depth {c.depth}, would run at "
-            f"**{1e3 / c.ms_per_token:.0f} tokens/s, {c.speedup:.2f}x the target alone** ({PROJECTED}).")
+            f"**{1e3 / c.ms_per_token:.0f} tokens/s, {c.speedup:.2f}× the target alone** ({PROJECTED}).")
 
 
 @lru_cache(maxsize=16)

@@ -19,6 +19,7 @@ from sequoia.core.profiles.profile import HardwareProfile
 from sequoia.core.profiles.projection import Elsewhere, Roofline, relative_costs
 
 from components.widgets.hardware_view import log_ticks
+from components.widgets.tree_view import BADGE_PX
 
 #: The tree size the sentence prices (a Sequoia tree of 63 draft tokens plus its root).
 SHOWN_TOKENS = 64
@@ -71,16 +72,33 @@ def annotation(here: HardwareProfile | None, elsewhere: Sequence[Elsewhere], her
         parts.append(_memory_bound(e.label, e.roofline, e.profile, n))
     if here is not None:
         parts.append(_measured_slope(here_label, here, n))
+    parts += [_dip(e.label, e.profile) for e in elsewhere if _dip(e.label, e.profile)]
+    if here is not None and _dip(here_label, here):
+        parts.append(_dip(here_label, here))
     return " ".join(parts)
+
+
+def _dip(label: str, profile: HardwareProfile) -> str:
+    """Why a curve falls below 1 (a forward of n tokens measured cheaper than one token's), where it does."""
+    n, rel = relative_costs(profile, [x for x in profile.target_n if x <= MAX_TOKENS])
+    low = min(range(len(n)), key=lambda i: rel[i])
+    if rel[low] >= 0.95:
+        return ""
+    fp = profile.fingerprint
+    kernels = (f" (one token: {fp.single_row_kernel}; several: {fp.multi_row_kernel})"
+               if fp is not None and fp.single_row_kernel and fp.multi_row_kernel else "")
+    return (f"On {label} {n[low]} tokens cost {rel[low]:.2f}× one: measured, not noise; its forwards of one token and "
+            f"of several run on different kernels{kernels}, and the several-row kernel is the faster per forward "
+            "there.")
 
 
 def _memory_bound(label: str, roof: Roofline, profile: HardwareProfile, n: int) -> str:
     bound = "memory" if roof.memory_ms >= roof.compute_ms(n) else "arithmetic"
     ratio = float(profile.target(n)) / float(profile.target(1))
-    return (f"On {label} one forward reads {roof.weight_gb:.1f} GB of weights ({roof.memory_ms:.1f} ms at "
-            f"{roof.memory_tb_s:g} TB/s) while {n} tokens need {roof.tflop(n):.2f} TFLOP "
-            f"({roof.compute_ms(n):.1f} ms at {roof.peak_tflops:g} TFLOP/s): {bound} sets the pace, and {n} "
-            f"tokens cost {ratio:.2f}x one.")
+    return (f"On {label} one forward reads {roof.weight_gb:.1f} GB of weights (at least {roof.memory_ms:.1f} ms "
+            f"at {roof.memory_tb_s:g} TB/s; measured {float(profile.target(1)):.1f} ms) while {n} tokens need "
+            f"{roof.tflop(n):.2f} TFLOP ({roof.compute_ms(n):.1f} ms at {roof.peak_tflops:g} TFLOP/s): {bound} "
+            f"sets the pace, and {n} tokens cost {ratio:.2f}× one.")
 
 
 def _measured_slope(label: str, profile: HardwareProfile, n: int) -> str:
@@ -89,7 +107,7 @@ def _measured_slope(label: str, profile: HardwareProfile, n: int) -> str:
     per_token = (many - one) / max(n - 1, 1)
     # The extra tokens' arithmetic against the one forward's cost, which reading the weights bounds from below.
     pace = "the arithmetic sets the pace" if many - one > one else "memory sets the pace"
-    return (f"On {label} one token costs {one:.1f} ms and {n} cost {many:.0f} ms ({many / one:.1f}x): each "
+    return (f"On {label} one token costs {one:.1f} ms and {n} cost {many:.0f} ms ({many / one:.1f}×): each "
             f"further token adds {per_token:.1f} ms, so {pace}.")
 
 
@@ -99,18 +117,20 @@ def figure(data: RooflineData) -> go.Figure:
     all_n = [x for c in data.curves for x in c.n]
     ref = [x for x in (1, 2, 4, 8, 16, 32, 64, 128) if x <= max(all_n, default=0)]
     if ref:
-        fig.add_trace(go.Scatter(x=ref, y=ref, mode="lines", name="n x one token (compute-bound)",
+        fig.add_trace(go.Scatter(x=ref, y=ref, mode="lines", name="n × one token (compute-bound)",
                                  line=dict(color="#bbbbbb", dash="dot"), hoverinfo="skip"))
     for i, c in enumerate(data.curves):
         fig.add_trace(go.Scatter(
             x=list(c.n), y=list(c.relative), mode="lines+markers", name=f"{c.label} (1 token: {c.one_ms:.1f} ms)",
             line=dict(color=_PALETTE[i % len(_PALETTE)], width=4 if c.here else 2.5),
-            hovertemplate="%{x} tokens: %{y:.2f}x one<extra>" + c.label + "</extra>"))
+            hovertemplate="%{x} tokens: %{y:.2f}× one<extra>" + c.label + "</extra>"))
     note = _wrap(data.note) if data.note else ""
     lines = note.count("<br>") + 1 if note else 0   # the sentence sits between the title and the axes
-    fig.update_layout(title=dict(text="cost of verifying n tokens, relative to one token", x=0.01, y=0.98,
-                                 yanchor="top"),
-                      height=460 + 18 * lines, margin=dict(l=55, r=20, t=50 + 18 * lines, b=45),
+    height = 460 + 18 * lines + BADGE_PX
+    # The title below the plot's label badge (it hid the title's first half), the sentence under the title.
+    fig.update_layout(title=dict(text="cost of verifying n tokens, relative to one token", x=0.01,
+                                 y=1 - BADGE_PX / height, yanchor="top"),
+                      height=height, margin=dict(l=55, r=20, t=BADGE_PX + 50 + 18 * lines, b=45),
                       plot_bgcolor="white", xaxis_title="tokens verified in one forward (n)",
                       yaxis_title="cost / cost of one token", legend=dict(orientation="h", y=-0.2, yanchor="top"))
     if note:

@@ -35,13 +35,22 @@ def _weights(info: RunnerInfo) -> str:
     return info.quant if info.quant not in ("", "none") else info.weights
 
 
-def banner_html(decision: RuntimeDecision | None) -> str:
-    """The runtime and why, for the top of the page ("" when the app was not told)."""
+def banner_html(decision: RuntimeDecision | None, measured_since: bool = False) -> str:
+    """The banner's runtime line: which runtime serves, named or chosen, and why.  ``measured_since``: this
+    server measured its runtime's profile after the choice, so the choice's "… not measured here" is history
+    and the line says what changed instead (issue 51: it read "not measured here" after the measurement)."""
     if decision is None:
         return ""
     how = "named" if decision.explicit else "chosen"
+    reason = decision.reason
+    if measured_since:
+        parts = reason.split("; ")
+        reason = "; ".join(p for p in parts if not p.endswith("not measured here")) or reason
+        reason += ("; since then this server measured this machine's profile: the Hardware tab compares every "
+                   "runtime with it")
+        how = "chosen at start"
     return (f'<div class="sq-status sq-status-runtime"><small>Runtime: <b>{html.escape(display_name(decision.backend))}'
-            f"</b>, {how}: {html.escape(decision.reason)}. The Hardware tab lists every runtime here.</small></div>")
+            f"</b>, {how}: {html.escape(reason)}. The Hardware tab lists every runtime here.</small></div>")
 
 
 def runtimes_markdown(decision: RuntimeDecision, running: str | None = None,
@@ -113,4 +122,4 @@ def _row(r: RuntimeEstimate, chosen: bool) -> str:
     detail = "<br><small>" + html.escape("; ".join(filter(None, (r.models, f"costs: {r.source}")))) + "</small>"
     gain = r.tokens_per_s / r.alone_tokens_per_s
     return (f"| {name}{detail} | yes | {r.alone_tokens_per_s:.1f} tok/s | {r.method} | "
-            f"{r.tokens_per_s:.1f} tok/s ({gain:.2f}x) |")
+            f"{r.tokens_per_s:.1f} tok/s ({gain:.2f}×) |")

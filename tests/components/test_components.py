@@ -403,7 +403,7 @@ def test_runner_curves_eager_and_graph():
                                           f"{rv.EAGER}: verify (target forward)", f"{rv.EAGER}: draft level"]
     assert list(fig.data[2].y) == [38.4, 45.2, 55.2] and "not measured" not in fig.layout.title.text
     md = rv.runners_markdown(both)
-    assert "one-token verify 4.50 ms on graphs against 38.40 ms eager (8.5x)" in md and "4096 slots" in md
+    assert "one-token verify 4.50 ms on graphs against 38.40 ms eager (8.5×)" in md and "4096 slots" in md
     only_graph = rv.runners_figure(rv.RunnerCurves("cuda", graph=graph))
     assert len(only_graph.data) == 2 and f"{rv.EAGER}: not measured" in only_graph.layout.title.text
     assert f"The {rv.EAGER} is not measured" in rv.runners_markdown(rv.RunnerCurves("cuda", graph=graph))
@@ -681,3 +681,17 @@ def test_full_comparison_runs_every_method_the_tab_offers():
 
     assert set(compare_methods.FULL_METHODS) == {m.label for m in compare_methods.METHODS}
     assert set(compare_methods.DEFAULT_METHODS) <= set(compare_methods.FULL_METHODS)
+
+
+def test_a_profiles_label_speaks_of_its_own_runtime():
+    """Issue 51: the cost figure of a llama.cpp server read "oneDNN bf16 ... torch.float32" (torch's words)."""
+    from components.app_state.context import ASSETS
+    from components.widgets.hardware_view import profile_label
+    from sequoia.core.profiles.profile import HardwareProfile
+
+    llama = profile_label(HardwareProfile.load(ASSETS / "profiles" / "embedded-cpu-avx2-llamacpp-q4_k_m.json"))
+    assert "llama.cpp, Q4_K_M" in llama and "oneDNN" not in llama and "torch" not in llama
+    mixed = profile_label(HardwareProfile.load(ASSETS / "profiles" / "embedded-cpu-avx512bf16-mixed-bf16-q4_0.json"))
+    assert "mixed" in mixed and "target bf16, draft Q4_0" in mixed
+    hf = profile_label(HardwareProfile.load(ASSETS / "profiles" / "embedded-cpu-avx2-bf16-int8.json"))
+    assert "torch.bfloat16" in hf

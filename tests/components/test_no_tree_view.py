@@ -16,7 +16,7 @@ FLAT = HardwareProfile.hand_made(target=lambda n: 100.0 + 2.0 * n, draft=lambda 
 def test_the_default_method_says_plainly_why_it_draws_no_tree():
     line = no_tree_view.explain(LINEAR, "sequoia-dynamic", make_method("sequoia-dynamic", profile=LINEAR))
     assert line.startswith("**No tree pays on this machine**")
-    assert "verifying 16 tokens costs 16.0x one here (40 ms for one token)" in line
+    assert "verifying 16 tokens costs 16.0× one here (40 ms for one token)" in line
     assert "each step is the target alone" in line and f"*{no_tree_view.TREE_LABEL}*" in line
     session = live_tab.LiveSession(no_tree=line)
     assert line in live_tab.summary(session)

@@ -40,7 +40,7 @@ def test_the_live_summary_projects_the_run_onto_the_shipped_machines(ctx):
     final = summaries[-1]
     assert "**Where this run would pay**" in final
     assert "On an H100 at the 7B shapes this run's trees would run at" in final
-    assert "x the target alone" in final and "projected from measured costs" in final
+    assert "× the target alone" in final and "projected from measured costs" in final
     assert "On this machine (by its profile) this run's trees would run at" in final
     assert not any("Where this run would pay" in s for s in summaries[:1])   # only once the run has ended
 

@@ -283,14 +283,14 @@ class PriceGate:
             if self.probing:
                 self.probe_after = min(2 * self.probe_after, s.max_probe_after)
             lower = LEVEL_NAMES[level + 1]
-            self._enter(level + 1, False, f"backed off to {lower}: {LEVEL_NAMES[level]} trees made {rate:.2f}x "
+            self._enter(level + 1, False, f"backed off to {lower}: {LEVEL_NAMES[level]} trees made {rate:.2f}× "
                                           f"the target alone (measured); next try in {self.probe_after} steps")
         elif self.probing:
             self.probe_after = s.probe_after
             self.probing = False
-            self.reason = f"{LEVEL_NAMES[level]} trees pay again: {rate:.2f}x the target alone (measured)"
+            self.reason = f"{LEVEL_NAMES[level]} trees pay again: {rate:.2f}× the target alone (measured)"
         else:
-            self.reason = f"{LEVEL_NAMES[level]} trees: {rate:.2f}x the target alone (measured)"
+            self.reason = f"{LEVEL_NAMES[level]} trees: {rate:.2f}× the target alone (measured)"
 
     def _enter(self, level: int, probing: bool, reason: str) -> None:
         self.lagging = self.lagging or self.level == PLAIN   # the draft model skipped the plain steps' tokens

@@ -185,6 +185,12 @@ def test_the_runtimes_table_lists_every_runtime_and_its_fastest_line_is_the_choi
     assert "This server runs Hugging Face (torch): SEQUOIA_BACKEND=hf names it" in md
     assert runtime_view.banner_html(None) == ""
     assert "Runtime: <b>Hugging Face (torch)</b>, named: SEQUOIA_BACKEND=hf" in runtime_view.banner_html(named)
+    # a fresh machine: chosen by rule with the runtimes unmeasured; once the server measured its profile the
+    # banner no longer says "not measured here" (issue 51)
+    fresh = decide(AVX2, {}, CODE)
+    assert "not measured here" in runtime_view.banner_html(fresh)
+    since = runtime_view.banner_html(fresh, measured_since=True)
+    assert "not measured here" not in since and "chosen at start" in since and "since then this server measured" in since
 
 
 def test_the_other_runtimes_are_offered_where_their_memory_fits():

@@ -65,7 +65,7 @@ def test_winning_trees_stay_full_and_plain_is_not_probed():
     # 2 tokens in 120 ms against 102 ms a token: 1.70x, beyond the doubt factor: no plain step is spent.
     decisions = _drive(PriceGate(FLAT), 30, lambda level: 120.0)
     assert all(d.level == FULL for d in decisions)
-    assert "1.70x" in decisions[-1].reason
+    assert "1.70×" in decisions[-1].reason
 
 
 def test_losing_trees_back_off_to_small_then_plain():
@@ -76,7 +76,7 @@ def test_losing_trees_back_off_to_small_then_plain():
     assert levels[:3] == [FULL] * 3
     assert SMALL in levels and levels[-1] == PLAIN
     assert gate.level == PLAIN
-    assert "backed off to plain" in gate.reason and "0.80x" in gate.reason
+    assert "backed off to plain" in gate.reason and "0.80×" in gate.reason
 
 
 def test_a_clear_loss_is_judged_on_one_step():
@@ -86,7 +86,7 @@ def test_a_clear_loss_is_judged_on_one_step():
     decisions = _drive(gate, 7, lambda level: 600.0)
     drafting = [d.level for d in decisions if d.level != PLAIN]
     assert drafting == [FULL, SMALL] and gate.level == PLAIN
-    assert "0.33x" in gate.reason
+    assert "0.33×" in gate.reason
 
 
 def test_probes_back_off_exponentially():
@@ -123,7 +123,7 @@ def test_measured_plain_steps_win_over_the_profile():
     decisions = _drive(gate, 20, lambda level: 250.0, plain_ms=150.0)
     assert any(d.probe and d.level == PLAIN for d in decisions)
     assert gate.plain_ms() == pytest.approx(150.0, rel=0.01)
-    assert gate.level == FULL and "1.20x" in gate.reason
+    assert gate.level == FULL and "1.20×" in gate.reason
 
 
 def test_plain_estimate_follows_the_context():
