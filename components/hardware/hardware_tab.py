@@ -14,6 +14,7 @@ runners" sets the two runners' measured costs side by side where this machine
 has profiles of both (on a CPU only the eager one applies).
 """
 
+import os
 import tempfile
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -57,7 +58,8 @@ PROFILE_NOW_DISABLED = ("Profile now changes the profile for every visitor, so i
 
 @dataclass
 class HardwareSession:
-    measured: dict[str, tuple[float, ...]] = field(default_factory=dict)  # label -> measured ms/token, each round
+    measured: dict[str, tuple[float, ...]] = field(default_factory=dict)  # label -> decode ms/token, each round
+    load: float | None = None          # the OS 1-minute load average after Measure's runs (None: not read)
 
 
 def _measured(label: str, label_ms: dict[str, tuple[float, ...]]) -> dict:
@@ -105,7 +107,8 @@ def views(ctx: AppContext, acceptance_name, budget, depth, session: HardwareSess
                 *runner_views(ctx))
     choice, rows = predictions(ctx, acc, budget, depth, (session or HardwareSession()).measured)
     md = hardware_view.choice_markdown(choice, acceptance_name) + f"\n\n{ctx.profile_note()}"
-    measured = hardware_view.measured_markdown(rows, MEASURE_TOKENS)
+    measured = hardware_view.measured_markdown(rows, MEASURE_TOKENS, load=(session or HardwareSession()).load,
+                                               profile_note=ctx.profile_note())
     md += f"\n\n{measured}" if measured else ""
     grid = dp_view.heatmap(choice.grid, selected=(choice.budget, choice.depth) if choice.budget else None,
                            zlabel="ms/token (predicted)", colorscale="Viridis_r",
@@ -190,11 +193,12 @@ def profile_now(ctx: AppContext, quick: bool, progress=None) -> str:
 
 def measure(ctx: AppContext, budget: int, depth: int, acceptance, rounds_: int = MEASURE_ROUNDS,
             progress=None) -> dict[str, tuple[float, ...]]:
-    """Measured ms/token of the target alone and of the auto-chosen tree on a fixed prompt, one value a round.
+    """Measured decode ms/token (after the prompt's forward: what the profile's step costs predict) of the
+    target alone and of the auto-chosen tree on a fixed prompt, one value a round.
 
     The bench's rule (:mod:`sequoia.runtime.measuring.timing`), as Compare runs it (components.compare.compare_run): one short
     untimed warm-up run of both, then ``rounds_`` rounds in which each runs once in turn (a busy machine slows
-    both alike), each whole call timed, prefill included.  ``progress(fraction, words)``: after each run.
+    both alike).  ``progress(fraction, words)``: after each run.
     """
     base = validation.decode_request(ctx, MEASURE_PROMPT, "Target only", budget, depth, 0.0, 1.0, MEASURE_TOKENS, 0,
                                      True, acceptance)
@@ -209,14 +213,14 @@ def measure(ctx: AppContext, budget: int, depth: int, acceptance, rounds_: int =
             if progress:
                 progress((k * len(reqs) + i) / (rounds_ * len(reqs)), f"round {k + 1} of {rounds_}: {label}")
             out[label].append(run_method(engine, pair, r.proposer.name, r.prompt_ids, r.config, r.proposer)
-                              .ms_per_token)
+                              .decode_ms_per_token)
     return {label: tuple(values) for label, values in out.items()}
 
 
 HOW_TO_READ = """\
 **Profile**: what one target forward of n tokens and one draft level of width w cost on this server, measured on a machine with the fingerprint shown (a profile from another machine is never used).
 **Choice**: the (budget, depth) whose DP tree minimises predicted ms per token under that profile; the heatmap shows every cell, and no tree at all when none beats the target alone.
-**Measure**: decodes the chosen tree and the target alone here, to check the prediction against real time: an untimed warm-up, then {rounds} interleaved rounds of {tokens} tokens (the target alone, then the tree); each bar is the median ms/token, its whisker the range over the rounds.
+**Measure**: decodes the chosen tree and the target alone here, to check the prediction against real time: an untimed warm-up, then {rounds} interleaved rounds of {tokens} tokens (the target alone, then the tree); each bar is the median ms per token after the prompt's forward (the decode rate, what the profile predicts), its whisker the range over the rounds.
 """
 
 
@@ -307,5 +311,12 @@ def _on_measure(ctx: AppContext, name, b, d, s, progress=gr.Progress()):
                            progress=lambda fraction, words: progress(fraction, desc=words))
     except ValueError as exc:
         raise gr.Error(str(exc)) from None
-    s = HardwareSession(measured)
+    s = HardwareSession(measured, load=_load())
     return (*views(ctx, name, b, d, s), s)
+
+
+def _load() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None

@@ -17,6 +17,7 @@ reads them off a :class:`sequoia.core.profiles.profile.HardwareProfile`, and
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -117,21 +118,36 @@ def prediction_figure(rows: Sequence[PredictionRow]) -> go.Figure:
     return fig
 
 
-def measured_markdown(rows: Sequence[PredictionRow], tokens: int) -> str:
-    """One line on what Measure timed ("" before it ran): each measured row's median ms/token with its range and
-    how far the prediction was from it."""
+def measured_markdown(rows: Sequence[PredictionRow], tokens: int, load: float | None = None,
+                      profile_note: str = "") -> str:
+    """One line on what Measure timed ("" before it ran): each measured row's median decode ms/token with its
+    range and how far the prediction was from it; past 10% off, by how much and the likely why (another program
+    on the cores, read from the load average, or a profile measured under other conditions)."""
     done = [r for r in rows if r.measured_ms is not None]
     if not done:
         return ""
     rounds_ = max(r.rounds for r in done)
-    parts = []
+    parts, far = [], []
     for r in done:
         band = f" ({r.measured_lo:.1f}–{r.measured_hi:.1f})" if r.rounds > 1 else ""
         off = (r.measured_ms / r.predicted_ms - 1) * 100 if r.predicted_ms else None
         vs = f", {off:+.0f}% vs predicted" if off is not None else ""
         parts.append(f"{r.label} **{r.measured_ms:.1f} ms/token**{band}{vs}")
-    return (f"**Measured here** (median of {rounds_} interleaved rounds of {tokens} tokens, prefill included; range "
-            f"in brackets): " + "; ".join(parts) + ".")
+        if off is not None and abs(off) > 10:
+            far.append(f"{r.label} {off:+.0f}%")
+    text = (f"**Measured here** (median of {rounds_} interleaved rounds of {tokens} tokens; ms per token after the "
+            f"prompt's forward, the decode rate the profile predicts; range in brackets): " + "; ".join(parts) + ".")
+    if far:
+        cores = os.cpu_count() or 1
+        # Measure's own runs keep about ``cores`` busy: a load average well above that is other programs.
+        busy = (f"the load average was {load:.1f} on {cores} cores, so other programs shared them (a browser on "
+                "this machine counts)" if load is not None and load > cores + 0.5 else
+                f"the load average was {load:.1f} on {cores} cores: the cores were not shared much"
+                if load is not None else "")
+        why = "; ".join(w for w in (busy, "the profile in use was measured under other conditions"
+                                    + (f" ({profile_note.rstrip('.')})" if profile_note else "")) if w)
+        text += f" More than 10% off the prediction: {', '.join(far)}. Likely why: {why}."
+    return text
 
 
 def cost_series(profile) -> CostSeries:

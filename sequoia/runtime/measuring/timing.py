@@ -85,6 +85,15 @@ class RunResult:
         return 1000.0 * self.seconds / max(self.new_tokens, 1)
 
     @property
+    def decode_ms_per_token(self) -> float:
+        """ms a token after the prompt's forward (its first tokens out): what a profile's step costs predict.
+        The whole call's :attr:`ms_per_token` where the first token's time was not recorded."""
+        rest = self.new_tokens - self.first_tokens
+        if self.first_token_s is None or rest <= 0:
+            return self.ms_per_token
+        return 1000.0 * max(self.seconds - self.first_token_s, 0.0) / rest
+
+    @property
     def tokens_per_call(self) -> float:
         return self.new_tokens / self.target_calls if self.target_calls else 0.0
 

@@ -227,6 +227,13 @@ def test_the_chosen_bar_is_the_target_alone_where_no_tree_pays_and_measured_is_a
     md = hardware_view.measured_markdown(rows, 48)
     assert md.startswith("**Measured here** (median of 3 interleaved rounds of 48 tokens") and md.count("ms/token") == 2
     assert "target only **100.0 ms/token** (98.0–104.0), " in md and hardware_view.measured_markdown(rows[2:], 48) == ""
+    assert "after the prompt's forward" in md           # issue 51: which rate, named
+    # past 10% off the prediction the line says by how much and the likely why (the cores shared, or the profile)
+    off = {r.label: (r.measured_ms / r.predicted_ms - 1) * 100 for r in rows if r.measured_ms is not None}
+    if any(abs(v) > 10 for v in off.values()):
+        busy = hardware_view.measured_markdown(rows, 48, load=9.0, profile_note="shipped for this CPU kind")
+        assert "More than 10% off the prediction" in busy and "other programs shared them" in busy
+        assert "shipped for this CPU kind" in busy
 
 
 def test_log_axes_have_a_few_readable_ticks():
