@@ -82,7 +82,9 @@ def run_comparison(ctx: AppContext, prompt, budget, depth, temperature, top_p, m
 
 #: Said under the table once every round is in: how the numbers were made and how to read a band.
 ROUNDS_NOTE = ("Timed in {rounds} interleaved rounds after an untimed warm-up round: tokens/s is each row's median "
-               "(its range over the rounds in brackets), the ratio the median of the per-round ratios to the target "
+               "end-to-end rate (its tokens over the whole call, the prompt's forward included, so below the Live "
+               "tab's decode rates, which start after it; its range over the rounds in brackets), the ratio the "
+               "median of the per-round ratios to the target "
                "alone (its band in brackets); \"same within noise\" where the band holds 1 and the median is within "
                "the target alone's own round-to-round noise, \"too noisy to tell\" where the band holds 1 but the "
                "median is further off (more rounds would tell), \"the target alone's work\" where every target call "

@@ -173,8 +173,8 @@ def summary_markdown(records: Sequence[StepRecord]) -> str:
     if all(r.prompt_tokens for r in records):   # the prompt's forward only: no rate after it to show yet
         rate = f"no decode rate yet (the prompt's forward: {s.total_s:.2f} s)"
     else:
-        first = f" after the first (the prompt's forward: {s.first_token_s:.2f} s)" if s.first_token_s else ""
-        rate = f"**{s.tokens_per_s:.1f}** tokens/s{first}"
+        first = f", after the prompt's forward ({s.first_token_s:.2f} s)" if s.first_token_s else ""
+        rate = f"decode rate **{s.tokens_per_s:.1f}** tokens/s{first}"
     return (f"**{counted(s.new_tokens, 'token')}** in **{counted(s.steps, 'target call')}** · "
             f"**{s.tokens_per_step:.2f}** tokens/step · {s.mean_accepted:.2f} accepted drafts/step · "
             f"{rate} · time {split}{tail}")
@@ -194,14 +194,15 @@ def speedup_markdown(records: Sequence[StepRecord], rate: TargetRate | None, its
     per_call_s = sum(r.total_s for r in calls) / len(calls)
     per_call = sum(r.n_new for r in calls) / len(calls)
     if itself:
-        return (f"**1.00× the target alone** (this run is the target alone: {s.tokens_per_s:.1f} tokens/s) · "
+        return (f"**1.00× the target alone** (this run is the target alone: decode rate {s.tokens_per_s:.1f} "
+                f"tokens/s) · "
                 f"{per_call:.1f} token per target call at {_secs(per_call_s)} a call")
     ratio = s.tokens_per_s / rate.tokens_per_s
     label = "" if rate.measured else " (predicted)"
     alone_s = 1.0 / rate.tokens_per_s
     # One multiplier a line: the reading after it is in tokens and seconds, never a second "×" to mistake for it.
     return (f"**{ratio:.2f}× the target alone{label}** ({s.tokens_per_s:.1f} vs {rate.tokens_per_s:.1f} "
-            f"tokens/s, the latter {rate.source}) · why: {per_call:.1f} tokens per target call at "
+            f"tokens/s, both decode rates; the latter {rate.source}) · why: {per_call:.1f} tokens per target call at "
             f"{_secs(per_call_s)} a call, against 1 token at {_secs(alone_s)} for the target alone")
 
 

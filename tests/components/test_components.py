@@ -111,9 +111,9 @@ def test_tree_figure_root_only_tree():
     assert "1 token from the target" in tree_view.figure(rec).layout.title.text
     prompt = replace(rec, prompt_tokens=42)       # step 0: the prompt's forward
     assert "the prompt's forward (42 tokens)" in tree_view.figure(prompt).layout.title.text
-    one_token = stats_view.summary_markdown([prompt])   # a one-token run: no rate "after the first" to show
+    one_token = stats_view.summary_markdown([prompt])   # a one-token run: no decode rate to show
     assert "the prompt's forward: 0.03 s" in one_token
-    assert "no decode rate yet" in one_token and "after the first" not in one_token
+    assert "no decode rate yet" in one_token and "after the prompt" not in one_token
 
 
 def test_tree_figure_hides_labels_on_big_trees():
