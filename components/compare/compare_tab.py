@@ -33,6 +33,7 @@ from types import SimpleNamespace
 import gradio as gr
 
 from sequoia._meta import ProgressFn
+from sequoia.core.statistics.words import counted
 
 from components.app_state import serving, validation
 from components.app_state.acceptance_choice import acceptance_catalogue, default_acceptance_label, follow_temperature
@@ -139,7 +140,8 @@ def stopped_line(state: CompareState | None) -> str:
     """What the notes say of a comparison Stop ended."""
     if state is None or not state.runs:
         return "**Stopped** before a timed run finished: nothing was timed."
-    return (f"**Stopped** in round {state.round} of {state.rounds}: the rows show the {state.runs} timed runs that "
+    runs = counted(state.runs, "timed run")
+    return (f"**Stopped** in round {state.round} of {state.rounds}: the rows show the {runs} that "
             "finished (each row's median over its rounds so far).")
 
 

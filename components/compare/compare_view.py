@@ -187,7 +187,9 @@ def verdict(rows: Sequence[CompareRow]) -> str:
         return f"**Identical at T=0:** ✗ differs for {', '.join(bad)} (below: where and why)"
     if ties:
         return (f"**Identical at T=0:** every method reproduces the target-only output ✓, {len(ties)} of them up to "
-                "a kernel near-tie (below)")
+                "a kernel near-tie (below). A *kernel near-tie*: at that token the target's two likeliest tokens "
+                "are within rounding of each other, so a forward of another shape (a tree's, not one token's) may "
+                "round to the other one; *exact mode* (a float32 target) settles which, and proves the rest equal.")
     return "**Identical at T=0:** all methods reproduce the target-only output ✓"
 
 
@@ -201,8 +203,8 @@ def reference_note(rows: Sequence[CompareRow], reference: str = REFERENCE) -> st
     best = ("the fastest row here" if fastest is row else
             f"{fastest.method} is {fastest.tokens_per_s / row.tokens_per_s:.2f}× it" if row.tokens_per_s else "")
     vs = f", {ratio:.2f}× the {reference.lower()}" if ratio is not None else ""
-    return (f"**{LLAMACPP_REFERENCE}**: the same target alone on llama.cpp, as its shipped Q4_K_M GGUF (what a "
-            f"CPU user would run instead): {number(row.tokens_per_s)} tokens/s{vs}; {best}. Its kernels round "
+    return (f"**{LLAMACPP_REFERENCE}**: the same target alone on llama.cpp, as its shipped Q4_K_M GGUF (4-bit "
+            f"weights, llama.cpp's usual quantization; what a CPU user would run instead): {number(row.tokens_per_s)} tokens/s{vs}; {best}. Its kernels round "
             "differently, so its text is not compared token for token.")
 
 
