@@ -37,11 +37,13 @@ from sequoia.runtime.methods import make_method  # noqa: E402
 from sequoia.runtime.models import load_pair  # noqa: E402
 
 
-def measure(engine, prompts, tree, config, proposer=None) -> tuple[float, float, int]:
+def measure(engine, prompts, tree, config, proposer=None, parts: dict | None = None) -> tuple[float, float, int]:
     """(ms per token, tokens per step, tokens) over all prompts, through the bench's runner.
 
     The prediction prices decoding steps, so the steps' time is compared (the run's prefill is left out).
     ``proposer`` replaces the static tree (the dynamic tree, which has no single shape to predict).
+    ``parts`` (a dict) receives the summed draft, verify and other seconds and the step count, for the
+    breakdown against the profile's draft-level and verify costs.
     """
     seconds, tokens, steps = 0.0, 0, 0
     proposer = proposer or StaticTreeProposer(tree)
@@ -51,6 +53,10 @@ def measure(engine, prompts, tree, config, proposer=None) -> tuple[float, float,
         seconds += run.draft_s + run.verify_s + run.other_s
         tokens += run.new_tokens
         steps += run.steps
+        if parts is not None:
+            for key, value in (("draft_s", run.draft_s), ("verify_s", run.verify_s), ("other_s", run.other_s),
+                               ("steps", run.steps)):
+                parts[key] = parts.get(key, 0) + (value or 0)
     return 1000 * seconds / max(tokens, 1), tokens / max(steps, 1), tokens
 
 
@@ -65,6 +71,8 @@ def main(argv=None) -> int:
     ap.add_argument("--budgets", default="4,8,16")
     ap.add_argument("--chains", default="2,4")
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--backend", default="hf", choices=("hf", "llamacpp", "mixed"),
+                    help="the runtime to decode on (the profile should be this runtime's)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--dynamic", action="store_true",
                     help="also time the dynamic tree (the page's default method) under the same profile")
@@ -78,7 +86,7 @@ def main(argv=None) -> int:
     path = Path(args.prompts)
     if not path.is_file():
         path = ROOT / "assets" / "prompts" / f"{args.prompts}.jsonl"
-    pair = load_pair(dtype=args.dtype)
+    pair = load_pair(dtype=args.dtype, backend=args.backend)
     prompts = [pair.encode_prompt(p) for p in load_prompts(path)[: args.limit]]
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, sampling=SamplingConfig(args.temperature))
     engine = SpeculativeEngine(pair)
@@ -87,17 +95,24 @@ def main(argv=None) -> int:
     measure(engine, prompts[:1], Tree.chain(2), GenerationConfig(max_new_tokens=4))  # warm-up
     rows = []
     print("| tree | nodes | predicted ms/token | measured ms/token | error | predicted tokens/step "
-          "| measured tokens/step |\n|---|---|---|---|---|---|---|", flush=True)
+          "| measured tokens/step | verify ms/step: predicted, measured | draft ms/step: predicted, measured |"
+          "\n|---|---|---|---|---|---|---|---|---|", flush=True)
     for label, tree in trees:
         pred = predict(tree, acc, profile)
         t0 = time.perf_counter()
-        ms, per_step, tokens = measure(engine, prompts, tree, config)
+        parts: dict = {}
+        ms, per_step, tokens = measure(engine, prompts, tree, config, parts=parts)
+        n_steps = max(parts.get("steps", 0), 1)
+        verify_ms, draft_ms = 1000 * parts.get("verify_s", 0) / n_steps, 1000 * parts.get("draft_s", 0) / n_steps
         row = dict(tree=label, nodes=tree.size, predicted_ms_per_token=pred.ms_per_token, measured_ms_per_token=ms,
                    relative_error=ms / pred.ms_per_token - 1.0, predicted_tokens_per_step=pred.expected_tokens,
-                   measured_tokens_per_step=per_step, tokens=tokens, wall_s=time.perf_counter() - t0)
+                   measured_tokens_per_step=per_step, tokens=tokens, wall_s=time.perf_counter() - t0,
+                   predicted_verify_ms=pred.target_ms, measured_verify_ms=verify_ms,
+                   predicted_draft_ms=pred.draft_ms, measured_draft_ms=draft_ms)
         rows.append(row)
         print(f"| {label} | {tree.size} | {pred.ms_per_token:.0f} | {ms:.0f} | {row['relative_error']:+.0%} "
-              f"| {pred.expected_tokens:.2f} | {per_step:.2f} |", flush=True)
+              f"| {pred.expected_tokens:.2f} | {per_step:.2f} | {pred.target_ms:.0f}, {verify_ms:.0f} "
+              f"| {pred.draft_ms:.0f}, {draft_ms:.0f} |", flush=True)
     if args.dynamic:  # no fixed shape, so no prediction: its measured speed beside the static trees
         dyn = make_method("sequoia-dynamic", acceptance=acc, profile=profile,
                           calibration=find_calibration(args.temperature))

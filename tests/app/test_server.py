@@ -419,3 +419,49 @@ def test_the_dp_process_ends_with_the_server(tmp_path):
             return
         time.sleep(0.1)
     raise AssertionError(f"the DP process {child} outlived the server")
+
+
+def test_zerogpu_serves_on_hf_without_graphs_and_refuses_llamacpp_with_the_reason():
+    import app
+
+    env = app.zerogpu_env({"SEQUOIA_DEVICE": "cuda"})
+    assert env["SEQUOIA_BACKEND"] == "hf" and env["SEQUOIA_GRAPHS"] == "0" and app.graphs_from_env(env) is False
+    assert app.zerogpu_env({"SEQUOIA_BACKEND": "HF"})["SEQUOIA_BACKEND"] == "hf"
+    for named in ("llamacpp", "mixed"):
+        with pytest.raises(ValueError, match=f"SEQUOIA_BACKEND='{named}' cannot serve on ZeroGPU.*forked"):
+            app.zerogpu_env({"SEQUOIA_BACKEND": named})
+
+
+def test_the_standin_is_installed_only_when_asked(monkeypatch):
+    monkeypatch.setattr(serving, "spaces", None)
+    assert serving.install_standin({}) is None and serving.spaces is None
+    standin = serving.install_standin({serving.STANDIN_ENV: "1"})
+    assert isinstance(standin, serving.ZeroGPUStandIn) and serving.spaces is standin and serving.zerogpu()
+
+
+def test_a_standin_call_past_its_duration_is_aborted_and_its_errors_come_back():
+    import time as clock
+
+    standin = serving.ZeroGPUStandIn()
+
+    @standin.GPU(duration=1)
+    def slow():
+        clock.sleep(30)
+
+    with pytest.raises(serving.GPUTaskAborted, match="ran past its 1 s"):
+        slow()
+    assert standin.calls[-1].outcome == "aborted" and standin.calls[-1].seconds < 5
+
+    @standin.GPU(duration=lambda n: 10)
+    def fails(n):
+        raise ValueError(f"bad n: {n}")
+
+    with pytest.raises(ValueError, match="bad n: 3"):
+        fails(3)
+
+    @standin.GPU(duration=10)
+    def counts(n):
+        yield from range(n)
+
+    assert list(counts(3)) == [0, 1, 2] and standin.calls[-1].outcome == "returned"
+    assert not serving.in_gpu_call()
