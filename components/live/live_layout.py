@@ -100,8 +100,8 @@ def _outputs_column() -> SimpleNamespace:
     v = SimpleNamespace()
     v.text = gr.HTML(text_view.html_view([]), label="Generated text", elem_id="sq-text")
     v.summary_md = gr.Markdown(stats_view.summary_markdown([]), elem_id="sq-summary")
-    v.step = gr.Slider(0, 1, value=0, step=1, label="step (tree shown below)", interactive=False,
-                       elem_id="sq-step-slider")
+    v.step = StepSlider(0, 1, value=0, step=1, label="step (tree shown below)", interactive=False,
+                        elem_id="sq-step-slider")
     v.tree = gr.Plot(label="Speculated tree", elem_id="sq-tree")
     with gr.Accordion("Inspector: why was a node accepted or rejected?", open=True, elem_id="sq-inspector"):
         v.node = gr.Dropdown([], label="node of the step shown above", elem_id="sq-inspect-node")
@@ -110,6 +110,20 @@ def _outputs_column() -> SimpleNamespace:
         live_teaching.worked_example_accordion()
     v.steps = live_teaching.step_panel()
     return v
+
+
+class StepSlider(gr.Slider):
+    """The step slider: Gradio's slider, but a value past its bounds is clamped, not refused.  Its ``change``
+    event fires on the updates a run streams, and such an event can reach the server after a later update
+    narrowed the range (a new run, or Stop drawn from one step fewer): Gradio's slider then refused the value
+    with a red "Value 2 is greater than maximum value 1" toast (seen with ZeroGPU's per-call processes)."""
+
+    is_template = True   # drawn by Gradio's own slider (the parent's front end)
+
+    def preprocess(self, payload: float) -> float:
+        if payload is not None and self.minimum is not None and self.maximum is not None:
+            payload = min(max(payload, self.minimum), self.maximum)
+        return super().preprocess(payload)
 
 
 def _gpu_seconds(ctx: AppContext, scale: int):
