@@ -357,12 +357,14 @@ def build_from_env(env: Mapping[str, str] = os.environ, lanes: WorkLanes | None 
 def zerogpu_env(env: Mapping[str, str]) -> dict[str, str]:
     """The environment a ZeroGPU Space serves with: the Hugging Face runtime (the GPU's; llama.cpp's worker
     threads do not survive the fork each GPU call runs in, so a call on it would hang until aborted), a clear
-    ValueError for another one named; no CUDA graphs (a call's process is fresh: captures would not last)."""
+    ValueError for another one named; no CUDA graphs (a call's process is fresh: captures would not last); no
+    streaming of the target unless SEQUOIA_OFFLOAD=1 says so."""
     named = (env.get("SEQUOIA_BACKEND") or "").strip().lower()
     if named and named != "hf":
         raise ValueError(f"SEQUOIA_BACKEND={named!r} cannot serve on ZeroGPU: each GPU call runs in a process forked "
                          "for it, where llama.cpp's worker threads are gone (a call would hang); use hf or unset it")
-    return {**env, "SEQUOIA_BACKEND": "hf", "SEQUOIA_GRAPHS": "0"}
+    # No offload decision from the card's free memory either: outside a call CUDA is emulated (no device to ask).
+    return {"SEQUOIA_OFFLOAD": "0", **env, "SEQUOIA_BACKEND": "hf", "SEQUOIA_GRAPHS": "0"}
 
 
 def main() -> None:

@@ -426,6 +426,7 @@ def test_zerogpu_serves_on_hf_without_graphs_and_refuses_llamacpp_with_the_reaso
 
     env = app.zerogpu_env({"SEQUOIA_DEVICE": "cuda"})
     assert env["SEQUOIA_BACKEND"] == "hf" and env["SEQUOIA_GRAPHS"] == "0" and app.graphs_from_env(env) is False
+    assert app.offload_from_env(env) is False and app.zerogpu_env({"SEQUOIA_OFFLOAD": "1"})["SEQUOIA_OFFLOAD"] == "1"
     assert app.zerogpu_env({"SEQUOIA_BACKEND": "HF"})["SEQUOIA_BACKEND"] == "hf"
     for named in ("llamacpp", "mixed"):
         with pytest.raises(ValueError, match=f"SEQUOIA_BACKEND='{named}' cannot serve on ZeroGPU.*forked"):
