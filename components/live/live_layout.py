@@ -100,8 +100,8 @@ def _outputs_column() -> SimpleNamespace:
     v = SimpleNamespace()
     v.text = gr.HTML(text_view.html_view([]), label="Generated text", elem_id="sq-text")
     v.summary_md = gr.Markdown(stats_view.summary_markdown([]), elem_id="sq-summary")
-    v.step = StepSlider(0, 1, value=0, step=1, label="step (tree shown below)", interactive=False,
-                        elem_id="sq-step-slider")
+    v.step = gr.Slider(0, 1, value=0, step=1, label="step (tree shown below)", interactive=False,
+                       elem_id="sq-step-slider")
     v.tree = gr.Plot(label="Speculated tree", elem_id="sq-tree")
     with gr.Accordion("Inspector: why was a node accepted or rejected?", open=True, elem_id="sq-inspector"):
         v.node = gr.Dropdown([], label="node of the step shown above", elem_id="sq-inspect-node")
@@ -110,20 +110,6 @@ def _outputs_column() -> SimpleNamespace:
         live_teaching.worked_example_accordion()
     v.steps = live_teaching.step_panel()
     return v
-
-
-class StepSlider(gr.Slider):
-    """The step slider: Gradio's slider, but a value past its bounds is clamped, not refused.  Its ``change``
-    event fires on the updates a run streams, and such an event can reach the server after a later update
-    narrowed the range (a new run, or Stop drawn from one step fewer): Gradio's slider then refused the value
-    with a red "Value 2 is greater than maximum value 1" toast (seen with ZeroGPU's per-call processes)."""
-
-    is_template = True   # drawn by Gradio's own slider (the parent's front end)
-
-    def preprocess(self, payload: float) -> float:
-        if payload is not None and self.minimum is not None and self.maximum is not None:
-            payload = min(max(payload, self.minimum), self.maximum)
-        return super().preprocess(payload)
 
 
 def _gpu_seconds(ctx: AppContext, scale: int):
@@ -215,15 +201,19 @@ def _wire_guided(ctx, c, v, frame, handler, with_state, outputs):
 def _wire_inspector(v, runs) -> None:
     """The step slider redraws the tree; the inspector follows the step shown and the node picked."""
     # input (user moves only, not the updates streamed during decoding); always_last drops stale drags.
+    # preprocess=False on every event that reads the slider: its change event fires on the updates a run streams
+    # and can reach the server after a later update narrowed the range (a new run, Stop drawn from one step fewer),
+    # where Gradio's slider refused the value with a red "Value 2 is greater than maximum value 1" toast (seen with
+    # ZeroGPU's per-call processes); the handlers clamp the step themselves.
     v.step.input(show_step, [v.step, v.session], [v.tree, v.text], api_visibility="private",
-                 trigger_mode="always_last", **LIGHT_WORK)
+                 trigger_mode="always_last", preprocess=False, **LIGHT_WORK)
     # change also fires on the slider updates the stream sends, so the inspector follows the tree on screen; a
     # run's end refreshes it too (a new run as long as the last leaves the slider's value, so no change fires).
     inspector = dict(fn=inspect_choices, inputs=[v.step, v.session], outputs=[v.node, v.inspect_fig, v.explain],
-                     api_visibility="private", show_progress="hidden", **LIGHT_WORK)
+                     api_visibility="private", show_progress="hidden", preprocess=False, **LIGHT_WORK)
     v.step.change(trigger_mode="always_last", **inspector)
     for run in runs:
         run.then(**inspector)
     # input: the visitor's own pick (the updates above set figure and words with the picker).
     v.node.input(inspect_node, [v.node, v.step, v.session], [v.inspect_fig, v.explain], api_visibility="private",
-                 trigger_mode="always_last", show_progress="hidden", **LIGHT_WORK)
+                 trigger_mode="always_last", show_progress="hidden", preprocess=False, **LIGHT_WORK)

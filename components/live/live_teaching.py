@@ -164,5 +164,5 @@ def wire(ctx: AppContext, c: SimpleNamespace, v: SimpleNamespace, run_after_fiel
     for button, move in ((s.step_btn, "phase"), (s.next_btn, "call"), (s.reject_btn, "rejection")):
         button.click(lambda slider, cursor, session, m=move: step_views(slider, cursor, session, m),
                      [v.step, s.cursor, v.session], outputs, api_visibility="private", show_progress="hidden",
-                     **LIGHT_WORK)
+                     preprocess=False, **LIGHT_WORK)   # the slider's raw value (live_layout._wire_inspector)
     return run_after_fields(fields)

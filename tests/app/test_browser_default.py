@@ -383,6 +383,30 @@ def _quiet(page, timeout_s: float = 600) -> None:
     _wait_for(lambda: page.locator(".pending, .generating").count() == 0, timeout_s)
 
 
+def test_the_guided_example_reaches_a_rejection_and_its_residual_in_two_presses(page):
+    """Issue 51: the guided example's first three target calls held no rejection, so a teacher pressed Next target
+    call three times to reach a residual.  Next rejection jumps to the first rejected draft; Step shows its
+    residual (T=0.6: a rejection is followed by the residual it leaves)."""
+    page.locator("#sq-guided").click()
+    summary, words = page.locator("#sq-summary"), page.locator("#sq-step-text")
+    sync_api.expect(summary).to_contain_text("finished", timeout=900_000)
+    _settled_text(summary, quiet_s=2.0, timeout_s=600)
+    page.locator("#sq-next-rejection").click()                        # press 1
+    sync_api.expect(words).to_contain_text("rejected")
+    assert "a child's test" in words.text_content()
+    page.locator("#sq-step-btn").click()                              # press 2
+    sync_api.expect(words).to_contain_text("the residual")
+    sync_api.expect(words).to_contain_text("norm(max(p − q, 0))")
+    # the printed test redoes by hand: min(1, p / q) from the printed p and q rounds to the printed chance
+    page.locator("#sq-next-rejection").click()
+    text = words.text_content()
+    m = re.search(r"min\(1, p/q\) = min\(1, ([0-9.]+) / ([0-9.]+)\) = ([0-9.]+)", text)
+    if m:
+        p, q, chance = m.groups()
+        decimals = len(chance.split(".")[1]) if "." in chance else 0
+        assert f"{min(1.0, float(p) / float(q)):.{decimals}f}" == chance, text
+
+
 def test_a_walk_of_every_other_control_shows_no_error_badge(page, default_server, tmp_path):
     """The controls the Live walk above leaves, used as a visitor would on the default runtime with the embedded
     pair, each to its end: step mode and the next target call, the worked example, projector view, "Run the
@@ -399,13 +423,17 @@ def test_a_walk_of_every_other_control_shows_no_error_badge(page, default_server
     sync_api.expect(summary).to_contain_text("finished", timeout=600_000)
     _settled_text(summary, quiet_s=2.0, timeout_s=600)
     words = page.locator("#sq-step-text")
-    page.locator("#sq-step-btn").click()
-    sync_api.expect(words).to_contain_text("Target call 1 · phase 1 of")
+    last = int(page.locator("#sq-step-slider input[type=number]").input_value())
+    page.locator("#sq-step-btn").click()              # the replay starts at the call the slider shows
+    sync_api.expect(words).to_contain_text(f"Target call {max(last, 1)} · phase 1 of")
     for _ in range(3):
         page.locator("#sq-step-btn").click()
         check("Step")
     page.locator("#sq-next-call").click()
     check("Next target call")
+    page.locator("#sq-next-rejection").click()
+    sync_api.expect(words).to_contain_text(re.compile(r"rejected|No draft was rejected"))
+    check("Next rejection")
     page.get_by_text(live_teaching.WORKED_LABEL).click()
     sync_api.expect(page.locator("#sq-worked-text")).to_be_visible()
     check("the worked example")
