@@ -79,10 +79,20 @@ def tokenizer_from_gguf(gguf: Path):
     from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES, tokenizer_class_from_name
 
     gguf = Path(gguf)
-    names = TOKENIZER_MAPPING_NAMES.get(read_gguf_metadata(str(gguf))[0].get("general.architecture", ""))
+    metadata = read_gguf_metadata(str(gguf))[0]
+    names = TOKENIZER_MAPPING_NAMES.get(metadata.get("general.architecture", ""))
     name = next((n for n in ((names,) if isinstance(names, str) else names or ()) if n), None)
     cls = tokenizer_class_from_name(name) if name else None
-    return (cls or AutoTokenizer).from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tok = (cls or AutoTokenizer).from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    # The special tokens the file names, whatever the transformers release made of them (5.17 took the
+    # embedded target's eos as <|endoftext|> where its GGUF says <|im_end|>; 5.23 reads the file's).
+    for role in ("eos", "bos", "pad"):
+        token_id = metadata.get(f"tokenizer.ggml.{'padding' if role == 'pad' else role}_token_id")
+        if isinstance(token_id, int) and 0 <= token_id < len(tok):
+            token = tok.convert_ids_to_tokens(token_id)
+            if getattr(tok, f"{role}_token") != token:
+                setattr(tok, f"{role}_token", token)
+    return tok
 
 
 def _convert(spec: EmbeddedSpec, gguf: Path, out: Path, progress: ProgressFn) -> None:

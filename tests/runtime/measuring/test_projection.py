@@ -127,7 +127,7 @@ def test_the_roofline_figure_sets_this_machine_beside_the_gpu():
     data = roofline_view.roofline_data(here, shipped_elsewhere(), here_label="this machine")
     fig = roofline_view.figure(data)
     names = [t.name for t in fig.data]
-    assert names[0].startswith("n x one token")
+    assert names[0].startswith("n × one token")
     assert names[1].startswith("this machine (1 token: 30.0 ms)")
     assert any(n.startswith("an H100 at the 7B shapes") for n in names)
     assert any(n.startswith("a Xeon with AMX") for n in names)
@@ -149,7 +149,7 @@ def test_the_summary_lines_project_a_run_with_trees_and_explain_one_without():
     lines = projection_view.projection_lines(records, here, shipped, DEFAULT_ENTRY)
     assert len(lines) == 1 + len(shipped) + 1 and "4.00 a target call" in lines[0]
     h100 = next(x for x in lines if x.startswith("On an H100 at the 7B shapes this run's trees"))
-    assert "tokens/s" in h100 and "x the target alone" in h100 and "projected from measured costs" in h100
+    assert "tokens/s" in h100 and "× the target alone" in h100 and "projected from measured costs" in h100
     assert lines[-1].startswith("On this machine (by its profile)")
     plain = [prompt_step()] + [StepRecord.fake(Tree.root_only(), (0,), step=i) for i in range(1, 4)]
     lines = projection_view.projection_lines(plain, here, shipped, DEFAULT_ENTRY)
