@@ -95,8 +95,8 @@ def copies_markdown(result: CopiesResult) -> str:
 def sglang_tree_figure(choice: SGLangChoice, acceptance: Sequence[float]) -> go.Figure:
     """The tree SGLang verifies with the chosen steps, top-k and draft tokens."""
     a, fam = choice.args, choice.family
-    head = (f"SGLang: {counted(a.steps, 'step')}, top-{a.topk}, {counted(a.num_draft_tokens, 'draft token')} · "
-            f"{fam.expected_tokens:.3f} tokens/step")
+    head = (f"SGLang: {counted(a.steps, 'step')}, top-{a.topk}, num-draft-tokens {a.num_draft_tokens} (the root "
+            f"included: {fam.tree.size} drafted) · {fam.expected_tokens:.3f} tokens/step")
     return shape_figure(fam.tree, acceptance, title=head)
 
 
@@ -106,8 +106,8 @@ def sglang_markdown(choice: SGLangChoice) -> str:
     share = (fam.expected_tokens - 1) / (choice.sequoia_tokens - 1) if choice.sequoia_tokens > 1 else 1.0
     return "\n".join([
         "| tree | draft tokens | depth | expected tokens/step |", "|---|---:|---:|---:|",
-        f"| SGLang {a.algorithm}: {counted(a.steps, 'step')}, top-{a.topk}, "
-        f"{counted(a.num_draft_tokens, 'draft token')} "
+        f"| SGLang {a.algorithm}: {counted(a.steps, 'step')}, top-{a.topk}, num-draft-tokens "
+        f"{a.num_draft_tokens} (SGLang counts the root too) "
         f"| {fam.tree.size} | {fam.tree.depth} | **{fam.expected_tokens:.3f}** |",
         f"| Sequoia DP (depth ≤ {min(choice.depth, a.budget)}) | {seq.size} | {seq.depth} "
         f"| **{choice.sequoia_tokens:.3f}** |",
