@@ -239,7 +239,7 @@ def test_sglang_views_show_the_launch_beside_the_sequoia_tree():
     assert len(_nodes(fig)) == a.num_draft_tokens and f"top-{a.topk}" in fig.layout.title.text
     md = dp_view.sglang_markdown(choice)
     assert f"**{choice.family.expected_tokens:.3f}**" in md and f"**{choice.sequoia_tokens:.3f}**" in md
-    assert f"{a.steps} steps, top-{a.topk}, {a.num_draft_tokens} draft tokens" in md
+    assert f"{a.steps} steps, top-{a.topk}, num-draft-tokens {a.num_draft_tokens} (SGLang counts the root too)" in md
 
 
 # ------------------------------------------------------------------ compare view
