@@ -128,13 +128,18 @@ def step_views(slider, cursor, session: LiveSession | None, move: str = "phase")
                    "prompt makes rejections likelier).\n\n"
         else:
             step, phase = spot
-    elif fresh:
-        pass
+    elif fresh:   # the first press of a replay shows where it starts
+        return _shown(step, 0, session, on_slider, note)
     elif move == "call":
         step, phase = (step + 1, 0) if step + 1 < len(records) else (step, phase)
     else:
         step, phase = step_mode.advance(step, phase, len(step_mode.phases(records[step])), len(records))
-    rec = records[step]
+    return _shown(step, phase, session, on_slider, note)
+
+
+def _shown(step: int, phase: int, session: LiveSession, on_slider: int, note: str = ""):
+    """step_views' outputs for the replay at (``step``, ``phase``); the slider, tree and text follow a new call."""
+    rec = session.records[step]
     phase = min(phase, len(step_mode.phases(rec)) - 1)
     follow = (gr.Slider(value=step), *show_step(step, session)) if step != on_slider else (gr.skip(),) * 3
     return ((step, phase, session.owner), step_mode.figure(rec, step_mode.phases(rec)[phase]),

@@ -72,9 +72,8 @@ def annotation(here: HardwareProfile | None, elsewhere: Sequence[Elsewhere], her
         parts.append(_memory_bound(e.label, e.roofline, e.profile, n))
     if here is not None:
         parts.append(_measured_slope(here_label, here, n))
-    parts += [_dip(e.label, e.profile) for e in elsewhere if _dip(e.label, e.profile)]
-    if here is not None and _dip(here_label, here):
-        parts.append(_dip(here_label, here))
+    dips = [_dip(e.label, e.profile) for e in elsewhere] + ([_dip(here_label, here)] if here is not None else [])
+    parts += [d for d in dips if d]
     return " ".join(parts)
 
 

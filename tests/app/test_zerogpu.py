@@ -17,13 +17,11 @@ from conftest import app_pair
 import app
 from components.app_state import serving
 from test_browser import _click_decode, _free_port, _slow_steps, browser_context, sync_api
+from test_browser_fresh import _errors   # the error toasts and badges on the page
 
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not os.path.exists("/usr/bin/chromium"), reason="no /usr/bin/chromium")]
 __all__ = ["browser_context"]
-
-ERROR_BADGES = "[data-testid='toast-body'], span.error"
-
 
 @pytest.fixture(scope="module")
 def zero(tiny_target, tmp_path_factory, lanes):
@@ -49,11 +47,6 @@ def page(zero, browser_context):
     page.locator("#sq-prompt textarea").wait_for()
     yield page
     page.close()
-
-
-def _errors(page) -> list[str]:
-    return [e.text_content().strip()[:200] for e in page.locator(ERROR_BADGES).all() if e.is_visible()
-            and "error" in (e.get_attribute("class") or "") + (e.text_content() or "").lower()]
 
 
 def _calls_since(zero, n: int) -> list:
