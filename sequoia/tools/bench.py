@@ -46,10 +46,11 @@ from ..runtime.proposers.dynamic import DynamicTreeProposer
 #: Methods in the order the report lists them: the target alone, Hugging Face's two kinds of drafting (the
 #: draft model, copies from the prompt), the engine's trees, then the n-gram ones (copies only; copies + draft).
 BENCH_METHODS = ("hf-generate", "ar", "hf-assisted", "hf-prompt-lookup", "chain", "specinfer", "sequoia",
-                 "sequoia-dynamic", "ngram", "sequoia-ngram")
+                 "sequoia-auto", "sequoia-dynamic", "ngram", "sequoia-ngram")
 #: The engine methods priced per workload like ``sequoia-dynamic`` (its profile, acceptance prior and
-#: calibration, from the ``dynamic`` proposers given to :func:`run_bench`).
-WORKLOAD_METHODS = ("sequoia-dynamic", "ngram", "sequoia-ngram")
+#: calibration, from the ``dynamic`` proposers given to :func:`run_bench`).  ``sequoia-auto`` is the optimizer's
+#: tree under the price gate, as the page runs it (``sequoia``: the same tree without the gate).
+WORKLOAD_METHODS = ("sequoia-auto", "sequoia-dynamic", "ngram", "sequoia-ngram")
 #: Target-only greedy references, best first: outputs at T=0 are compared with the first one run.
 REFERENCES = ("hf-generate", "ar")
 #: The most timed rounds per prompt a bench may ask.
@@ -238,6 +239,8 @@ def _like_dynamic(method: str, dyn: DynamicTreeProposer, copy_acceptance: NgramA
     copied tokens priced by ``copy_acceptance`` (None: the prior)."""
     if method == "sequoia-dynamic":
         return dyn
+    if method == "sequoia-auto":   # the optimizer's own budget and depth limits, as on the page
+        return make_method("sequoia-auto", acceptance=dyn.acceptance, profile=dyn.profile)
     if method == "ngram":  # no draft model: only the profile prices its copies (its own copy budget)
         return make_method("ngram", profile=dyn.profile, depth=dyn.max_depth, copy_acceptance=copy_acceptance)
     return make_method(method, acceptance=dyn.acceptance, profile=dyn.profile, budget=dyn.budget,

@@ -32,7 +32,7 @@ from .common import add_model_args, backend_of, load_from_args, profile_for
 
 #: What the bench runs on llama.cpp and on the mixed runtime (a llama.cpp draft beside the Hugging Face target):
 #: the runtime's target alone, and the methods that choose trees by its costs.
-LLAMACPP_METHODS = ("ar", "sequoia", "sequoia-dynamic", "sequoia-ngram")
+LLAMACPP_METHODS = ("ar", "chain", "sequoia", "sequoia-auto", "sequoia-dynamic", "sequoia-ngram")
 
 EXACT_HELP = ("exact mode: the target in float32 with its plain forward (no int8/int4 or oneDNN-blocked weights, "
               "the model's own attention), so its one-row and many-row forwards make the same greedy choices and "

@@ -14,7 +14,8 @@ from ..core.requests.request import LABEL_OF
 from .bench_report import MethodSummary
 
 _COLORS = {"hf-generate": "#9e9e9e", "ar": "#616161", "hf-assisted": "#ff9800", "hf-prompt-lookup": "#1f3b8c",
-           "chain": "#42a5f5", "specinfer": "#7e57c2", "sequoia": "#2e7d32", "sequoia-dynamic": "#00897b",
+           "chain": "#42a5f5", "specinfer": "#7e57c2", "sequoia": "#2e7d32", "sequoia-auto": "#558b2f",
+           "sequoia-dynamic": "#00897b",
            "ngram": "#e6ab02", "sequoia-ngram": "#d81b60", "kary": "#8d6e63", "k_chains": "#7e57c2",
            "binary": "#8d6e63", "without_replacement": "#2e7d32", "with_replacement": "#7e57c2", "topk": "#ff9800"}
 

@@ -55,7 +55,7 @@ def test_static_and_dynamic_price_the_same_tree_identically():
     choice = choose_tree(ACC, PROF, max_budget=24, max_depth=8)
     assert choice.budget > 0
     dynamic = DynamicTreeProposer(profile=PROF, budget=24, max_depth=8)
-    widths = cost.draft_widths(choice.tree)
+    widths = cost.draft_widths(choice.tree, cost.leaf_mass(choice.tree, ACC))
     priced = dynamic.step_ms(widths, choice.tree.n_nodes)
     assert priced == pytest.approx(choice.cost.total_ms)
     assert priced / choice.expected_tokens == pytest.approx(choice.ms_per_token)
@@ -67,9 +67,54 @@ def test_static_and_dynamic_price_the_same_tree_identically():
     for n, d in [(0, 0), (3, 2), (7, 4), (12, 5)]:
         tree = dp.tree(n, d)
         assert tree.size == sizes[n, d]
-        assert grid[n, d] == pytest.approx(dynamic.step_ms(cost.draft_widths(tree), tree.n_nodes) / dp.value(n, d))
+        widths = cost.draft_widths(tree, cost.leaf_mass(tree, ACC))
+        assert grid[n, d] == pytest.approx(dynamic.step_ms(widths, tree.n_nodes) / dp.value(n, d))
     # And both agree on the target alone.
     assert choice.baseline_ms == pytest.approx(cost.baseline_ms(dynamic.profile))
+
+
+def test_leaf_mass_is_the_chance_the_accepted_path_ends_on_a_leaf():
+    assert cost.leaf_mass(Tree.root_only(), ACC) == 0.0
+    assert cost.leaf_mass(Tree.chain(1), ACC) == pytest.approx(0.75)
+    assert cost.leaf_mass(Tree.chain(3), ACC) == pytest.approx(0.75 ** 3)          # only the last node is a leaf
+    tree = Tree((-1, 0, 0, 1))                      # the first child has a child; the second is a leaf
+    assert cost.leaf_mass(tree, ACC) == pytest.approx(0.1 + 0.75 * 0.75)
+    # Brute force: walk the tree with each child accepted with p_rank (at most one per node), count leaf endings.
+    rng = np.random.default_rng(0)
+    tree = optimal_tree(ACC, 10, 4).tree()
+    ends = 0
+    for _ in range(20000):
+        v = 0
+        while tree.children[v]:
+            u = rng.random()
+            picks = np.cumsum([ACC[tree.ranks[c]] for c in tree.children[v]])
+            hit = int(np.searchsorted(picks, u, side="right"))
+            if hit == len(tree.children[v]):
+                break
+            v = tree.children[v][hit]
+        ends += v != 0 and not tree.children[v]
+    assert ends / 20000 == pytest.approx(cost.leaf_mass(tree, ACC), abs=0.015)
+
+
+def test_the_grid_prices_each_cells_caught_up_leaf_as_the_scalar_model_does():
+    from sequoia.core.trees.optimizer import cell_leaf_mass
+    for acc in (ACC, (0.95,), (0.5, 0.2, 0.1, 0.05, 0.02), (0.3, 0.0)):
+        dp = optimal_tree(acc, 30, 7)
+        mass = cell_leaf_mass(dp)
+        assert mass.shape == (31, 8)
+        for n in range(31):
+            for d in range(8):
+                assert mass[n, d] == pytest.approx(cost.leaf_mass(dp.tree(n, d), acc), abs=1e-12)
+
+
+def test_a_chain_pays_for_the_leaf_the_draft_catches_up_on():
+    """A draft whose 2-token forward costs 1.65x its 1-token one (llama.cpp on a 2-vCPU CPU): a chain of one is
+    priced with the accepted leaf fed at the next step, as the engine's first draft forward does."""
+    prof = HardwareProfile.hand_made(target=lambda n: 77.0 + 55.6 * (n - 1), draft=lambda w: 38.2 + 25.0 * (w - 1))
+    chain = predict(Tree.chain(1), (0.92,), prof)
+    assert chain.draft_ms == pytest.approx(38.2 + 0.92 * 25.0)
+    assert cost.draft_widths(Tree.chain(1), 0.92) == (1.92,)
+    assert cost.draft_widths(Tree.chain(1)) == (1,)
 
 
 def test_the_dynamic_tree_records_the_cost_models_price():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from sequoia.core.profiles.cost import leaf_mass
 from sequoia.core.profiles.profile import HardwareProfile
 from sequoia.core.trees.dp import expected_tokens, optimal_tree
 from sequoia.core.trees.optimizer import cell_shapes, choose_tree, draft_widths, predict, predicted_grid, step_cost
@@ -67,7 +68,7 @@ def test_grid_matches_per_tree_prediction():
     assert np.all(grid[0] == prof.target(1)) and np.all(grid[:, 0] == prof.target(1))
     for n, d in [(1, 1), (5, 2), (24, 6), (13, 3), (24, 1)]:
         tree = dp.tree(n, d)
-        assert grid[n, d] == pytest.approx(step_cost(tree, dp.value(n, d), prof).ms_per_token)
+        assert grid[n, d] == pytest.approx(step_cost(tree, dp.value(n, d), prof, leaf_mass(tree, ACC)).ms_per_token)
         assert grid[n, d] == pytest.approx(predict(tree, ACC, prof).ms_per_token)
     c = choose_tree(ACC, prof, max_budget=24, max_depth=6)
     assert c.ms_per_token == pytest.approx(grid.min())
@@ -94,7 +95,8 @@ def test_draft_widths_follow_the_drafter():
     prof = HardwareProfile.hand_made(target=FLAT(10.0), draft=lambda w: w)
     cost = predict(tree, ACC, prof)
     assert cost.expected_tokens == pytest.approx(expected_tokens(tree, ACC))
-    assert cost.draft_ms == pytest.approx(1.0 + 2.0 + 1.0)
+    # The first forward also feeds the last step's accepted leaf, when the path ended on one (its expected count).
+    assert cost.draft_ms == pytest.approx(1.0 + leaf_mass(tree, ACC) + 2.0 + 1.0)
     assert cost.target_ms == 10.0
 
 

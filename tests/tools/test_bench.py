@@ -458,6 +458,10 @@ def test_ngram_methods_share_the_dynamic_trees_settings():
     assert copies.profile is PAYS and copies.max_depth == 5
     with pytest.raises(ValueError, match="needed by ngram"):
         make_proposers(replace(config, methods=("ngram",)), REPEATS, [], {})
+    # Sequoia (auto) as the page runs it: the optimizer's tree for that vector and profile, under the price gate.
+    auto = make_proposers(replace(config, methods=("sequoia-auto",)), REPEATS, [], {("echo", 0.0): dyn})
+    auto = auto[("sequoia-auto", "echo", 0.0)]
+    assert auto.name == "sequoia-auto" and auto.tree.size > 0 and auto.gate.profile is PAYS
 
 
 def test_vs_best_hf_is_per_prompt_against_the_faster_baseline():

@@ -13,10 +13,18 @@ the two overheads are measured into the profile (walk, sampling and cache
 compaction per step; sampling and masks per level).  The target alone pays
 the step overhead too: its baseline is ``target(1) + step_overhead`` per token.
 
-Which widths a tree needs: the first draft forward feeds the root (plus at
-most one accepted leaf the draft never saw: costed as one token); level
-l >= 1 forwards only the level-l nodes that have children (see
-:class:`sequoia.runtime.drafter.Drafter`).
+Which widths a tree needs: level l >= 1 forwards only the level-l nodes that
+have children (see :class:`sequoia.runtime.drafter.Drafter`); the first draft
+forward feeds the root, plus the last step's accepted leaf when the accepted
+path ended on one (the draft proposed that token but never forwarded it).
+That happens with the probability :func:`leaf_mass` gives, so the first
+level is priced at width ``1 + leaf_mass`` (the profile interpolates
+between draft(1) and draft(2)).  On a GPU the two cost about the same; on a
+CPU they do not: on a 2-vCPU AMD EPYC (Zen 3, AVX2), llama.cpp, the embedded
+0.5B draft forwarded 1 token in 29 ms and 2 in 48 ms, and a chain of one
+token measured 64 ms of drafting a step where the model, pricing one token,
+said 38 (docs/data/check-prediction-zen3-avx2-llamacpp.json): the error made
+chains look 1.15x the target alone's cost where they measured 1.45x.
 """
 
 from __future__ import annotations
@@ -47,15 +55,31 @@ class StepCost:
         return self.total_ms / self.expected_tokens
 
 
-def draft_widths(tree: Tree) -> tuple[int, ...]:
-    """Tokens the draft forwards at each level: the root, then the nodes with children."""
+def draft_widths(tree: Tree, catch_up: float = 0.0) -> tuple[float, ...]:
+    """Tokens the draft forwards at each level: the root (plus ``catch_up``, the expected accepted leaf the draft
+    never saw: :func:`leaf_mass`), then the nodes with children."""
     if tree.depth == 0:
         return ()
     parents_at = [set() for _ in range(tree.depth)]  # level -> nodes there with children
     for v in range(1, tree.n_nodes):
         p = tree.parents[v]
         parents_at[tree.depths[p]].add(p)
-    return (1,) + tuple(len(s) for s in parents_at[1:])
+    return (1 + catch_up if catch_up else 1,) + tuple(len(s) for s in parents_at[1:])
+
+
+def leaf_mass(tree: Tree, acceptance) -> float:
+    """Probability that a step's accepted path ends on a draft leaf: the sum of f(v) over the tree's leaves, f the
+    DP's node acceptance (the product of p_rank along the path).  The next step's first draft forward feeds that
+    token too, beside the new root."""
+    p = [float(x) for x in acceptance]
+    f = [1.0] * tree.n_nodes  # [n_nodes]
+    total = 0.0
+    for v in range(1, tree.n_nodes):
+        r = tree.ranks[v]
+        f[v] = f[tree.parents[v]] * p[r] if r < len(p) else 0.0
+        if not tree.children[v]:
+            total += f[v]
+    return total
 
 
 def draft_ms(profile: HardwareProfile, widths: Sequence[int]) -> float:
@@ -86,9 +110,10 @@ def baseline_ms(profile: HardwareProfile) -> float:
     return float(profile.target(1))
 
 
-def step_cost(tree: Tree, expected: float, profile: HardwareProfile) -> StepCost:
-    """Predicted cost of one step with ``tree`` yielding ``expected`` tokens on average."""
-    return StepCost(draft_ms=draft_ms(profile, draft_widths(tree)), target_ms=float(profile.target(tree.n_nodes)),
+def step_cost(tree: Tree, expected: float, profile: HardwareProfile, catch_up: float = 0.0) -> StepCost:
+    """Predicted cost of one step with ``tree`` yielding ``expected`` tokens on average; ``catch_up``: the tokens
+    the first draft forward feeds beside the root, on average (:func:`leaf_mass` of the tree and the vector)."""
+    return StepCost(draft_ms=draft_ms(profile, draft_widths(tree, catch_up)), target_ms=float(profile.target(tree.n_nodes)),
                     expected_tokens=expected, overhead_ms=overhead_ms(profile, tree.n_nodes))
 
 

@@ -105,18 +105,34 @@ class Projection:
         return self.tokens_per_s / self.alone_tokens_per_s
 
 
-def record_widths(record: StepRecord) -> tuple[int, ...]:
+def record_widths(record: StepRecord, catch_up: int = 0) -> tuple[float, ...]:
     """The draft forwards a step's tree needed: none when every node was copied from the context (the n-gram
     proposer then skips the draft model), else the tree's levels (:func:`sequoia.core.profiles.cost.draft_widths`;
-    a mixed tree is priced as if the draft had grown all of it, an upper bound)."""
+    a mixed tree is priced as if the draft had grown all of it, an upper bound), the first feeding ``catch_up``
+    committed tokens the draft has not read beside the root (:func:`catch_ups`)."""
     if record.sources and DRAFT not in record.sources:
         return ()
-    return draft_widths(record.tree)
+    return draft_widths(record.tree, catch_up)
 
 
-def record_ms(record: StepRecord, profile: HardwareProfile) -> float:
+def record_ms(record: StepRecord, profile: HardwareProfile, catch_up: int = 0) -> float:
     """Projected ms of one step's target call under ``profile`` (a plain step: target(1))."""
-    return step_ms(profile, record_widths(record), record.tree.n_nodes)
+    return step_ms(profile, record_widths(record, catch_up), record.tree.n_nodes)
+
+
+def catch_ups(steps: Sequence[StepRecord]) -> list[int]:
+    """Per decoding step, the committed tokens its first draft forward feeds beside the root: the last drafted
+    step's accepted leaf, and the roots of the plain steps since (the draft skipped them).  The first drafting step
+    of a run reads the prompt: a cost of the run's start, priced by no step, as the prompt's forward is not."""
+    out, lag, read = [], 0, False
+    for r in steps:
+        drafts = bool(record_widths(r))
+        out.append(lag if drafts and read else 0)
+        if drafts:
+            read, lag = True, int(r.ended_on_leaf)
+        else:
+            lag += 1
+    return out
 
 
 def decoding_steps(records: Iterable[StepRecord]) -> list[StepRecord]:
@@ -136,7 +152,7 @@ def project(records: Sequence[StepRecord], profile: HardwareProfile, label: str 
     if not steps:
         return None
     prof = profile.at_context(run_context(records))
-    total = sum(record_ms(r, prof) for r in steps)
+    total = sum(record_ms(r, prof, c) for r, c in zip(steps, catch_ups(steps)))
     return Projection(label=label or prof.device, steps=len(steps), tokens=sum(r.n_new for r in steps),
                       step_ms=total / len(steps), alone_ms=baseline_ms(prof))
 

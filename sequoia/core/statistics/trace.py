@@ -111,6 +111,12 @@ class StepRecord:
         return len(self.new_tokens)
 
     @property
+    def ended_on_leaf(self) -> bool:
+        """The accepted path ended on a leaf of the tree: a token the draft proposed but never forwarded, so the next
+        step's first draft forward feeds it beside the new root (the cost model's catch-up)."""
+        return len(self.accepted) > 1 and not self.tree.children[self.accepted[-1]]
+
+    @property
     def total_s(self) -> float:
         return self.draft_s + self.verify_s + self.other_s
 

@@ -235,10 +235,11 @@ def _measure_overheads(pair, curves: HardwareProfile, steps: int, gen: torch.Gen
     Per step, the step overhead is ``other_s + verify_s - target(n)`` (the walk,
     sampling, cache compaction, and what the verify forward costs beyond the
     timed forward: its mask and position ids) and the level overhead is
-    ``(draft_s - sum draft(1)) / levels`` (sampling each level, its masks, the
-    draft cache's catch-up on tokens it has not seen, which the cost model
-    prices as one token).  Each is the median over steps, clipped at 0:
-    a negative overhead is timing noise.
+    ``(draft_s - sum draft(w)) / levels`` (sampling each level, its masks),
+    the first width 2 after a step whose whole chain was accepted (the draft
+    catches up on that leaf: :func:`sequoia.core.profiles.cost.leaf_mass`
+    prices it) and 1 otherwise.  Each is the median over steps, clipped at
+    0: a negative overhead is timing noise.
     """
     vocab = shared_vocab(pair)
     prompt = torch.randint(vocab, (curves.context_len,), generator=gen).tolist()
@@ -252,11 +253,16 @@ def _measure_overheads(pair, curves: HardwareProfile, steps: int, gen: torch.Gen
             tick(f"overheads, step {len(records)}")
             if len(records) == steps + 2:
                 break
-    timed = records[2:] or records   # step 0 is the prompt's forward, step 1 feeds the draft the prompt
+    first = 2 if len(records) > 2 else 0   # step 0 is the prompt's forward, step 1 feeds the draft the prompt
     target = float(curves.target(tree.n_nodes))
-    drafts = float(curves.draft(1)) * OVERHEAD_CHAIN
-    step = statistics.median(1000.0 * (r.other_s + r.verify_s) - target for r in timed)
-    level = statistics.median((1000.0 * r.draft_s - drafts) / OVERHEAD_CHAIN for r in timed)
+
+    def drafts(i: int) -> float:          # the forwards of step i: its first width counts the caught-up leaf
+        caught = 1 if i > 0 and records[i - 1].ended_on_leaf else 0
+        return float(curves.draft(1 + caught)) + float(curves.draft(1)) * (OVERHEAD_CHAIN - 1)
+
+    step = statistics.median(1000.0 * (r.other_s + r.verify_s) - target for r in records[first:])
+    level = statistics.median((1000.0 * records[i].draft_s - drafts(i)) / OVERHEAD_CHAIN
+                              for i in range(first, len(records)))
     return max(0.0, step), max(0.0, level)
 
 

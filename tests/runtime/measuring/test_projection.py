@@ -14,8 +14,8 @@ import pytest
 
 from components.widgets import projection_view, roofline_view
 from sequoia.core.profiles.profile import HardwareProfile
-from sequoia.core.profiles.projection import (Roofline, decoding_steps, load_elsewhere, project, record_ms,
-                                              relative_costs, shipped_elsewhere)
+from sequoia.core.profiles.projection import (Roofline, catch_ups, decoding_steps, load_elsewhere, project,
+                                              record_ms, relative_costs, shipped_elsewhere)
 from sequoia.core.statistics.trace import DRAFT, NGRAM, ROOT, StepRecord
 from sequoia.core.trees.optimizer import choose_tree
 from sequoia.core.trees.tree import Tree
@@ -53,6 +53,21 @@ def test_a_run_is_priced_step_by_step_and_the_prompts_forward_is_left_out():
     assert p.speedup == pytest.approx(4 * 11.0 / 33.5)
     assert decoding_steps(records) == [chain, plain]
     assert project([prompt_step()], prof) is None
+
+
+def test_the_first_draft_forward_feeds_what_the_draft_has_not_read():
+    """An accepted leaf (the draft proposed it, never forwarded it) and the roots of plain steps since the last
+    drafting step are fed beside the next root; the first drafting step's read of the prompt is priced by none."""
+    leaf = StepRecord.fake(Tree.chain(2), (0, 1, 2))                   # the whole chain: ended on its leaf
+    inner = StepRecord.fake(Tree.chain(2), (0, 1))                     # node 2 rejected: ended on node 1
+    plain = StepRecord.fake(Tree.root_only(), (0,))
+    assert leaf.ended_on_leaf and not inner.ended_on_leaf and not plain.ended_on_leaf
+    assert catch_ups([leaf, leaf, inner, leaf, plain, plain, leaf]) == [0, 1, 1, 0, 0, 0, 3]
+    assert catch_ups([plain, plain, leaf, inner]) == [0, 0, 0, 1]
+    prof = HardwareProfile.hand_made(lambda n: 10.0 + n, lambda w: 2.0 * w)
+    assert record_ms(leaf, prof, 1) == pytest.approx(record_ms(leaf, prof) + 2.0)   # draft(2) - draft(1)
+    p = project([prompt_step(), leaf, leaf], prof)
+    assert p.step_ms == pytest.approx((2 * record_ms(leaf, prof) + 2.0) / 2)
 
 
 def test_a_tree_of_copies_costs_no_draft_forward():
