@@ -24,8 +24,6 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 
 from sequoia.core.profiles.runtimes import display_name
-from sequoia.core.statistics.words import counted
-from sequoia.core.trees.optimizer import near_tie
 
 from components import COLORS
 
@@ -177,13 +175,8 @@ def profile_label(profile) -> str:
 def choice_markdown(choice, acceptance_name: str = "") -> str:
     """What the optimizer chose (a :class:`sequoia.core.trees.optimizer.Choice`), in one paragraph."""
     if choice.budget == 0:
-        tie = near_tie(choice)
-        close = ("" if tie is None else
-                 f" Its best tree ({counted(tie[0][0], 'draft token')}) is priced at {tie[1]:.2f}× the target "
-                 f"alone: a near tie, so Sequoia (auto) starts with the target alone and tries that tree after a "
-                 f"few steps, keeping it only if it measures faster.")
         return (f"**No speculation pays off** on this profile: target alone at "
-                f"{choice.baseline_ms:.1f} ms/token.{close}")
+                f"{choice.baseline_ms:.1f} ms/token.")
     # Quotes, not italics: asterisks inside the bold line around a name ending in ")" were shown literally.
     src = f" for acceptance “{acceptance_name}”" if acceptance_name else ""
     return (f"**Chosen tree{src}: {choice.budget} draft tokens, depth {choice.depth}** · "

@@ -35,13 +35,13 @@ from ..core.profiles.calibration import Calibration
 from ..core.profiles.cost import conservative_profile
 from ..core.requests.request import ENGINE_METHODS, LABEL_OF, PRICED_METHODS, MethodSpec
 from ..core.trees.dp import optimal_tree
-from ..core.trees.optimizer import NEAR_TIE, choose_tree, near_tie  # noqa: F401 (NEAR_TIE: re-exported)
+from ..core.trees.optimizer import choose_tree
 from ..core.trees.tree import Tree
 from .drafter import StaticTreeProposer
 from .proposers.dynamic import MAX_DEPTH, DynamicTreeProposer
 from .proposers.ngram_dynamic import NgramDynamicProposer
 from .proposers.ngram_proposer import NgramProposer, NgramSettings
-from .proposers.price import FULL, PLAIN, SMALL, PriceGate, PriceSettings
+from .proposers.price import PLAIN, SMALL, PriceGate, PriceSettings
 
 #: Deepest static tree the hardware-aware optimizer may choose (``sequoia-auto``) unless asked otherwise.
 STATIC_DEPTH = 16
@@ -179,35 +179,19 @@ def _sequoia(a: MethodArgs) -> StaticTreeProposer:
 
 
 def _auto(a: MethodArgs) -> StaticTreeProposer:
-    """Let the hardware-aware optimizer choose budget and depth (and, under the price gate, a smaller tree).
-
-    Where the optimizer keeps the target alone but its best tree is priced at a near tie (:data:`NEAR_TIE`: the
-    cost model's errors on a CPU reach that much either way), the price gate starts with the target alone and
-    tries that tree after a few steps, keeping it only if it measures faster."""
+    """Let the hardware-aware optimizer choose budget and depth (and, under the price gate, a smaller tree)."""
     acceptance, profile, budget, depth, price = a.acceptance, a.profile, a.budget, a.depth, a.price
-    measured = profile is not None
     # Without a measured profile: a stand-in under which no tree pays (the root-only tree), as for sequoia-dynamic.
     profile = profile or conservative_profile()
-    max_depth = depth or STATIC_DEPTH
-    choice = choose_tree(acceptance, profile, max_budget=budget, max_depth=max_depth)
-    if price is None:
+    choice = choose_tree(acceptance, profile, max_budget=budget, max_depth=depth or STATIC_DEPTH)
+    if price is None or choice.tree.size == 0:
         return StaticTreeProposer(choice.tree, name="sequoia-auto")
-    tree, first, why = choice.tree, FULL, ""
-    if choice.tree.size == 0:
-        tie = near_tie(choice) if measured else None
-        if tie is None:
-            return StaticTreeProposer(choice.tree, name="sequoia-auto")
-        (n, d), speedup = tie
-        tree, first = _dp_tree(tuple(float(p) for p in acceptance), n, d), PLAIN
-        why = (f"the target alone first: the optimizer priced its best tree ({n} draft tokens) at {speedup:.2f}× "
-               f"the target alone, a near tie; trying it after {price.probe_after} steps")
-    gate = PriceGate(profile, price, first_level=first, first_reason=why)
-    small = max(1, round(tree.size * price.small_fraction))
+    gate = PriceGate(profile, price)
+    small = max(1, round(choice.tree.size * price.small_fraction))
     # The DP tree of that budget, not the optimizer's choice under it: that may be the root alone, and a
     # level that drafts nothing yields no evidence of what drafting costs.
-    small_tree = _dp_tree(tuple(float(p) for p in acceptance), small, min(max_depth, small))
-    return PricedTreeProposer(tree, name="sequoia-auto", small=small_tree, gate=gate)
-
+    small_tree = _dp_tree(tuple(float(p) for p in acceptance), small, min(depth or STATIC_DEPTH, small))
+    return PricedTreeProposer(choice.tree, name="sequoia-auto", small=small_tree, gate=gate)
 
 
 @dataclass

@@ -26,8 +26,8 @@ from .dp import DPResult, expected_tokens, optimal_tree
 from .tree import MAX_TREE_SIZE, Tree
 
 # draft_widths and step_cost live in .cost; re-exported for callers of the optimizer.
-__all__ = ["NEAR_TIE", "Choice", "StepCost", "cell_leaf_mass", "cell_shapes", "choose_tree", "draft_widths",
-           "near_tie", "predict", "predicted_grid", "step_cost", "trees_to_check"]
+__all__ = ["Choice", "StepCost", "cell_leaf_mass", "cell_shapes", "choose_tree", "draft_widths", "predict",
+           "predicted_grid", "step_cost", "trees_to_check"]
 
 
 @dataclass(frozen=True)
@@ -82,24 +82,6 @@ def choose_tree(acceptance, profile: HardwareProfile, max_budget: int | None = N
     return Choice(budget=tree.size, depth=tree.depth, tree=tree, expected_tokens=cost.expected_tokens,
                   ms_per_token=cost.ms_per_token, speedup=baseline / cost.ms_per_token,
                   baseline_ms=baseline, cost=cost, grid=grid)
-
-
-#: A tree priced at this much of the target alone's rate or more is a near tie when the optimizer keeps the target
-#: alone: the cost model missed by +28% for chains on a 2-vCPU Zen 3 under llama.cpp before it priced the draft's
-#: catch-up (docs/data/check-prediction-zen3-avx2-llamacpp.json), +11% after, and a chain the Xeon (AVX-512, no
-#: BF16) priced below the target alone measured 1.08-1.12x it.  Measuring is what settles a near tie.
-NEAR_TIE = 0.85
-
-
-def near_tie(choice: Choice) -> tuple[tuple[int, int], float] | None:
-    """The (budget, depth) cell of the best drafting tree and its predicted speedup, when the optimizer kept the
-    target alone and that tree is priced within :data:`NEAR_TIE` of it; else None."""
-    grid = choice.grid[1:, 1:]                               # cells that draft something
-    if grid.size == 0:
-        return None
-    n, d = divmod(int(grid.argmin()), grid.shape[1])
-    speedup = choice.baseline_ms / float(grid[n, d])
-    return ((n + 1, d + 1), speedup) if NEAR_TIE <= speedup < 1.0 else None
 
 
 def trees_to_check(acceptance, profile: HardwareProfile, budgets, chains) -> tuple[Choice, list[tuple[str, Tree]]]:

@@ -135,12 +135,8 @@ class PriceGate:
 
     profile: HardwareProfile      # the prior: the target alone's price along the context
     settings: PriceSettings = field(default_factory=PriceSettings)
-    first_level: int = FULL       # where each request starts (PLAIN: a near tie, tried after probe_after steps)
-    first_reason: str = ""        # why it starts there (shown as the first steps' reason)
 
     def __post_init__(self) -> None:
-        if self.first_level not in (FULL, SMALL, PLAIN):
-            raise ValueError(f"price gate first_level must be FULL, SMALL or PLAIN, got {self.first_level!r}")
         self.plain = RunningMean()    # measured plain step ms / the profile's price, per step (kept across requests)
         self._prior_cache: tuple[int, float] | None = None
         self.start()
@@ -148,7 +144,7 @@ class PriceGate:
     def start(self) -> None:
         """A new request: drafting evidence is forgotten (prompts differ); the target alone's level is kept."""
         s = self.settings
-        self.level = self.first_level
+        self.level = FULL
         self.means = [RunningMean(), RunningMean()]       # [FULL, SMALL] drafting ms and tokens
         self.steps_at_level = 0
         self.probing = False
@@ -157,8 +153,8 @@ class PriceGate:
         self.since_plain = 0
         self.context = 0
         self.lagging = True           # the draft model has not read the prompt yet (see observe)
-        self.reason = self.first_reason or "drafting: no step measured yet"
-        self.decision = Decision(self.level, self.reason)
+        self.reason = "drafting: no step measured yet"
+        self.decision = Decision(FULL, self.reason)
 
     # ------------------------------------------------------------------ estimates
     def prior_ms(self, context: int | None = None) -> float:

@@ -235,29 +235,3 @@ def test_a_level_that_drafts_nothing_does_not_hold_the_gate():
         gate.observe(_drafted(250.0, 2) if levels[-1] == FULL else _plain(100.0))
     first_small = levels.index(SMALL)
     assert FULL in levels[first_small:]
-
-
-# --------------------------------------------------------------- a near tie starts with the target alone
-def test_a_gate_that_starts_plain_tries_drafting_after_probe_after_steps_and_keeps_a_win():
-    gate = PriceGate(FLAT, first_level=PLAIN, first_reason="a near tie")
-    assert gate.decision.level == PLAIN and gate.reason == "a near tie"
-    # 2 tokens in 150 ms against 100 ms a plain step: drafting measures 1.33x.
-    decisions = _drive(gate, 40, lambda level: 150.0)
-    levels = [d.level for d in decisions]
-    assert levels[:4] == [PLAIN] * 4 and levels[4] == SMALL
-    assert [d.level for d in decisions[-10:] if not d.probe] == [FULL] * len([d for d in decisions[-10:]
-                                                                             if not d.probe])
-    assert gate.level == FULL
-
-
-def test_a_gate_that_starts_plain_returns_to_plain_when_drafting_loses():
-    gate = PriceGate(FLAT, first_level=PLAIN)
-    decisions = _drive(gate, 60, lambda level: 250.0)          # 0.80x: a loss within noise's reach
-    drafting = [d for d in decisions if d.level != PLAIN]
-    assert decisions[0].level == PLAIN and gate.level == PLAIN
-    assert len(drafting) <= 12, f"{len(drafting)} drafting steps of 60"
-
-
-def test_a_gate_start_level_must_be_a_level():
-    with pytest.raises(ValueError, match="first_level"):
-        PriceGate(FLAT, first_level=3)
