@@ -22,8 +22,26 @@ from components.app_state.runtimes_here import runtimes_here
 from components.live import step_mode, worked_example
 from components.live.live_tab import LiveSession, show_step
 
-#: Runs in the browser when the projector box changes: the page's CSS (assets/studio.css) keys on this class.
-PROJECTOR_JS = "(on) => { document.body.classList.toggle('sq-projector', !!on); }"
+#: The figures a class reads (assets/studio.css sizes their other texts).
+PROJECTOR_FIGURES = "#sq-tree, #sq-step-plot, #sq-inspect-plot, #sq-worked-plot, #sq-stats"
+#: Runs in the browser when the projector box changes: the page's CSS (assets/studio.css) keys on the body's class.
+#: Legends are the one text CSS cannot enlarge (Plotly places their items for its own font size, so larger text
+#: ran into the next item): Plotly relays them out at 20 px, and every half second re-applies that to figures a
+#: new step or run redrew, until the box is unticked (then back to Plotly's size).
+PROJECTOR_JS = ("""(on) => {
+  document.body.classList.toggle('sq-projector', !!on);
+  const legends = () => {
+    if (!window.Plotly) return;
+    document.querySelectorAll(':is(%s) .js-plotly-plot').forEach((gd) => {
+      const shown = gd._fullLayout && gd._fullLayout.showlegend && gd._fullLayout.legend;
+      const ours = gd.layout && gd.layout.legend && gd.layout.legend.font && gd.layout.legend.font.size === 20;
+      if (on ? shown && shown.font.size < 20 : ours) window.Plotly.relayout(gd, {'legend.font.size': on ? 20 : null});
+    });
+  };
+  clearInterval(window.sqProjectorLegends);
+  legends();
+  window.sqProjectorLegends = on ? setInterval(legends, 500) : undefined;
+}""" % PROJECTOR_FIGURES)
 NO_STEP = "*Decode something, then press **Step** to replay the step on the slider one phase at a time.*"
 WORKED_LABEL = "Worked example: one rejection on a five-word vocabulary (the residual, by hand)"
 _TREE_METHOD = re.compile(r"Sequoia n=(\d+) d=(\d+)")   # how runtime_choice names a tree (RuntimeEstimate.method)

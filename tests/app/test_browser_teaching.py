@@ -26,11 +26,24 @@ SMALLEST_FONT = """(selectors) => Object.fromEntries(selectors.map((sel) => {
 }))"""
 TREE_LABELS = """() => [...document.querySelectorAll('#sq-tree .textpoint text')]
   .map((t) => parseFloat(getComputedStyle(t).fontSize))"""
-#: (text, px) of every visible text of the Live tab's figures a class reads, legends aside (see studio.css).
+#: (text, px) of every visible text of the Live tab's figures a class reads, legends aside (studio.css sizes these).
 FIGURE_TEXTS = """() => [...document.querySelectorAll(
     ':is(#sq-tree, #sq-step-plot, #sq-inspect-plot, #sq-stats) svg text')]
   .filter((t) => !t.closest('.legend') && t.textContent.trim() && t.getClientRects().length)
   .map((t) => [t.textContent.trim().slice(0, 30), parseFloat(getComputedStyle(t).fontSize)])"""
+#: The legends of those figures (Plotly relays them out: live_teaching.PROJECTOR_JS): each legend item's text and
+#: px, and whether any two items of one legend overlap on the screen.
+LEGENDS = """() => {
+  const legends = [...document.querySelectorAll(':is(#sq-tree, #sq-step-plot, #sq-inspect-plot, #sq-stats) .legend')];
+  const texts = legends.flatMap((l) => [...l.querySelectorAll('text')].filter((t) => t.textContent.trim())
+    .map((t) => [t.textContent.trim().slice(0, 30), parseFloat(getComputedStyle(t).fontSize)]));
+  const overlaps = legends.flatMap((l) => {
+    const boxes = [...l.querySelectorAll('.traces text')].map((t) => t.getBoundingClientRect());
+    return boxes.flatMap((a, i) => boxes.slice(i + 1).filter((b) => a.left < b.right - 1 && b.left < a.right - 1
+      && a.top < b.bottom - 1 && b.top < a.bottom - 1).map(() => i));
+  });
+  return {texts, overlaps: overlaps.length};
+}"""
 
 
 def _decoded(page, tokens: int = 12) -> None:
@@ -71,6 +84,12 @@ def test_the_projector_view_sets_key_texts_to_20_px_at_1280x720(page, tmp_path):
     assert labels and min(labels) >= 20, labels                    # the tree's token labels
     figures = page.evaluate(FIGURE_TEXTS)                          # titles, axes and annotations of every figure
     assert figures and min(size for _, size in figures) >= 20, [f for f in figures if f[1] < 20]
+    legends = _legends(page, lambda px: px >= 20)                  # Plotly's relayout: polled, it is async
+    assert legends["texts"] and not legends["overlaps"], legends
+    page.locator("#sq-next-call").click()                          # a redrawn figure keeps its large legend
+    sync_api.expect(page.locator("#sq-step-text")).to_contain_text("Target call 2")
+    legends = _legends(page, lambda px: px >= 20)
+    assert legends["texts"] and not legends["overlaps"], legends
     _screenshot(page, tmp_path, "projector-1280x720")
     page.get_by_label("Projector view").uncheck()
     page.wait_for_function("!document.body.classList.contains('sq-projector')")
@@ -80,6 +99,17 @@ def test_the_projector_view_sets_key_texts_to_20_px_at_1280x720(page, tmp_path):
         page.wait_for_timeout(100)
         now = page.evaluate(SMALLEST_FONT, list(KEY_TEXTS))
     assert now == before, (now, before)
+    assert _legends(page, lambda px: px < 20)["texts"]             # legends back at Plotly's own size
+
+
+def _legends(page, wanted, seconds: float = 5.0) -> dict:
+    """LEGENDS once every legend text's px satisfies ``wanted`` (or after ``seconds``)."""
+    deadline, found = time.monotonic() + seconds, page.evaluate(LEGENDS)
+    while not (found["texts"] and all(wanted(px) for _, px in found["texts"])) and time.monotonic() < deadline:
+        page.wait_for_timeout(100)
+        found = page.evaluate(LEGENDS)
+    assert all(wanted(px) for _, px in found["texts"]), found
+    return found
 
 
 def test_step_mode_walks_one_call_then_moves_the_slider_to_the_next(page):
