@@ -32,7 +32,7 @@ PROJECTOR_JS = ("""(on) => {
   document.body.classList.toggle('sq-projector', !!on);
   const legends = () => {
     if (!window.Plotly) return;
-    document.querySelectorAll(':is(%s) .js-plotly-plot').forEach((gd) => {
+    document.querySelectorAll(':is(FIGURES) .js-plotly-plot').forEach((gd) => {
       const shown = gd._fullLayout && gd._fullLayout.showlegend && gd._fullLayout.legend;
       const ours = gd.layout && gd.layout.legend && gd.layout.legend.font && gd.layout.legend.font.size === 20;
       if (on ? shown && shown.font.size < 20 : ours) window.Plotly.relayout(gd, {'legend.font.size': on ? 20 : null});
@@ -41,7 +41,7 @@ PROJECTOR_JS = ("""(on) => {
   clearInterval(window.sqProjectorLegends);
   legends();
   window.sqProjectorLegends = on ? setInterval(legends, 500) : undefined;
-}""" % PROJECTOR_FIGURES)
+}""").replace("FIGURES", PROJECTOR_FIGURES)
 NO_STEP = "*Decode something, then press **Step** to replay the step on the slider one phase at a time.*"
 WORKED_LABEL = "Worked example: one rejection on a five-word vocabulary (the residual, by hand)"
 _TREE_METHOD = re.compile(r"Sequoia n=(\d+) d=(\d+)")   # how runtime_choice names a tree (RuntimeEstimate.method)
