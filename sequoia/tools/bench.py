@@ -207,7 +207,8 @@ def make_proposers(config: BenchConfig, prompt_sets: Sequence[PromptSet],
 
     The :data:`WORKLOAD_METHODS` of one (prompt set, temperature) share the ``sequoia-dynamic`` proposer's
     plumbing: the same hardware profile, acceptance prior, calibration, budget and depth, so the n-gram
-    methods are priced exactly as the dynamic tree they are compared with.
+    methods are priced exactly as the dynamic tree they are compared with (``sequoia-auto``: its profile and
+    acceptance, within the optimizer's own budget and depth limits, as the page runs it).
     """
     fixed = {
         "ar": make_method("ar"),

@@ -82,12 +82,12 @@ def leaf_mass(tree: Tree, acceptance) -> float:
     return total
 
 
-def draft_ms(profile: HardwareProfile, widths: Sequence[int]) -> float:
+def draft_ms(profile: HardwareProfile, widths: Sequence[float]) -> float:
     """All draft levels of a step, each with its level overhead."""
     return sum(float(profile.draft(w)) + profile.level_overhead_ms for w in widths)
 
 
-def step_ms(profile: HardwareProfile, widths: Sequence[int], n_nodes: int) -> float:
+def step_ms(profile: HardwareProfile, widths: Sequence[float], n_nodes: int) -> float:
     """Predicted ms of a step drafting levels of ``widths`` and verifying ``n_nodes`` tokens (root included)."""
     return overhead_ms(profile, n_nodes) + draft_ms(profile, widths) + float(profile.target(n_nodes))
 
@@ -113,8 +113,9 @@ def baseline_ms(profile: HardwareProfile) -> float:
 def step_cost(tree: Tree, expected: float, profile: HardwareProfile, catch_up: float = 0.0) -> StepCost:
     """Predicted cost of one step with ``tree`` yielding ``expected`` tokens on average; ``catch_up``: the tokens
     the first draft forward feeds beside the root, on average (:func:`leaf_mass` of the tree and the vector)."""
-    return StepCost(draft_ms=draft_ms(profile, draft_widths(tree, catch_up)), target_ms=float(profile.target(tree.n_nodes)),
-                    expected_tokens=expected, overhead_ms=overhead_ms(profile, tree.n_nodes))
+    return StepCost(draft_ms=draft_ms(profile, draft_widths(tree, catch_up)),
+                    target_ms=float(profile.target(tree.n_nodes)), expected_tokens=expected,
+                    overhead_ms=overhead_ms(profile, tree.n_nodes))
 
 
 def illustrative_gpu_profile(draft_ratio: float) -> HardwareProfile:
