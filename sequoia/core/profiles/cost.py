@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..trees.dp import node_acceptance
 from ..trees.tree import Tree
 from .profile import DRAFT_GRID, TARGET_GRID, HardwareProfile
 
@@ -71,15 +72,8 @@ def leaf_mass(tree: Tree, acceptance) -> float:
     """Probability that a step's accepted path ends on a draft leaf: the sum of f(v) over the tree's leaves, f the
     DP's node acceptance (the product of p_rank along the path).  The next step's first draft forward feeds that
     token too, beside the new root."""
-    p = [float(x) for x in acceptance]
-    f = [1.0] * tree.n_nodes  # [n_nodes]
-    total = 0.0
-    for v in range(1, tree.n_nodes):
-        r = tree.ranks[v]
-        f[v] = f[tree.parents[v]] * p[r] if r < len(p) else 0.0
-        if not tree.children[v]:
-            total += f[v]
-    return total
+    f = node_acceptance(tree, acceptance)
+    return float(sum(f[v] for v in range(1, tree.n_nodes) if not tree.children[v]))
 
 
 def draft_ms(profile: HardwareProfile, widths: Sequence[float]) -> float:

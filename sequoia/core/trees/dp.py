@@ -200,14 +200,20 @@ def check_acceptance(acceptance) -> np.ndarray:
     return p
 
 
-def expected_tokens(tree: Tree, acceptance) -> float:
-    """1 + sum_v f(v): expected tokens per step of ``tree``; ranks beyond W contribute 0."""
+def node_acceptance(tree: Tree, acceptance) -> list[float]:
+    """f(v) of every node: the probability that node v is accepted, the product of p_rank along its path (root:
+    1; ranks beyond W: 0).  # [n_nodes]"""
     p = check_acceptance(acceptance)
-    f = [1.0] * tree.n_nodes  # [n_nodes] probability that each node is accepted
+    f = [1.0] * tree.n_nodes
     for v in range(1, tree.n_nodes):
         r = tree.ranks[v]
         f[v] = f[tree.parents[v]] * p[r] if r < len(p) else 0.0
-    return 1.0 + float(sum(f[1:]))
+    return f
+
+
+def expected_tokens(tree: Tree, acceptance) -> float:
+    """1 + sum_v f(v): expected tokens per step of ``tree``; ranks beyond W contribute 0."""
+    return 1.0 + float(sum(node_acceptance(tree, acceptance)[1:]))
 
 
 def baseline_curves(acceptance, sizes: list[int]) -> dict[str, list[float]]:
@@ -318,5 +324,5 @@ def check_copies(copies) -> np.ndarray:
     return c
 
 
-__all__ = ["DPResult", "optimal_tree", "expected_tokens", "baseline_curves", "check_acceptance",
+__all__ = ["DPResult", "optimal_tree", "expected_tokens", "node_acceptance", "baseline_curves", "check_acceptance",
            "CopiesResult", "optimal_tree_with_copies", "check_copies"]
