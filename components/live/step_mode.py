@@ -11,7 +11,7 @@ A live run streams a dozen steps in seconds; a class needs one at a time, each p
 Everything shown is read from the record: the tree, the tokens, and the checks verification recorded
 (``generate(..., inspect=True)``, as the Live tab decodes); a record without checks shows the walk's outcome
 at once.  :func:`phases` lists a record's phases, :func:`figure` and :func:`markdown` draw one, and
-:func:`advance` moves the cursor; all pure (the Gradio wiring is :mod:`components.step_panel`).
+:func:`advance` moves the cursor; all pure (the Gradio wiring is :mod:`components.live.live_teaching`).
 """
 
 from __future__ import annotations

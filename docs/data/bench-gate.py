@@ -14,14 +14,14 @@ import torch
 torch.set_num_threads(1)
 from sequoia._meta import ASSETS, pair_name
 from sequoia.core.config import GenerationConfig
-from sequoia.core.profile import HardwareProfile
-from sequoia.runtime.acceptance import load_prompts
+from sequoia.core.profiles.profile import HardwareProfile
+from sequoia.runtime.measuring.acceptance import load_prompts
 from sequoia.runtime.engine import SpeculativeEngine
-from sequoia.runtime.finder import find_acceptance, find_calibration, find_ngram_acceptance, list_acceptance
+from sequoia.runtime.measuring.finder import find_acceptance, find_calibration, find_ngram_acceptance, list_acceptance
 from sequoia.runtime.methods import make_method
-from sequoia.runtime.price import PriceSettings
+from sequoia.runtime.proposers.price import PriceSettings
 from sequoia.runtime.models import load_pair
-from sequoia.runtime.timing import run_with_records, warmup
+from sequoia.runtime.measuring.timing import run_with_records, warmup
 from sequoia.tools.bench import encode
 
 prof_path, out_path = sys.argv[1], sys.argv[2]

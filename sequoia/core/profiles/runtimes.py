@@ -102,7 +102,7 @@ def display_name(backend: str) -> str:
     return _NAMES.get(backend, backend)
 
 
-#: Resident memory right after start with the embedded pair, by runtime (``scripts/memory_tour.py`` on 2-vCPU
+#: Resident memory right after start with the embedded pair, by runtime (``scripts/page/memory_tour.py`` on 2-vCPU
 #: machines: "hf" 8.5 GB on a Xeon with AMX, its target's blocked weight copy included; "llamacpp" 3.5 GB on a
 #: Zen 4); None: not measured.  What serving on another runtime would need, before any request.
 START_MEMORY_GB = {"hf": 8.5, "llamacpp": 3.5, "mixed": None}

@@ -43,7 +43,7 @@ of that token, which the positional p_k approximates as it does for Sequoia's
 own trees.  Ranks beyond W are never accepted.
 
 Constraints SGLang 0.5.23 applies to these flags, encoded in :func:`check_args`
-(checked by ``scripts/check_sglang_args.py`` against SGLang's parser, its
+(checked by ``scripts/checks/check_sglang_args.py`` against SGLang's parser, its
 argument resolution and its draft-tree code; the record is
 ``docs/data/sglang-args-check.json``): all three are integers; K = 1 makes
 SGLang reset N to S + 1 (a chain of S) with a warning; N - 1 <= K + (S-1)*K*K,

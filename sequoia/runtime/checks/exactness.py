@@ -4,7 +4,7 @@ Why outputs can differ at T=0 although verification is lossless: the target
 alone decodes one token per forward, while verification scores many tokens in
 one forward.  On a CPU a bf16 model runs those on different kernels (torch's own
 one-row kernel, oneDNN's blocked many-row products, see
-:mod:`sequoia.runtime.kernels`), whose sums round differently; bf16 logits are
+:mod:`sequoia.runners.hf.kernels`), whose sums round differently; bf16 logits are
 coarse (steps of 0.125 near 18), so where the target's top two logits are that
 close the two kernels can pick different tokens, and every later token follows
 the other branch.  Both outputs are then greedy decodes of the same model, but

@@ -16,7 +16,7 @@ ZeroGPU grants one call (:func:`plan_call`).
 Two numbers here are not measured on ZeroGPU's card (RTX Pro 6000 Blackwell,
 sm_120): the capture time per graph (:data:`CAPTURE_NOT_MEASURED`) and the eager
 over graph ratio (:data:`EAGER_OVER_GRAPH`, measured on an H100).  A GPU run of
-``scripts/gpu_check.py`` measures them; until then each says so where it is used.
+``scripts/gpu/gpu_check.py`` measures them; until then each says so where it is used.
 """
 
 from __future__ import annotations

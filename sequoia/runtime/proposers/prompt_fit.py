@@ -7,7 +7,7 @@ calibration measured on the shipped calibration prompts
 with the target less often, and a tree sized for the calibration's estimate
 verifies more tokens than pay: on held-out retrieval prompts of 617-779 tokens
 the dynamic tree accepted 0.76-0.91 of the tokens it predicted (Intel Xeon,
-AVX-512-BF16 + AMX, one thread; ``scripts/check_context_prices.py``), while the
+AVX-512-BF16 + AMX, one thread; ``scripts/measure/check_context_prices.py``), while the
 profile priced its forwards at that context as well as the target alone's.
 
 :class:`PromptFit` keeps, over one generation, the drawn children of nodes that

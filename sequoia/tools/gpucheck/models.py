@@ -47,7 +47,7 @@ class Shape:
 DRAFT_05B = Shape("0.5B (Qwen2.5-Coder-0.5B shapes)", 896, 24, 14, 2, 4864, 151936)
 TARGET_15B = Shape("1.5B (Qwen2.5-Coder-1.5B shapes)", 1536, 28, 12, 2, 8960, 151936)
 TARGET_7B = Shape("7B (Qwen2.5-7B shapes)", 3584, 28, 28, 4, 18944, 152064)
-#: Qwen2.5-32B's shapes (65.5 GB in bf16): the streamed target of scripts/offload_check.py.
+#: Qwen2.5-32B's shapes (65.5 GB in bf16): the streamed target of scripts/gpu/offload_check.py.
 TARGET_32B = Shape("32B (Qwen2.5-32B shapes)", 5120, 64, 40, 8, 27648, 152064)
 #: Stand-ins for ``--device cpu``: the same code on shapes a CPU runs in seconds.
 CPU_DRAFT = Shape("tiny draft (CPU stand-in)", 64, 2, 4, 2, 128, 512)

@@ -1,5 +1,5 @@
 """The offload check's parts: a random-weight target streamed from pinned host memory, what it costs, and what
-Sequoia would make of it (``scripts/offload_check.py`` runs them and writes the report).
+Sequoia would make of it (``scripts/gpu/offload_check.py`` runs them and writes the report).
 
 * :func:`build_target`: random weights at a shape, written straight into the streamed runner's host buffers
   (never a file, never a second copy): one pool of random numbers drawn once and laid across every tensor at
