@@ -9,7 +9,8 @@ graph 3.1 ms (../shared/GPU.md).  A graph replays fixed addresses and shapes, so
 * a forward of n new tokens is padded to a **bucket** of rows (1, 2, 4, ... 128)
   and attends to a **window** of keys (a power of two >= 256, up to the
   capacity); one graph per (bucket, window), captured on first use, all in one
-  memory pool; padded rows write to scratch slots no real row sees;
+  memory pool; padded rows write to scratch slots no real row sees
+  (:mod:`sequoia.runners.hf.forward_graph`: the shapes, masks and one capture);
 * positions come from the parents (host integers, a few per token) and the
   tree's ancestor mask is built on the device from a small boolean block cached
   per tree shape, so the same tree every step costs no mask building at all;
@@ -43,50 +44,24 @@ import torch
 
 from ...core.config import SamplingConfig
 from ...core.trees.tree import Tree
-from ..base import RunnerInfo, check_forward_args, check_keep_args, check_path, new_positions, upload
+from ..base import RunnerInfo, check_forward_args, check_keep_args, check_path, new_positions
 from .compile_cache import CompilePlan, compile_forward, failed
 from .draft_program import DraftProgram, SamplingShape, program_key, try_capture
+from .forward_graph import (BUCKETS, MIN_WINDOW, ForwardGraph, ancestor_block, bucket_of, fill_mask,
+                            upload_host, window_of)
 from .slot_cache import SlotCache, slot_bytes
 
-BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)   # new-token counts a graph is captured for
-MIN_WINDOW = 256                           # smallest key window a forward attends to
 CACHE_SHARE = 0.25                         # most of the device's free memory one runner's cache may take
 _SHAPES = 512                              # tree shapes whose ancestor blocks stay cached
 _PROGRAMS = 8                              # draft programs (tree, sampling shape) kept with their graphs
 log = logging.getLogger("sequoia")
 
 
-def bucket_of(n: int, buckets: Sequence[int] = BUCKETS) -> int | None:
-    """The smallest bucket holding ``n`` rows; None past the largest (eager)."""
-    return next((b for b in buckets if b >= n), None)
-
-
-def window_of(length: int, capacity: int) -> int:
-    """Keys a forward reaching ``length`` slots attends to: a power of two >= MIN_WINDOW, at most ``capacity``."""
-    w = MIN_WINDOW
-    while w < length:
-        w *= 2
-    return min(w, capacity)
-
-
-def ancestor_block(rel_parents: tuple[int, ...], rows: int) -> np.ndarray:
-    """Which tree-part slots each of the last ``rows`` slots sees (itself and its ancestors).  # [rows, m] bool
-
-    ``rel_parents[j]`` is slot j's parent within the tree part (-1: in the chain below, seen whole).
-    """
-    m = len(rel_parents)
-    seen = np.zeros((m, m), dtype=bool)
-    for j, p in enumerate(rel_parents):
-        if p >= 0:
-            seen[j] = seen[p]
-        seen[j, j] = True
-    return seen[m - rows:]
-
-
 class GraphRunner:
     """One transformers model on CUDA graphs (or eagerly, off CUDA); the :mod:`sequoia.runners.base` seam."""
 
     device_tokens = True          # forward accepts a device tensor of token ids (a draft level stays on the GPU)
+    graph_class = ForwardGraph    # what captures a forward shape (call_graphs: replays emulated off CUDA)
 
     def __init__(self, model, name: str, info: RunnerInfo, capacity: int | None = None,
                  graphs: bool | None = None, buckets: Sequence[int] = BUCKETS,
@@ -119,7 +94,7 @@ class GraphRunner:
         self.end_tokens = tuple(int(t) for t in ([eos] if isinstance(eos, int) else eos or ()))
         self.neg = torch.finfo(self.dtype).min
         self._blocks: OrderedDict[tuple, torch.Tensor] = OrderedDict()
-        self._graphs: dict[tuple[int, int], _Graph] = {}
+        self._graphs: dict[tuple[int, int], ForwardGraph] = {}
         self.capture_errors: dict[tuple[int, int], str] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
         self._owner = None
@@ -160,7 +135,7 @@ class GraphRunner:
         window = end if not self.graphs else window_of(end, self.capacity)
         mask = torch.full((n, window), self.neg, dtype=self.dtype, device=self.device)
         fill_mask(mask, block, chain, n)
-        up = _upload(host, self.device)
+        up = upload_host(host, self.device)
         self.cache.write_at(up[1], window)
         return self.call(ids[None], up[0][None], mask[None, None])[0]
 
@@ -175,8 +150,8 @@ class GraphRunner:
                                 past_key_values=self.cache, use_cache=True)
         return out.logits
 
-    def _capture(self, bucket: int, window: int) -> "_Graph | None":
-        graph, error = try_capture(lambda: _Graph.capture(self, bucket, window), self, (bucket, window))
+    def _capture(self, bucket: int, window: int) -> "ForwardGraph | None":
+        graph, error = try_capture(lambda: self.graph_class.capture(self, bucket, window), self, (bucket, window))
         if graph is None:   # eager forwards for this shape, said on the runner and in the log
             self.note_capture_error((bucket, window), error)
             return None
@@ -228,7 +203,7 @@ class GraphRunner:
         key = (rel_parents, rows)
         block = self._blocks.get(key)
         if block is None:
-            block = _upload(ancestor_block(rel_parents, rows), self.device)
+            block = upload_host(ancestor_block(rel_parents, rows), self.device)
             self._blocks[key] = block
             if len(self._blocks) > _SHAPES:
                 self._blocks.popitem(last=False)
@@ -249,70 +224,6 @@ class GraphRunner:
     @property
     def graph_count(self) -> int:
         return len(self._graphs)
-
-
-def fill_mask(mask: torch.Tensor, block: torch.Tensor, chain: int, n: int) -> None:
-    """Additive mask rows [0, n): the chain below ``chain`` whole, the tree part by ``block``.  mask: [rows, kv]"""
-    if chain:
-        mask[:n, :chain] = 0
-    m = block.shape[1]
-    mask[:n, chain: chain + m].masked_fill_(block, 0)
-
-
-def _upload(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A host array on the device without waiting for the device."""
-    return upload(torch.from_numpy(np.ascontiguousarray(array)), device)
-
-
-class _Graph:
-    """One captured forward of ``bucket`` rows over ``window`` keys, with its static inputs and output."""
-
-    def __init__(self, runner: GraphRunner, bucket: int, window: int) -> None:
-        dev = runner.device
-        self.runner, self.bucket, self.window = runner, bucket, window
-        self.ids = torch.zeros(1, bucket, dtype=torch.long, device=dev)
-        self.pos = torch.zeros(1, bucket, dtype=torch.long, device=dev)
-        self.slots = torch.arange(runner.capacity, runner.capacity + bucket, device=dev)  # scratch while capturing
-        self.mask = torch.zeros(1, 1, bucket, window, dtype=runner.dtype, device=dev)
-        self.pad_slots = self.slots.clone()
-        self.graph = torch.cuda.CUDAGraph()
-        self.logits: torch.Tensor | None = None
-
-    @classmethod
-    @torch.inference_mode()
-    def capture(cls, runner: GraphRunner, bucket: int, window: int) -> "_Graph":
-        # In inference mode whoever asks (the warm-up or a session): the static inputs are then inference
-        # tensors like every other caller's, and a compiled forward's guards on them hold (no recompile).
-        g = cls(runner, bucket, window)
-        cache = runner.cache
-        cache.write_at(g.slots, window)
-        stream = torch.cuda.Stream(runner.device)
-        stream.wait_stream(torch.cuda.current_stream(runner.device))
-        with torch.cuda.stream(stream):   # warm-up off the capture (lazy inits, autotuning), as torch advises
-            for _ in range(2):
-                runner.call(g.ids, g.pos, g.mask)
-        torch.cuda.current_stream(runner.device).wait_stream(stream)
-        # thread_local: only this thread's unsafe calls invalidate the capture (another thread's sync does not)
-        with torch.cuda.graph(g.graph, pool=runner._pool, capture_error_mode="thread_local"):
-            g.logits = runner.call(g.ids, g.pos, g.mask)
-        return g
-
-    def load(self, ids: torch.Tensor, host: np.ndarray, block: torch.Tensor, chain: int, capacity: int) -> None:
-        """Write one forward's inputs into the static buffers (device work only, no host wait)."""
-        n, b = host.shape[1], self.bucket
-        packed = np.empty((2, b), dtype=np.int64)
-        packed[:, :n] = host
-        packed[0, n:] = 0
-        packed[1, n:] = np.arange(capacity + n, capacity + b)   # padding writes scratch slots
-        up = _upload(packed, self.runner.device)
-        self.pos[0].copy_(up[0])
-        self.slots.copy_(up[1])
-        self.ids[0, :n].copy_(ids)
-        mask = self.mask[0, 0]
-        mask.fill_(self.runner.neg)
-        fill_mask(mask, block, chain, n)
-        if b > n:
-            mask[n:, 0] = 0   # a padded row sees one real key: finite numbers, read by nobody
 
 
 class GraphSession:
@@ -353,7 +264,8 @@ class GraphSession:
             lo = min(anchors) + 1
             rel = tuple(p - lo if p >= lo else -1 for p in self._parent[lo:] + parents)
             block = run.tree_block(rel, n)
-        ids = tokens if isinstance(tokens, torch.Tensor) else _upload(np.asarray(tokens, dtype=np.int64), run.device)
+        ids = (tokens if isinstance(tokens, torch.Tensor)
+               else upload_host(np.asarray(tokens, dtype=np.int64), run.device))
         host = np.array([pos, range(start, start + n)], dtype=np.int64)
         logits = run.run(ids.to(run.device).reshape(-1), host, block, lo, start)
         run.forward_calls += 1
@@ -391,7 +303,7 @@ class GraphSession:
         slots = check_keep_args(len(self), prefix, slots)
         check_path(self._parent, prefix, slots)
         if slots != list(range(prefix, prefix + len(slots))):
-            self.runner.cache.move(prefix, _upload(np.asarray(slots, dtype=np.int64), self.runner.device))
+            self.runner.cache.move(prefix, upload_host(np.asarray(slots, dtype=np.int64), self.runner.device))
         self._pos = self._pos[:prefix] + [self._pos[s] for s in slots]
         self._parent = self._parent[:prefix] + list(range(prefix - 1, prefix + len(slots) - 1))
         if self._chain >= prefix:
