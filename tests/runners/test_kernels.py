@@ -107,12 +107,15 @@ def test_block_weights_blocks_a_quantized_models_copies(monkeypatch):
 def test_unknown_scheme_and_misfit_group_are_refused():
     with pytest.raises(ValueError, match="unknown weight quantization"):
         quantize_weights(_tiny(), "int3")
-    if kernels.int4_available():
-        with pytest.raises(ValueError, match="multiple of the int4 group"):
-            Int4Linear.from_linear(torch.nn.Linear(40, 8), 32)
-        # a whole model with such a layer falls back to int8 there instead of failing
-        model = torch.nn.Sequential(torch.nn.Linear(40, 64), torch.nn.Linear(64, 16))
-        assert kernels.describe(quantize_weights(model, "int4")) == "int4+int8"
+
+
+@needs_int4
+def test_a_misfit_int4_group_is_refused_and_a_model_falls_back_to_int8_there():
+    with pytest.raises(ValueError, match="multiple of the int4 group"):
+        Int4Linear.from_linear(torch.nn.Linear(40, 8), 32)
+    # a whole model with such a layer falls back to int8 there instead of failing
+    model = torch.nn.Sequential(torch.nn.Linear(40, 64), torch.nn.Linear(64, 16))
+    assert kernels.describe(quantize_weights(model, "int4")) == "int4+int8"
 
 
 def test_none_leaves_the_model_alone():
@@ -188,11 +191,14 @@ def test_groups_that_would_change_scheme_or_shape_stay_separate():
     model.gate_proj, model.up_proj = torch.nn.Linear(64, 32, bias=False), torch.nn.Linear(64, 32, bias=True)
     quantize_weights(model, "int8")
     assert isinstance(model.gate_proj, Int8Linear) and not hasattr(model, "gate_up_proj")   # bias differs
-    if kernels.int4_available():
-        model = torch.nn.Module()
-        model.gate_proj, model.up_proj = torch.nn.Linear(64, 8), torch.nn.Linear(64, 8)   # 8 rows: int8 each
-        quantize_weights(model, "int4")
-        assert isinstance(model.gate_up_proj.fused, Int8Linear)   # stacked 16 rows would fit int4: kept int8
+
+
+@needs_int4
+def test_an_int4_group_whose_members_fall_back_to_int8_stays_int8_fused():
+    model = torch.nn.Module()
+    model.gate_proj, model.up_proj = torch.nn.Linear(64, 8), torch.nn.Linear(64, 8)   # 8 rows: int8 each
+    quantize_weights(model, "int4")
+    assert isinstance(model.gate_up_proj.fused, Int8Linear)   # stacked 16 rows would fit int4: kept int8
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import struct
+import weakref
 
 import pytest
 
@@ -147,5 +149,23 @@ def test_make_room_refuses_before_freeing_anything():
     assert "the llama.cpp reference target" in str(err.value)
 
 
-def test_release_freed_runs_anywhere():
-    memory.release_freed()   # glibc: malloc_trim; elsewhere only gc
+def test_release_freed_collects_and_trims_where_glibc_is(monkeypatch):
+    """It collects unreachable cycles, then asks glibc to trim (where there is a glibc; elsewhere gc only)."""
+    trims = []
+    monkeypatch.setattr(memory, "_libc", lambda: type("Libc", (), {"malloc_trim": staticmethod(trims.append)})())
+    class Cycle:
+        pass
+
+    a, b = Cycle(), Cycle()
+    a.other, b.other = b, a
+    ref = weakref.ref(a)
+    del a, b
+    gc.disable()   # only release_freed's own collection may free the cycle
+    try:
+        memory.release_freed()
+    finally:
+        gc.enable()
+    assert ref() is None and trims == [0]
+    monkeypatch.setattr(memory, "_libc", lambda: None)
+    memory.release_freed()   # no glibc (musl, macOS): gc only, no error
+    assert trims == [0]
