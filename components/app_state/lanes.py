@@ -42,21 +42,23 @@ class LightLane:
     def __init__(self) -> None:
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        self.priority = "not started"   # once started: "nice 19", or why the priority stayed plain
 
     def run(self, work: Callable[[], T]) -> T:
         """Run ``work`` on the light-work thread and return its result (its errors propagate)."""
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sequoia-light",
-                                                initializer=_lower_priority)
+                                                initializer=_lower_priority, initargs=(self,))
         return self._pool.submit(work).result()
 
 
-def _lower_priority() -> None:
+def _lower_priority(lane: LightLane) -> None:
     try:  # per thread on Linux: the model's threads keep their priority
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LIGHT_NICE)
-    except (AttributeError, OSError):  # another OS, or not permitted: plain priority, still bounded to one thread
-        pass
+        lane.priority = f"nice {LIGHT_NICE}"
+    except (AttributeError, OSError) as exc:  # another OS, or not permitted: plain priority, still one thread
+        lane.priority = f"plain ({type(exc).__name__}: {exc})"
 
 
 class DPLane:

@@ -372,15 +372,14 @@ def test_light_work_runs_on_one_low_priority_thread():
     seen = [light.run(lambda: (threading.get_native_id(), threading.current_thread().name)) for _ in range(3)]
     assert len(set(seen)) == 1 and seen[0][1].startswith("sequoia-light")   # one worker, reused
     assert seen[0][0] != threading.get_native_id()
-    if hasattr(os, "getpriority"):
-        nice = light.run(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
-        assert nice == LIGHT_NICE or nice == os.getpriority(os.PRIO_PROCESS, 0)  # raised where permitted
-    try:
+    with pytest.raises(ZeroDivisionError):   # an error in light work reaches the handler
         light.run(lambda: 1 / 0)
-    except ZeroDivisionError:
-        pass
-    else:
-        raise AssertionError("an error in light work must reach the handler")
+    if not hasattr(os, "getpriority"):
+        pytest.skip("no per-thread priority on this OS: the light thread runs at plain priority")
+    nice = light.run(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+    if not light.priority.startswith("nice"):   # the lane says why it could not (e.g. already niced past 19)
+        pytest.skip(f"this process may not lower a thread's priority: {light.priority}")
+    assert light.priority == f"nice {LIGHT_NICE}" and nice == LIGHT_NICE
 
 
 def test_dp_work_runs_in_its_own_low_priority_process(lanes):

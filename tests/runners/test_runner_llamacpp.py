@@ -149,9 +149,17 @@ def test_requantize_writes_once_and_the_copy_runs(tiny_gguf, tmp_path):
 
 
 def test_many_runners_open_and_close(tiny_gguf):
+    """Five runners in turn, each freed on leaving its block: each computes the same logits as the first
+    (no state left over from a freed one), and a closed runner refuses work instead of reading freed memory."""
+    first = None
     for _ in range(5):
         with load_llamacpp_runner(tiny_gguf, SMALL) as r:
-            r.session().forward([1, 2, 3], keep=1)
+            logits = r.session().forward([1, 2, 3], keep=1)
+        assert logits.shape == (1, r.vocab_size) and bool(logits.isfinite().all())
+        first = logits if first is None else first
+        assert (logits - first).abs().max() < 1e-4 * (1 + first.abs().max())
+        with pytest.raises(RuntimeError, match="the runner was closed"):
+            r.session()
 
 
 # ------------------------------------------------------------------ the embedded target (Q4_K_M)
