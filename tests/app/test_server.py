@@ -246,11 +246,11 @@ def test_cancelled_api_decodes_stop_and_never_overlap(tmp_path, lanes):
         deadline = time.monotonic() + 30
         while meter.calls < 5 and time.monotonic() < deadline:
             time.sleep(0.02)
-        # A bad request is refused at once, while the model is busy.
-        t0 = time.monotonic()
+        # A bad request is refused at once, while the model is busy: the 200-token decode (>= 4 s of metered
+        # forwards) is still running when the refusal comes back, so it did not wait its turn in the queue.
         with pytest.raises((AppError, ValueError, Exception), match="cap of 256"):
             client.predict("hi", "ar", 4, 4, 0.0, 1.0, 100000, 0, True, "", api_name="/decode")
-        assert time.monotonic() - t0 < 2.0
+        assert not job.done() and meter.calls < 200
         job.cancel()
         time.sleep(0.3)
         n = meter.calls

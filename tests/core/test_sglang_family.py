@@ -169,6 +169,7 @@ def test_a_large_search_stays_quick():
 
     start = time.process_time()
     choice = best_launch([0.7, 0.1, 0.05, 0.03, 0.02], 256, 16)
+    # 2 s of CPU: over 100x the 0.013 s measured (2-vCPU Xeon with AMX), against an exhaustive search, not a speed
     assert time.process_time() - start < 2.0
     assert choice.args.budget <= 256 and choice.sequoia_tokens >= choice.family.expected_tokens - 1e-12
 
