@@ -1,7 +1,9 @@
 """The loaded model pair and its engine: loaded once, in a background thread or on first use.
 
 While the pair is loading, :meth:`LoadedPair.get` raises :class:`ModelsNotReady` at once instead of blocking a
-worker for minutes; it is a ``ValueError`` so every handler's "readable message" path shows it.
+worker for minutes; it is a ``ValueError`` so every handler's "readable message" path shows it.  Inside a GPU
+call (:mod:`components.app_state.call_scope`) it hands out the call's own pair: graph runners over the same
+models when the call captures, the loaded pair itself when it runs eagerly.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 from sequoia.runtime.engine import SpeculativeEngine
 from sequoia.runtime.models import ModelPair
 
+from components.app_state import call_scope
 from components.app_state.load_status import LoadStatus, ModelsNotReady
 from components.widgets.runtime_view import pair_words
 
@@ -53,7 +56,14 @@ class LoadedPair:
         return self._pair
 
     def get(self) -> ModelPair:
-        """The loaded pair; loads it now if nobody has started to; ModelsNotReady while another thread is."""
+        """The loaded pair (in a GPU call: the call's, see the module's docstring); loads it now if nobody has
+        started to; ModelsNotReady while another thread is."""
+        call = call_scope.current()
+        if call is not None:
+            return call.pair(self._loaded())
+        return self._loaded()
+
+    def _loaded(self) -> ModelPair:
         if self._pair is not None:
             return self._pair
         if self.status.error is not None:
@@ -94,6 +104,9 @@ class LoadedPair:
         return thread
 
     def engine(self) -> SpeculativeEngine:
+        call = call_scope.current()
+        if call is not None:
+            return call.engine(self._loaded())
         pair = self.get()
         with self._engine_lock:
             if self._engine is None:

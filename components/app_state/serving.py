@@ -46,15 +46,16 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import TypeVar
 
+from components.app_state import call_scope
 from components.app_state.run_flags import RunFlags, StopFlag
 
 from sequoia.core.profiles.profile import HardwareProfile
 from sequoia.runtime.measuring.finder import DEFAULT_ENTRY
-from sequoia.runtime.measuring.gpu_call import plan_call
+from sequoia.runtime.measuring.gpu_call import PROXY_WORDS, CallPlan, plan_call, proxy_profile
 
 try:  # only on Hugging Face Spaces; nothing else here needs it
     import spaces  # type: ignore[import-not-found]
@@ -110,11 +111,33 @@ def zerogpu() -> bool:
     return bool(getattr(getattr(config, "Config", None), "zero_gpu", False))
 
 
+class PlannedSeconds(int):
+    """The seconds a call asks ZeroGPU for (an int, as ``spaces.GPU(duration=...)`` wants), carrying the
+    :class:`~sequoia.runtime.measuring.gpu_call.CallPlan` they came from (whether the call captures graphs)."""
+
+    plan: CallPlan
+
+    def __new__(cls, plan: CallPlan) -> "PlannedSeconds":
+        out = super().__new__(cls, plan.duration_s)
+        out.plan = plan
+        return out
+
+
+@dataclass(frozen=True)
+class CallOrder:
+    """What a call is sent with, beside its arguments: its duration and whether it captures graphs (why)."""
+
+    duration_s: int
+    capture: bool
+    reason: str
+
+
 def gpu_seconds(max_new_tokens, n_methods: int = 1, profile: HardwareProfile | None = None,
-                acceptance=None, tree: tuple[int, int] | None = None) -> int:
+                acceptance=None, tree: tuple[int, int] | None = None) -> PlannedSeconds:
     """GPU seconds to ask ZeroGPU for: the request's expected time under this card's hardware profile (the
-    tree it chooses, eager or with graphs captured in the call, :func:`sequoia.runtime.measuring.gpu_call.plan_call`), or
-    a flat rate per token without one."""
+    tree it chooses, eager or with graphs captured in the call, :func:`sequoia.runtime.measuring.gpu_call.plan_call`),
+    priced with the H100's costs where the card has no profile yet (:func:`~sequoia.runtime.measuring.gpu_call.proxy_profile`);
+    the plan rides along (:class:`PlannedSeconds`)."""
     try:
         n = max(int(max_new_tokens), 0)
     except (TypeError, ValueError):
@@ -123,24 +146,43 @@ def gpu_seconds(max_new_tokens, n_methods: int = 1, profile: HardwareProfile | N
         tree = (int(tree[0]), int(tree[1])) if tree else None
     except (TypeError, ValueError):
         tree = None
-    # The app's runner on ZeroGPU is eager (app.zerogpu_env: a call's captures would not outlast it), so its
-    # steps are priced eager.
-    return plan_call(n, profile, DEFAULT_ACCEPTANCE if acceptance is None else acceptance,
-                     n_runs=max(int(n_methods), 1), tree=tree, graphs_ok=False).duration_s
+    proxy = profile is None and zerogpu()
+    plan = plan_call(n, proxy_profile() if proxy else profile,
+                     DEFAULT_ACCEPTANCE if acceptance is None else acceptance, n_runs=max(int(n_methods), 1),
+                     tree=tree, graphs_ok=call_scope.call_graphs_mode() != "0")
+    if proxy:
+        plan = replace(plan, reason=f"{plan.reason}; priced with {PROXY_WORDS} (no profile of this card yet)")
+    return PlannedSeconds(plan)
+
+
+def call_order(seconds) -> CallOrder:
+    """The order a call is sent with: ``seconds`` as asked, capture as its plan says (SEQUOIA_CALL_GRAPHS=0 or
+    1 overrides it; a bare number of seconds: no plan, no capture)."""
+    mode = call_scope.call_graphs_mode()
+    plan = getattr(seconds, "plan", None)
+    if mode == "0":
+        return CallOrder(int(seconds), False, "SEQUOIA_CALL_GRAPHS=0 keeps every call eager")
+    if mode == "1":
+        return CallOrder(int(seconds), True, "SEQUOIA_CALL_GRAPHS=1: every call captures")
+    if plan is None:
+        return CallOrder(int(seconds), False, "this call's work is not priced in steps (eager)")
+    return CallOrder(int(seconds), plan.capture, plan.reason)
 
 
 def on_gpu(work: Callable[..., T], duration: Callable[..., int]) -> Callable[..., T]:
     """``work`` under ``spaces.GPU(duration=duration)`` on ZeroGPU (``duration`` gets the same arguments),
     the run flags of every session among its arguments settled once the call ends (the call's process had
-    only copies of them); ``work`` itself everywhere else."""
+    only copies of them); ``work`` itself everywhere else.  Inside the call the work runs in a
+    :func:`components.app_state.call_scope.entered` scope: the pair it gets captures the call's graphs when
+    the call's plan (``duration``'s :class:`PlannedSeconds`) says capturing pays, and drops them at its end."""
     if not zerogpu():
         return work
-    gpu_work = spaces.GPU(duration=duration)(work)
+    gpu_work = spaces.GPU(duration=lambda order, *a, **k: order.duration_s)(_in_call(work))
     if inspect.isgeneratorfunction(work):
         @functools.wraps(work)
         def stream(*args, **kwargs):
             try:
-                yield from gpu_work(*args, **kwargs)
+                yield from gpu_work(call_order(duration(*args, **kwargs)), *args, **kwargs)
             finally:
                 _settle(args, kwargs)
         return stream
@@ -148,9 +190,25 @@ def on_gpu(work: Callable[..., T], duration: Callable[..., int]) -> Callable[...
     @functools.wraps(work)
     def call(*args, **kwargs):
         try:
-            return gpu_work(*args, **kwargs)
+            return gpu_work(call_order(duration(*args, **kwargs)), *args, **kwargs)
         finally:
             _settle(args, kwargs)
+    return call
+
+
+def _in_call(work: Callable[..., T]) -> Callable[..., T]:
+    """``work`` taking a :class:`CallOrder` first, run inside the call's scope (in the call's process)."""
+    if inspect.isgeneratorfunction(work):
+        def stream(order: CallOrder, *args, **kwargs):
+            with call_scope.entered(order.capture, order.reason):
+                yield from work(*args, **kwargs)
+        stream.__name__ = getattr(work, "__name__", "call")
+        return stream
+
+    def call(order: CallOrder, *args, **kwargs):
+        with call_scope.entered(order.capture, order.reason):
+            return work(*args, **kwargs)
+    call.__name__ = getattr(work, "__name__", "call")
     return call
 
 

@@ -13,6 +13,11 @@ captures; or the target alone's time when that is longer), with a margin and a
 fixed part for moving the weights and the prompt's forward, clamped to what
 ZeroGPU grants one call (:func:`plan_call`).
 
+A card with no hardware profile of its own (ZeroGPU's, until a Space measures it) is priced with the H100's
+measured graph-runner costs at the 1.5B shapes, eager as those times :data:`EAGER_OVER_GRAPH`
+(:func:`proxy_profile`): the call's duration and its capture decision then rest on measured numbers of
+another card, and say so.
+
 Two numbers here are not measured on ZeroGPU's card (RTX Pro 6000 Blackwell,
 sm_120): the capture time per graph (:data:`CAPTURE_NOT_MEASURED`) and the eager
 over graph ratio (:data:`EAGER_OVER_GRAPH`, measured on an H100).  A GPU run of
@@ -21,11 +26,15 @@ over graph ratio (:data:`EAGER_OVER_GRAPH`, measured on an H100).  A GPU run of
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from ...core.profiles.cost import draft_widths
+from ..._meta import ASSETS
 from ...core.profiles.profile import HardwareProfile
+from ...core.profiles.projection import load_elsewhere
 from ...core.trees.dp import optimal_tree
 from ...core.trees.optimizer import choose_tree, predict
 from ...runners.hf.graph_runner import BUCKETS, bucket_of, window_of
@@ -51,6 +60,26 @@ BASE_S, MARGIN, MIN_S, MAX_S = 15.0, 1.5, 20, 300
 #: Without a profile to price the steps: a fixed part and seconds per new token (a generous flat rule, not
 #: measured on ZeroGPU).
 FLAT_BASE_S, PER_TOKEN_S = 20.0, 0.15
+
+
+#: The card a call is priced on where its own has no profile: the H100's graph runner at the 1.5B shapes (the
+#: smaller target: its steps gain the least from graphs, so capturing is decided conservatively).
+PROXY = "h100-1.5b"
+PROXY_WORDS = ("the H100's measured costs at the 1.5B shapes (assets/projections/h100-1.5b.json; eager = graph "
+               f"replay x {EAGER_OVER_GRAPH})")
+
+
+@functools.lru_cache(maxsize=4)
+def proxy_profile(assets_dir: str | Path = ASSETS) -> HardwareProfile:
+    """The eager profile a call is priced with on a card not profiled yet: :data:`PROXY`'s graph-runner costs
+    times :data:`EAGER_OVER_GRAPH` (every forward and the step's host work), so that :func:`plan_call`'s graph
+    step is the H100's measured replay."""
+    graphs = load_elsewhere(Path(assets_dir) / "projections" / f"{PROXY}.json").profile
+    k = EAGER_OVER_GRAPH
+    return replace(graphs, device=f"CUDA, priced as {graphs.device} (eager = graphs x {k})",
+                   target_ms=tuple(x * k for x in graphs.target_ms), draft_ms=tuple(x * k for x in graphs.draft_ms),
+                   step_overhead_ms=graphs.step_overhead_ms * k, level_overhead_ms=graphs.level_overhead_ms * k,
+                   contexts=())
 
 
 @dataclass(frozen=True)
@@ -91,7 +120,7 @@ def plan_call(new_tokens: int, profile: HardwareProfile | None, acceptance, cont
     ``acceptance`` (the profile measured eagerly on this card); without a profile, the flat per-token rule.
     ``tree`` (budget, depth): the request's own fixed tree, priced too (on a CPU a big tree's verify forward
     costs many one-token forwards: the call must last for it).  ``graphs_ok=False``: the runner is eager
-    whatever would pay (the app on ZeroGPU), so every step is priced eager."""
+    whatever would pay (SEQUOIA_CALL_GRAPHS=0), so every step is priced eager."""
     if not isinstance(new_tokens, int) or new_tokens < 0 or n_runs < 1:
         raise ValueError(f"new_tokens must be a non-negative integer and n_runs >= 1, got {new_tokens!r}, {n_runs!r}")
     if profile is None:
