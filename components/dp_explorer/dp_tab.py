@@ -56,10 +56,33 @@ def solved(acceptance: tuple[float, ...], budget: int, depth: int):
     return optimal_tree(acceptance, budget, depth)
 
 
+def clamped_cell(n, d, budget: int, depth: int) -> tuple[int, int]:
+    """The cell (n, d), as its sliders sent it, within 0..budget x 0..depth (a value that is no number: the
+    largest cell).
+
+    Every event that reads the cell sliders takes their raw values (``preprocess=False``) and clamps them here:
+    a solve narrows the sliders' range in its answer, and an event the page sent before it drew that answer
+    carries the old value, which Gradio's own check refused with a red "Value 32 is greater than maximum value
+    16" toast, leaving the figures one edit behind.
+    """
+    def whole(raw, top: int) -> int:
+        try:
+            return min(max(int(float(raw)), 0), top)
+        except (TypeError, ValueError, OverflowError):
+            return top
+    return whole(n, int(budget)), whole(d, int(depth))
+
+
+def _session_cell(n, d, session) -> tuple[int, int]:
+    """(n, d) within the last solved table's limits (as they came, before any solve)."""
+    if session is not None and session.result is not None:
+        return clamped_cell(n, d, session.result.budget, session.result.depth)
+    return clamped_cell(n, d, MAX_TREE_SIZE, MAX_DEPTH)
+
+
 def cell_views(result, n, d):
     """Heatmap with (n, d) outlined, that cell's tree and a one-line description."""
-    n = min(max(int(n), 0), result.budget)
-    d = min(max(int(d), 0), result.depth)
+    n, d = clamped_cell(n, d, result.budget, result.depth)
     tree = result.tree(n, d)
     value = result.value(n, d)
     heat = dp_view.heatmap(result.table, selected=(n, d))
@@ -92,8 +115,7 @@ def solve_views(req, n, d):
     result = solved(req.acceptance, req.budget, req.depth)
     sizes, values = _curves(req.acceptance, req.budget)
     curves = dp_view.curves(sizes, values)
-    n = min(int(n), result.budget)
-    d = min(int(d), result.depth)
+    n, d = clamped_cell(n, d, result.budget, result.depth)
     heat, fig, md = cell_views(result, n, d)
     return heat, fig, md, curves, n, d, result
 
@@ -115,8 +137,10 @@ def parse_copies(text: str) -> tuple[float, ...]:
     return tuple(float(x) for x in check_copies(value))
 
 
-def copies_views(lanes: WorkLanes, acceptance_text, copies_text, n, d):
-    """The copied-chain variant of cell (n, d): its tree and E by m; (None, hint) without a chain."""
+def copies_views(lanes: WorkLanes, acceptance_text, copies_text, n, d, session: DPSession | None = None):
+    """The copied-chain variant of cell (n, d) (within the last solved limits): its tree and E by m; (None, hint)
+    without a chain."""
+    n, d = _session_cell(n, d, session)
     try:
         copies = parse_copies(copies_text)
         if not copies:
@@ -137,8 +161,10 @@ def _copies_views(req, copies):
     return dp_view.copies_tree_figure(result, acc, copies), md
 
 
-def sglang_views(lanes: WorkLanes, acceptance_text, n, d, target, draft, algorithm):
-    """The best SGLang launch of cell (n, d): its tree, the two expectations and the command line."""
+def sglang_views(lanes: WorkLanes, acceptance_text, n, d, target, draft, algorithm, session: DPSession | None = None):
+    """The best SGLang launch of cell (n, d) (within the last solved limits): its tree, the two expectations and
+    the command line."""
+    n, d = _session_cell(n, d, session)
     target, draft = (target or "").strip(), (draft or "").strip()
     if not target or not draft:
         return gr.skip(), "**Cannot write the SGLang command:** enter the target and the draft model paths.", ""
@@ -274,15 +300,15 @@ def build(lanes: WorkLanes, assets_dir: Path, demo: gr.Blocks) -> None:
     pick.change(lambda name: on_pick(name, catalogue), pick, vector, api_visibility="private", **LIGHT_WORK)
     vector.input(lambda text, name: on_edit(text, name, catalogue), [vector, pick], pick,
                  api_visibility="private", trigger_mode="always_last", **LIGHT_WORK)
-    afters = [(functools.partial(copies_views, lanes), [vector, copies, n, d], [copies_tree, copies_md]),
-              (functools.partial(sglang_views, lanes), [vector, n, d, target, draft, algorithm],
+    afters = [(functools.partial(copies_views, lanes), [vector, copies, n, d, session], [copies_tree, copies_md]),
+              (functools.partial(sglang_views, lanes), [vector, n, d, target, draft, algorithm, session],
                [sglang_tree, sglang_md, command])]
     _wire_solves(lanes, demo, solve_btn, [vector, budget, depth, n, d, session],
                  [heat, tree, cell_md, curves, n, d, session], afters)
-    copies.submit(*afters[0], api_visibility="private", **LIGHT_WORK)
+    copies.submit(*afters[0], api_visibility="private", preprocess=False, **LIGHT_WORK)
     for box in (target, draft):
-        box.submit(*afters[1], api_visibility="private", **LIGHT_WORK)
-    algorithm.change(*afters[1], api_visibility="private", **LIGHT_WORK)
+        box.submit(*afters[1], api_visibility="private", preprocess=False, **LIGHT_WORK)
+    algorithm.change(*afters[1], api_visibility="private", preprocess=False, **LIGHT_WORK)
 
 
 def _wire_solves(lanes: WorkLanes, demo: gr.Blocks, solve_btn, solve_inputs, solve_outputs, afters) -> None:
@@ -293,19 +319,22 @@ def _wire_solves(lanes: WorkLanes, demo: gr.Blocks, solve_btn, solve_inputs, sol
     vector, budget, depth, n, d, session = solve_inputs
     heat, tree, cell_md = solve_outputs[:3]
 
+    # preprocess=False on every event that reads the cell sliders: the handlers clamp the cell to the limits they
+    # solve (clamped_cell), where Gradio's check refused a value the same edit was narrowing with an error toast.
+    raw = dict(api_visibility="private", preprocess=False, **LIGHT_WORK)
+
     def then_afters(event):
         for after in afters:
-            event = event.then(*after, api_visibility="private", **LIGHT_WORK)
+            event = event.then(*after, **raw)
 
-    then_afters(solve_btn.click(solve_fn, solve_inputs, solve_outputs, api_visibility="private", **LIGHT_WORK))
+    then_afters(solve_btn.click(solve_fn, solve_inputs, solve_outputs, **raw))
     # Every change re-solves (always_last: a burst of keystrokes or a drag solves once, for its last value), so
     # the figures never show another vector's numbers than the one in the box.
     for box in (vector, budget, depth):
-        then_afters(box.change(solve_fn, solve_inputs, solve_outputs, api_visibility="private",
-                               trigger_mode="always_last", show_progress="minimal", **LIGHT_WORK))
+        then_afters(box.change(solve_fn, solve_inputs, solve_outputs, trigger_mode="always_last",
+                               show_progress="minimal", **raw))
     for s in (n, d):
-        then_afters(s.input(cell_fn, [n, d, session], [heat, tree, cell_md], api_visibility="private",
-                            trigger_mode="always_last", **LIGHT_WORK))
+        then_afters(s.input(cell_fn, [n, d, session], [heat, tree, cell_md], trigger_mode="always_last", **raw))
     gr.api(dp_api_fn(lanes), api_name="dp", **LIGHT_WORK)
     # Show the default vector solved as soon as the page opens.
-    then_afters(demo.load(solve_fn, solve_inputs, solve_outputs, api_visibility="private", **LIGHT_WORK))
+    then_afters(demo.load(solve_fn, solve_inputs, solve_outputs, **raw))
