@@ -108,6 +108,7 @@ def _notes_markdown(rows, notes, temperature, checked: bool = True, stopped: boo
     if most > 1:
         lines.append(ROUNDS_NOTE.format(rounds=most))
     lines.append(compare_view.outlier_note(rows))
+    lines.append(compare_view.reference_work_note(rows))
     lines.append(compare_view.reference_note(rows))
     return "\n\n".join(line for line in lines if line)
 

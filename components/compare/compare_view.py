@@ -259,20 +259,68 @@ def figure(rows: Sequence[CompareRow], reference: str = REFERENCE, title: str = 
     colors = [method_color(n) for n in names]
     bands_, verdicts_ = map(list, zip(*judged(rows, reference)))   # rows is not empty here
     hover = [f"{_flag(r)}<br>{ratio_text(b, v)}" for r, b, v in zip(rows, bands_, verdicts_)]
+    labels = []
     for col, (_, value, fmt) in enumerate(_PANELS, start=1):
         xs = [value(r, b, v) for r, b, v in zip(rows, bands_, verdicts_)]
         errors = _error_bars(col, rows, xs, bands_)
         fig.add_trace(go.Bar(
-            y=names, x=xs, orientation="h", marker_color=colors, text=[fmt(x) for x in xs], textposition="outside",
-            cliponaxis=False, customdata=hover, hovertemplate="%{y}: %{x:.3f}<br>%{customdata}<extra></extra>",
-            error_x=errors), row=1, col=col)
-        # Room right of the longest bar (or error bar) for its label, which is drawn outside the bar.
-        top = max(x + (e or 0.0) for x, e in zip(xs, errors["array"] if errors else [0.0] * len(xs)))
-        fig.update_xaxes(range=[0, max(top, 1e-9) * 1.45], row=1, col=col)
+            y=names, x=xs, orientation="h", marker_color=colors, customdata=hover,
+            hovertemplate="%{y}: %{x:.3f}<br>%{customdata}<extra></extra>", error_x=errors), row=1, col=col)
+        ends = label_positions(xs, errors["array"] if errors else None, line=1.0 if col == 4 else None)
+        labels.append((col, ends, [fmt(x) for x in xs]))
+        # Room right of the furthest label's start for the label itself.
+        fig.update_xaxes(range=[0, max(max(ends), 1e-9) * 1.45], row=1, col=col)
+    # Each value written where nothing crosses it: past its whisker and, on the ratio panel, past the 1× line
+    # (written at the bar's end, outside it, the whisker and the dotted line struck it through).  Text traces
+    # after the four bar traces, so fig.data[0..3] stay the bars.
+    for col, ends, texts in labels:
+        fig.add_trace(go.Scatter(y=names, x=ends, mode="text", text=texts, textposition="middle right",
+                                 cliponaxis=False, hoverinfo="skip", showlegend=False), row=1, col=col)
     fig.add_vline(x=1.0, line_dash="dot", line_color="#555", row=1, col=4)
     fig.update_xaxes(gridcolor="#eee", showticklabels=False)
     fig.update_yaxes(autorange="reversed", automargin=True)
     return fig
+
+
+def label_positions(xs: Sequence[float], whiskers: Sequence[float] | None, line: float | None = None) -> list[float]:
+    """Where each bar's value label starts: past the bar's end, its whisker (``whiskers``: how far each reaches
+    beyond the bar) and ``line`` (a reference line the label would otherwise cross), whichever is furthest."""
+    ups = whiskers if whiskers is not None else [0.0] * len(xs)
+    return [max(x + (up or 0.0), line if line is not None else 0.0) for x, up in zip(xs, ups)]
+
+
+def reference_work_note(rows: Sequence[CompareRow], reference: str = REFERENCE) -> str:
+    """Why a row doing the target alone's work (one token a target call) is not at 1×: its time a call after the
+    prompt's forward against the reference's, the difference named as the method's own work around each call
+    ("" when no such row, or no time a call to compare)."""
+    ref = next((r for r in rows if r.method == reference), None)
+    ref_call = _call_s(ref) if ref is not None else None
+    if not ref_call:
+        return ""
+    parts = []
+    for r in rows:
+        call = _call_s(r) if r.reference_work and r.method != reference else None
+        if call is None:
+            continue
+        more = call - ref_call
+        how = (f"{_ms(abs(more))} a call more: the method's own work around each call (choosing and pricing its "
+               "tree, the engine's bookkeeping, the draft model's forward where it runs), not a slower target"
+               if more > 0 else f"{_ms(abs(more))} a call less: the rounds' noise, not a faster target")
+        parts.append(f"**{r.method}** made one token a target call, as the {reference.lower()} does, at "
+                     f"{_ms(call)} a call against {_ms(ref_call)}: {how}")
+    return ("Rows doing the target alone's work: " + "; ".join(parts) + ".") if parts else ""
+
+
+def _call_s(row: CompareRow) -> float | None:
+    """Seconds a target call after the prompt's forward (None: not enough calls or times to tell)."""
+    if not row.target_calls or row.target_calls < 2:
+        return None
+    first = row.first_token_s or 0.0
+    return max(row.seconds - first, 0.0) / (row.target_calls - 1) if first else row.seconds / row.target_calls
+
+
+def _ms(s: float) -> str:
+    return f"{1000 * s:.1f} ms"
 
 
 def table(rows: Sequence[CompareRow], reference: str = REFERENCE, checking: bool = False) -> list[list]:

@@ -260,7 +260,7 @@ def test_compare_rows_flags_and_figure():
     assert "differs" not in compare_view.verdict(tied) and "1 of them up to a kernel near-tie" in compare_view.verdict(tied)
     assert tab[0][3] == "–" and tab[2][3] == "–"   # no first-token time given (the tab takes it from RunResult)
     fig = compare_view.figure(rows)
-    assert len(fig.data) == 4 and list(fig.data[3].x) == [1.0, 2.0, 1.25]
+    assert len(fig.data) == 8 and list(fig.data[3].x) == [1.0, 2.0, 1.25]   # four bar panels, then their labels
     assert list(fig.data[2].x)[:2] == [pytest.approx(8 / 3)] * 2
 
 
@@ -346,11 +346,42 @@ def test_compare_figure_is_horizontal_and_grows_with_rows():
     rows = [compare_view.CompareRow(name, 8, 1.0 + i) for i, name in enumerate(
         ["Target alone", "llama.cpp target alone", "Sequoia + n-gram copies", "HF prompt lookup"])]
     fig = compare_view.figure(rows)
-    assert all(t.orientation == "h" and t.textposition == "outside" for t in fig.data)
-    assert list(fig.data[0].y) == [r.method for r in rows] and fig.data[0].text[1] == "2.00"
+    bars, labels = fig.data[:4], fig.data[4:]
+    assert all(t.orientation == "h" for t in bars) and all(t.mode == "text" for t in labels)
+    assert list(fig.data[0].y) == [r.method for r in rows] and labels[0].text[1] == "2.00"
     assert fig.layout.yaxis.autorange == "reversed"     # the first row on top, as in the table
     more = compare_view.figure(rows * 3)
     assert more.layout.height - fig.layout.height == 8 * compare_view.BAR_ROW_PX
+
+
+def test_compare_labels_clear_their_whiskers_and_the_1x_line():
+    """Issue 58: a value label written at its bar's end was struck through by the whisker and the 1× line."""
+    rows = _rounds_rows()
+    fig = compare_view.figure(rows)
+    for col in range(4):
+        bar, label = fig.data[col], fig.data[4 + col]
+        whiskers = bar.error_x.array if bar.error_x and bar.error_x.array is not None else [0.0] * len(rows)
+        assert all(at >= x + up - 1e-12 for at, x, up in zip(label.x, bar.x, whiskers))
+        assert label.textposition == "middle right" and label.hoverinfo == "skip"
+    assert all(at >= 1.0 for at in fig.data[7].x)          # the ratio's labels right of the dotted 1× line
+    assert compare_view.label_positions([0.5, 2.0], [0.1, 0.2], line=1.0) == [1.0, 2.2]
+    assert compare_view.label_positions([0.5], None) == [0.5]
+
+
+def test_a_row_doing_the_target_alones_work_says_why_it_is_not_1x():
+    """Issue 58: "0.81× the target alone's work" with no reason; the note names the time a call against the
+    reference's and what the difference is."""
+    alone = compare_view.CompareRow("Target alone", 16, 1.0, 16, first_token_s=0.25, rates=(20.0,),
+                                    reference_work=True)
+    auto = compare_view.CompareRow("Sequoia (auto)", 16, 1.2, 16, first_token_s=0.25, rates=(16.2,),
+                                   reference_work=True)
+    note = compare_view.reference_work_note([alone, auto])
+    assert "**Sequoia (auto)** made one token a target call" in note
+    assert "63.3 ms a call against 50.0 ms" in note and "13.3 ms a call more" in note
+    assert "the method's own work around each call" in note and "not a slower target" in note
+    assert compare_view.reference_work_note([alone]) == ""
+    tree = compare_view.CompareRow("Sequoia (budget & depth)", 16, 0.5, 6, rates=(40.0,))
+    assert compare_view.reference_work_note([alone, tree]) == ""
 
 
 def test_compare_progress_says_loading_apart_from_running():
