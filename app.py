@@ -194,10 +194,18 @@ def offload_from_env(env: Mapping[str, str] = os.environ) -> bool | None:
 def runtime_from_env(env: Mapping[str, str] = os.environ) -> RuntimeDecision:
     """The runtime the pair named by the environment serves on, and why: SEQUOIA_BACKEND when set (a clear
     ValueError naming it for an unknown one), else the one this machine runs fastest by its measured or
-    shipped costs (:mod:`sequoia.runtime.measuring.runtime_choice`)."""
-    return decision_from(env.get("SEQUOIA_BACKEND"), "SEQUOIA_BACKEND", device=env.get("SEQUOIA_DEVICE") or None,
+    shipped costs (:mod:`sequoia.runtime.measuring.runtime_choice`); where no profile ranks torch and llama.cpp
+    on this CPU kind, by each one's target alone timed here first (a few seconds, kept in the cache;
+    SEQUOIA_PROBE=0 skips it and leaves the rule of thumb)."""
+    named = (env.get("SEQUOIA_BACKEND") or "").strip()
+    probe = not named and env.get("SEQUOIA_PROBE", "1").strip().lower() not in ("0", "false", "no", "off")
+    return decision_from(named, "SEQUOIA_BACKEND", device=env.get("SEQUOIA_DEVICE") or None,
                          draft=env.get("SEQUOIA_DRAFT") or "embedded", target=env.get("SEQUOIA_TARGET") or "embedded",
-                         cache_dir=default_cache_dir(env))
+                         cache_dir=default_cache_dir(env), probe=probe, log=_probe_log)
+
+
+def _probe_log(line: str) -> None:
+    print(f"Sequoia Studio: timing the runtimes before choosing one: {line}", flush=True)
 
 
 def backend_from_env(env: Mapping[str, str] = os.environ) -> str:

@@ -42,6 +42,26 @@ class FoundProfile:
 
 
 @dataclass(frozen=True)
+class TargetProbe:
+    """The target alone timed on one runtime here, one token at a time, in seconds at start
+    (:mod:`sequoia.runtime.measuring.target_probe`): what the choice reads where no profile ranks the runtimes."""
+
+    backend: str
+    tokens_per_s: float                  # the median step's rate
+    low: float                           # the slowest step's rate
+    high: float                          # the fastest step's
+    steps: int                           # timed one-token steps
+    seconds: float                       # the probe's wall time, loading included
+    how: str                             # what was timed, e.g. "the Q4_K_M target as shipped"
+    cached: bool = False                 # read from an earlier start's probe rather than timed now
+
+    @property
+    def text(self) -> str:
+        """e.g. "24.1 tokens/s (22.0-25.3 over 6 steps)"."""
+        return f"{self.tokens_per_s:.1f} tokens/s ({self.low:.1f}-{self.high:.1f} over {self.steps} steps)"
+
+
+@dataclass(frozen=True)
 class RuntimeEstimate:
     """One runtime on this machine: installed or not, and its predicted decode rate where measured."""
 
@@ -52,6 +72,7 @@ class RuntimeEstimate:
     method: str = ""                     # "target alone" or "Sequoia n=7 d=7" (the best method)
     source: str = ""                     # where its costs come from
     models: str = ""                     # how its models are stored, e.g. "target Q4_K_M, draft Q4_K_M"
+    probe: TargetProbe | None = None     # its target alone timed at start, where no profile ranked the runtimes
 
     @property
     def measured(self) -> bool:

@@ -8,10 +8,13 @@
 3. Without llama-cpp-python: ``hf``, the only runtime installed.
 4. Every installed runtime has a profile for this CPU kind: the one whose best method (the target alone or
    the optimizer's best tree, :func:`sequoia.core.trees.optimizer.choose_tree`) predicts the most tokens/s.
-5. Some have none, llama.cpp among them, and the CPU has no bf16 matrix kernels (no AVX-512-BF16 or AMX):
+5. Torch and llama.cpp are not both profiled, and their targets alone were timed here at start
+   (:mod:`sequoia.runtime.measuring.target_probe`, a few seconds each): the one whose target alone ran
+   fastest.  On every CPU kind measured so far that was llama.cpp (docs/data/runtime-probes.json).
+6. Some have none, llama.cpp among them, and the CPU has no bf16 matrix kernels (no AVX-512-BF16 or AMX):
    ``llamacpp``.  There torch's bf16 target was measured at a quarter of llama.cpp's rate (docs/benchmarks.md,
    AVX2 EPYC, code prompts: 2.3 against 9.5 tokens/s end to end), and no tree paid on either runtime.
-6. Otherwise: the fastest of those measured (``hf`` when none is).
+7. Otherwise: the fastest of those measured (``hf`` when none is).
 
 :func:`choose_runtime` gathers the facts (device, CPU features, whether llama-cpp-python imports) and the
 profiles (:mod:`sequoia.runtime.measuring.finder`: cached or shipped for this machine's fingerprint, else a shipped one
@@ -22,7 +25,7 @@ of the same CPU kind measured with another thread count) and calls :func:`decide
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,13 +35,14 @@ from ..._meta import ASSETS
 from ...core.profiles.fingerprint import Fingerprint
 from ...core.profiles.profile import HardwareProfile
 from ...core.profiles.runtimes import (BACKENDS, FoundProfile, Machine, RuntimeDecision, RuntimeEstimate,  # noqa: F401
-                             display_name)
+                                       TargetProbe, display_name)
 from ...core.trees.optimizer import choose_tree
 from ...runners.hf.cpu import cpu_facts
 from ...runners.hf.kernels import default_draft_scheme
 from ...runners.hf.loading import EMBEDDED_NAME, resolve_device, resolve_dtype
 from .finder import find_acceptance, find_profile
 from .fingerprint import expected_fingerprint
+from .target_probe import PROBED, probe_key, probe_runtimes
 
 #: The largest tree and depth the choice considers (the Hardware tab's defaults).
 MAX_BUDGET, MAX_DEPTH = 128, 12
@@ -46,11 +50,24 @@ MAX_BUDGET, MAX_DEPTH = 128, 12
 
 # ------------------------------------------------------------------------------------------- the rule
 def decide(machine: Machine, profiles: Mapping[str, FoundProfile], acceptance: Sequence[float],
-           max_budget: int = MAX_BUDGET, max_depth: int = MAX_DEPTH) -> RuntimeDecision:
-    """The runtime to serve on (see the module doc for the rule); ``profiles``: backend -> its profile here."""
-    runtimes = tuple(_estimate(b, machine, profiles.get(b), acceptance, max_budget, max_depth) for b in BACKENDS)
+           max_budget: int = MAX_BUDGET, max_depth: int = MAX_DEPTH,
+           probes: Mapping[str, TargetProbe] | None = None) -> RuntimeDecision:
+    """The runtime to serve on (see the module doc for the rule); ``profiles``: backend -> its profile here;
+    ``probes``: backend -> its target alone timed here (:func:`needs_probes` says when they are wanted)."""
+    open_ = needs_probes(machine, profiles)   # probes rank the runtimes only where the profiles do not
+    probes = {b: p for b, p in (probes or {}).items() if b in open_}
+    runtimes = tuple(replace(_estimate(b, machine, profiles.get(b), acceptance, max_budget, max_depth),
+                             probe=probes.get(b)) for b in BACKENDS)
     backend, reason = _rule(machine, runtimes)
     return RuntimeDecision(backend, reason, runtimes, machine=machine)
+
+
+def needs_probes(machine: Machine, profiles: Mapping[str, FoundProfile]) -> tuple[str, ...]:
+    """The runtimes whose target alone should be timed before choosing: torch's and llama.cpp's, where both are
+    installed for the embedded pair on a CPU and the profiles do not rank the two (empty otherwise)."""
+    if machine.fixed_by_models or machine.device_kind != "cpu" or not machine.llamacpp_installed:
+        return ()
+    return () if all(b in profiles for b in PROBED) else PROBED
 
 
 def _rule(machine: Machine, runtimes: tuple[RuntimeEstimate, ...]) -> tuple[str, str]:
@@ -65,6 +82,9 @@ def _rule(machine: Machine, runtimes: tuple[RuntimeEstimate, ...]) -> tuple[str,
     if measured and len(measured) == len(installed):
         return measured[0].backend, _fastest_reason(measured)
     missing = " and ".join(display_name(r.backend) for r in installed if not r.measured) + " not measured here"
+    probed = sorted((r for r in installed if r.probe is not None), key=lambda r: -r.probe.tokens_per_s)
+    if len(probed) >= 2:
+        return probed[0].backend, _probed_reason(probed)
     llamacpp_measured = any(r.backend == "llamacpp" for r in measured)
     if not machine.bf16_kernels and not llamacpp_measured:
         return "llamacpp", (f"this CPU has no bf16 matrix kernels (no AVX-512-BF16 or AMX), where torch's bf16 "
@@ -89,6 +109,16 @@ def _fastest_reason(measured: Sequence[RuntimeEstimate]) -> str:
     if rest:
         text += " against " + " and ".join(f"{r.tokens_per_s:.1f} on {display_name(r.backend)}" for r in rest)
     return text + ", from the profiles measured for this CPU kind"
+
+
+def _probed_reason(probed: Sequence[RuntimeEstimate]) -> str:
+    best, rest = probed[0], probed[1:]
+    against = " and ".join(f"{r.probe.tokens_per_s:.1f} ({r.probe.low:.1f}-{r.probe.high:.1f}) on "
+                           f"{display_name(r.backend)}" for r in rest)
+    when = "at an earlier start" if best.probe.cached else "at start"
+    ratio = best.probe.tokens_per_s / max(rest[0].probe.tokens_per_s, 1e-9)
+    return (f"its target alone decoded {best.probe.text} here against {against}, {ratio:.1f}x, timed {when} "
+            f"one token at a time; no profile ranks the runtimes on this CPU kind yet")
 
 
 def _estimate(backend: str, machine: Machine, found: FoundProfile | None, acceptance: Sequence[float],
@@ -173,13 +203,19 @@ def same_cpu_kind(fp: Fingerprint, assets_dir: str | Path = ASSETS) -> FoundProf
 def choose_runtime(device: str | None = None, draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME,
                    cache_dir: str | Path | None = None, assets_dir: str | Path = ASSETS,
                    acceptance: Sequence[float] | None = None,
-                   known: Mapping[str, FoundProfile] | None = None) -> RuntimeDecision:
+                   known: Mapping[str, FoundProfile] | None = None, probe: bool = False,
+                   log: Callable[[str], None] | None = None) -> RuntimeDecision:
     """:func:`decide` with this machine's facts and profiles; ``acceptance`` defaults to the code prompts'
-    greedy vector (the Hardware tab's default), so the page's "fastest" line and this choice agree."""
+    greedy vector (the Hardware tab's default), so the page's "fastest" line and this choice agree.
+    ``probe``: where the profiles do not rank torch and llama.cpp, time each one's target alone first (a few
+    seconds each, kept in ``cache_dir``; :mod:`sequoia.runtime.measuring.target_probe`)."""
     machine = machine_here(device, draft, target)
     if acceptance is None:
         acceptance = find_acceptance("code", 0.0, assets_dir).values
-    return decide(machine, profiles_here(machine, cache_dir, assets_dir, known), acceptance)
+    profiles = profiles_here(machine, cache_dir, assets_dir, known)
+    wanted = needs_probes(machine, profiles) if probe and cache_dir is not None else ()
+    probes = probe_runtimes(wanted, cache_dir, probe_key(machine.cpu_features), log=log) if wanted else {}
+    return decide(machine, profiles, acceptance, probes=probes)
 
 
 def decision_from(explicit: str | None, by: str, **kwargs) -> RuntimeDecision:
