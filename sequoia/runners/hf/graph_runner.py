@@ -26,7 +26,7 @@ run eagerly: the CPU tests of this runner test everything but the capture.
 A static tree's whole draft runs as one more captured graph
 (:meth:`GraphRunner.draft_program`, :mod:`sequoia.runners.hf.draft_program`).
 Graphs are captured before serving by :func:`sequoia.runners.hf.capture.warm_up`
-(``load_pair`` calls it); :attr:`GraphRunner.capture_status` says what was
+(``load_pair`` calls it); :func:`~sequoia.runners.hf.capture.capture_status` says what was
 captured, what failed and what runs instead, for the page and the log.
 
 One cache per runner: a new session takes it over and the older one is refused.
@@ -121,7 +121,7 @@ class GraphRunner:
         n = host.shape[1]
         end = start + n
         bucket = bucket_of(n, self.buckets) if self.graphs else None
-        window = window_of(end, self.capacity)
+        window = self.window_for(end)
         if bucket is not None and (bucket, window) not in self.capture_errors:
             graph = self._graphs.get((bucket, window)) or self._capture(bucket, window)
             if graph is not None:
@@ -132,7 +132,7 @@ class GraphRunner:
 
     def _eager(self, ids, host, block, chain, end) -> torch.Tensor:
         n = host.shape[1]
-        window = end if not self.graphs else window_of(end, self.capacity)
+        window = end if not self.graphs else self.window_for(end)
         mask = torch.full((n, window), self.neg, dtype=self.dtype, device=self.device)
         fill_mask(mask, block, chain, n)
         up = upload_host(host, self.device)
