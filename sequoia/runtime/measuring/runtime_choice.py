@@ -117,8 +117,8 @@ def _probed_reason(probed: Sequence[RuntimeEstimate]) -> str:
                            f"{display_name(r.backend)}" for r in rest)
     when = "at an earlier start" if best.probe.cached else "at start"
     ratio = best.probe.tokens_per_s / max(rest[0].probe.tokens_per_s, 1e-9)
-    return (f"its target alone decoded {best.probe.text} here against {against}, {ratio:.1f}x, timed {when} "
-            f"one token at a time; no profile ranks the runtimes on this CPU kind yet")
+    return (f"its target alone decoded {best.probe.text} on one thread here against {against}, {ratio:.1f}x "
+            f"(timed {when}, CPU time); no profile ranks the runtimes on this CPU kind yet")
 
 
 def _estimate(backend: str, machine: Machine, found: FoundProfile | None, acceptance: Sequence[float],
