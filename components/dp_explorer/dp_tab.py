@@ -266,12 +266,13 @@ def build(lanes: WorkLanes, assets_dir: Path, demo: gr.Blocks) -> None:
             pick = gr.Dropdown(names + [CUSTOM], value=names[0], label="acceptance vector")
             vector = gr.Textbox(format_acceptance(catalogue[names[0]]), label="p_1, p_2, … (editable)",
                                 info="p_k: chance the k-th sampled child is the accepted one; sum ≤ 1")
-            budget = gr.Slider(1, MAX_TREE_SIZE, value=128, step=1, label="largest budget n")
-            depth = gr.Slider(1, MAX_DEPTH, value=16, step=1, label="largest depth d")
+            budget = gr.Slider(1, MAX_TREE_SIZE, value=128, step=1, label="largest budget n",
+                               elem_id="sq-dp-budget")
+            depth = gr.Slider(1, MAX_DEPTH, value=16, step=1, label="largest depth d", elem_id="sq-dp-depth")
             solve_btn = gr.Button("Solve", variant="primary")
             gr.Markdown("**Cell** (Plotly clicks do not reach the server; pick the cell here)")
-            n = gr.Slider(0, 128, value=32, step=1, label="tree size n")
-            d = gr.Slider(0, 16, value=8, step=1, label="depth d")
+            n = gr.Slider(0, 128, value=32, step=1, label="tree size n", elem_id="sq-dp-n")
+            d = gr.Slider(0, 16, value=8, step=1, label="depth d", elem_id="sq-dp-d")
             cell_md = gr.Markdown(elem_id="sq-dp-cell")
         with gr.Column(scale=2):
             heat = gr.Plot(label="expected tokens per step (DP table)", elem_id="sq-dp-heat")
