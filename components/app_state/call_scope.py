@@ -44,13 +44,14 @@ class CallScope:
 
     capture: bool
     reason: str
+    emulate: bool = False             # off CUDA: capture with emulated replays anyway (else eager there)
     graphs: CallGraphs | None = None
     _engines: dict = field(default_factory=dict)
 
     def pair(self, base):
         """The call's pair over ``base`` (the server's loaded pair)."""
         if self.graphs is None:
-            self.graphs = CallGraphs(base, self.capture, self.reason)
+            self.graphs = CallGraphs(base, self.capture, self.reason, emulate_ok=self.emulate)
         return self.graphs.pair
 
     def engine(self, base) -> SpeculativeEngine:
@@ -71,10 +72,10 @@ def current() -> CallScope | None:
 
 
 @contextmanager
-def entered(capture: bool, reason: str = "") -> Iterator[CallScope]:
+def entered(capture: bool, reason: str = "", emulate: bool = False) -> Iterator[CallScope]:
     """Mark this process as serving one call until the block ends; its graphs are dropped then."""
     global _current, _last_line
-    scope = _current = CallScope(capture, reason)
+    scope = _current = CallScope(capture, reason, emulate)
     try:
         yield scope
     finally:

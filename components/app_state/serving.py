@@ -130,6 +130,7 @@ class CallOrder:
     duration_s: int
     capture: bool
     reason: str
+    emulate: bool = False     # off CUDA, capture anyway with emulated replays (SEQUOIA_CALL_GRAPHS=1: tests, checks)
 
 
 def gpu_seconds(max_new_tokens, n_methods: int = 1, profile: HardwareProfile | None = None,
@@ -163,10 +164,13 @@ def call_order(seconds) -> CallOrder:
     if mode == "0":
         return CallOrder(int(seconds), False, "SEQUOIA_CALL_GRAPHS=0 keeps every call eager")
     if mode == "1":
-        return CallOrder(int(seconds), True, "SEQUOIA_CALL_GRAPHS=1: every call captures")
+        return CallOrder(int(seconds), True, "SEQUOIA_CALL_GRAPHS=1: every call captures", emulate=True)
     if plan is None:
-        return CallOrder(int(seconds), False, "this call's work is not priced in steps (eager)")
-    return CallOrder(int(seconds), plan.capture, plan.reason)
+        return CallOrder(int(seconds), False, "this call's work is not priced in steps")
+    verdict = "captures pay" if plan.capture else "capturing would not pay"
+    why = (f"{verdict} for {plan.steps} expected steps (eager {plan.eager_s:.1f} s; with {plan.graphs} graphs "
+           f"captured {plan.graphs_s:.1f} s, capture time a guess until measured on this card)")
+    return CallOrder(int(seconds), plan.capture, why)
 
 
 def on_gpu(work: Callable[..., T], duration: Callable[..., int]) -> Callable[..., T]:
@@ -200,13 +204,13 @@ def _in_call(work: Callable[..., T]) -> Callable[..., T]:
     """``work`` taking a :class:`CallOrder` first, run inside the call's scope (in the call's process)."""
     if inspect.isgeneratorfunction(work):
         def stream(order: CallOrder, *args, **kwargs):
-            with call_scope.entered(order.capture, order.reason):
+            with call_scope.entered(order.capture, order.reason, order.emulate):
                 yield from work(*args, **kwargs)
         stream.__name__ = getattr(work, "__name__", "call")
         return stream
 
     def call(order: CallOrder, *args, **kwargs):
-        with call_scope.entered(order.capture, order.reason):
+        with call_scope.entered(order.capture, order.reason, order.emulate):
             return work(*args, **kwargs)
     call.__name__ = getattr(work, "__name__", "call")
     return call

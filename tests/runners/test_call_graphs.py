@@ -101,3 +101,8 @@ def test_emulated_replays_refuse_a_cuda_only_capture_path():
     runner = CallGraphRunner(tiny_model(2), "tiny", make_pair(tiny_model(2), tiny_model(2), 48).target.info,
                              emulate=True)
     assert runner.graphs and runner.emulated and runner.graph_pool is None
+
+
+def test_a_cpu_pair_stays_eager_unless_emulation_is_asked(pair):
+    call = CallGraphs(pair, emulate_ok=False)
+    assert call.pair is pair and "no CUDA in this call" in call.report().line()

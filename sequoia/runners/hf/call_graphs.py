@@ -31,9 +31,15 @@ from types import SimpleNamespace
 import torch
 
 from ..base import RunnerInfo
-from .forward_graph import ForwardGraph
+from .forward_graph import ForwardGraph, window_of
 from .graph_runner import GraphRunner
 from .runner import HFRunner
+
+
+#: The smallest key window of a call's forwards.  Why one window: a capture costs a few eager forwards, and a
+#: request crossing 256 and 512 keys would capture every bucket twice; attending to 1,024 keys instead of 256 adds
+#: ~0.4% to a 7B step's bytes (1,024 slots x 57 KB of keys and values against 15 GB of weights; ~1% for the 0.5B).
+CALL_WINDOW = 1024
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,11 @@ class CallGraphRunner(GraphRunner):
         if emulate:
             self.graphs, self.graph_class = True, ReplayedEagerly
         self.captured: list[tuple[tuple, float, bool]] = []
+
+    def window_for(self, length: int) -> int:
+        """Keys a forward attends to: at least :data:`CALL_WINDOW` (one window serves a whole page request, so
+        each bucket is captured once a call instead of once a window it passes)."""
+        return window_of(max(length, CALL_WINDOW), self.capacity)
 
     def _capture(self, bucket: int, window: int) -> ForwardGraph | None:
         t0 = time.perf_counter()
@@ -117,10 +128,13 @@ class _EagerReplay:
 
 class CallGraphs:
     """One call's graph runners over ``pair``'s models, built on first use of :attr:`pair` and dropped by
-    :meth:`close`.  ``capture`` False: the call runs eagerly (``reason`` says why, e.g. the plan's arithmetic)."""
+    :meth:`close`.  ``capture`` False: the call runs eagerly (``reason`` says why, e.g. the plan's arithmetic).
+    ``emulate_ok`` False: a pair off CUDA stays eager (emulated replays are for tests and checks)."""
 
-    def __init__(self, pair, capture: bool = True, reason: str = "", programs: bool = False) -> None:
+    def __init__(self, pair, capture: bool = True, reason: str = "", programs: bool = False,
+                 emulate_ok: bool = True) -> None:
         self._base, self._capture, self._reason, self._programs = pair, capture, reason, programs
+        self._emulate_ok = emulate_ok
         self._pair = None
         self.final: CallGraphsReport | None = None   # the report as the call ended (close)
         self._why_eager = "" if capture else (reason or "capturing was not asked")
@@ -136,6 +150,9 @@ class CallGraphs:
         if self._why_eager:
             return self._base
         why = _not_wrappable(self._base)
+        if not why and self._base.device.type != "cuda" and not self._emulate_ok:
+            why = (f"no CUDA in this call (the pair is on {self._base.device.type}; "
+                   "SEQUOIA_CALL_GRAPHS=1 captures with emulated replays)")
         if why:
             self._why_eager = why
             return self._base

@@ -19,9 +19,11 @@ measured graph-runner costs at the 1.5B shapes, eager as those times :data:`EAGE
 another card, and say so.
 
 Two numbers here are not measured on ZeroGPU's card (RTX Pro 6000 Blackwell,
-sm_120): the capture time per graph (:data:`CAPTURE_NOT_MEASURED`) and the eager
-over graph ratio (:data:`EAGER_OVER_GRAPH`, measured on an H100).  A GPU run of
-``scripts/gpu/gpu_check.py`` measures them; until then each says so where it is used.
+sm_120): the capture time per graph (:func:`estimated_capture`: a capture's
+anatomy priced in eager forwards) and the eager over graph ratio
+(:data:`EAGER_OVER_GRAPH`, measured on an H100).  The ZeroGPU call check
+(``scripts/gpu/zerogpu_call_check.py``) measures both on a card; until then each
+says so where it is used.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from ...core.profiles.profile import HardwareProfile
 from ...core.profiles.projection import load_elsewhere
 from ...core.trees.dp import optimal_tree
 from ...core.trees.optimizer import choose_tree, predict
+from ...runners.hf.call_graphs import CALL_WINDOW
 from ...runners.hf.graph_runner import BUCKETS, bucket_of, window_of
 
 
@@ -49,8 +52,10 @@ class CaptureCost:
     source: str
 
 
-#: Not measured: a guess until a GPU measures it (a warm-up forward plus the capture of a 28-layer model).
-CAPTURE_NOT_MEASURED = CaptureCost(0.5, False, "not measured (a guess: 0.5 s a graph)")
+#: A capture's anatomy (:class:`~sequoia.runners.hf.forward_graph.ForwardGraph`): two warm-up forwards on a side
+#: stream, the recorded forward, then the graph's instantiation (a few microseconds a kernel, ~1,000 kernels for
+#: a 28-layer model): about three eager forwards, priced at twice that until a card times it.
+CAPTURE_FORWARDS = 6
 #: An eager forward over a graph replay of the same forward: 16.2 / 3.08 ms (0.5B), 20.0 / 4.50 (1.5B) on one
 #: H100 (docs/data/gpu-check-h100.md); not measured on an RTX Pro 6000.
 EAGER_OVER_GRAPH = 4.4
@@ -95,12 +100,21 @@ class CallPlan:
     reason: str              # one sentence: why this mode, which numbers are not measured
 
 
+def estimated_capture(profile: HardwareProfile) -> CaptureCost:
+    """Seconds to capture one graph on the card ``profile`` measured eagerly: :data:`CAPTURE_FORWARDS` of its
+    dearer one-row forward (not measured: said so)."""
+    per = CAPTURE_FORWARDS * max(float(profile.target(1)), float(profile.draft(1))) / 1e3
+    return CaptureCost(per, False, f"not measured (estimated: {CAPTURE_FORWARDS} eager forwards, {per:.2f} s a graph)")
+
+
 def graphs_needed(draft_widths: tuple[int, ...], verify_rows: int, context: int, new_tokens: int,
-                  buckets: tuple[int, ...] = BUCKETS, capacity: int = 4096) -> int:
+                  buckets: tuple[int, ...] = BUCKETS, capacity: int = 4096, min_window: int = CALL_WINDOW) -> int:
     """(bucket, window) graphs a request's forwards replay: one per bucket of the draft's level widths and one
-    for the verify forward, at every key window the context passes through (the prompt's own forward is eager)."""
-    windows = {window_of(n, capacity) for n in range(context, context + new_tokens + verify_rows + 1, 64)}
-    windows.add(window_of(context + new_tokens + verify_rows, capacity))
+    for the verify forward, at every key window the context passes through (the prompt's own forward is eager;
+    a call's runners attend to at least ``min_window`` keys, :data:`~sequoia.runners.hf.call_graphs.CALL_WINDOW`)."""
+    top = context + new_tokens + verify_rows
+    windows = {window_of(max(n, min_window), capacity) for n in range(context, top + 1, 64)}
+    windows.add(window_of(max(top, min_window), capacity))
     draft = {bucket_of(w, buckets) for w in draft_widths} - {None}
     target = {bucket_of(verify_rows, buckets)} - {None}
     return (len(draft) + len(target)) * len(windows)
@@ -114,7 +128,7 @@ def capture_pays(steps: int, eager_step_s: float, graph_step_s: float, graphs: i
 
 
 def plan_call(new_tokens: int, profile: HardwareProfile | None, acceptance, context: int = 128,
-              capture: CaptureCost = CAPTURE_NOT_MEASURED, eager_over_graph: float = EAGER_OVER_GRAPH,
+              capture: CaptureCost | None = None, eager_over_graph: float = EAGER_OVER_GRAPH,
               n_runs: int = 1, tree: tuple[int, int] | None = None, graphs_ok: bool = True) -> CallPlan:
     """The plan of a call decoding ``new_tokens`` ``n_runs`` times with the tree ``profile`` chooses for
     ``acceptance`` (the profile measured eagerly on this card); without a profile, the flat per-token rule.
@@ -127,6 +141,7 @@ def plan_call(new_tokens: int, profile: HardwareProfile | None, acceptance, cont
         seconds = PER_TOKEN_S * new_tokens * n_runs
         return CallPlan(_clamp(FLAT_BASE_S + seconds), False, 0, 0, seconds, math.inf,
                         f"no hardware profile yet: {PER_TOKEN_S} s a token, eager")
+    capture = capture or estimated_capture(profile)
     choice = choose_tree(acceptance, profile)
     steps = math.ceil(new_tokens / max(choice.expected_tokens, 1.0)) * n_runs
     eager_step = choice.cost.total_ms / 1e3

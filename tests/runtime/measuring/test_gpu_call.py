@@ -32,8 +32,11 @@ def test_capture_pays_when_the_steps_save_more_than_the_captures_cost():
 def test_graphs_needed_counts_buckets_and_windows():
     # widths 1, 2, 3 -> buckets 1, 2, 4; the verify forward of 7 rows -> bucket 8; one window (256)
     assert gpu_call.graphs_needed((1, 2, 3), 7, context=100, new_tokens=50) == 4
-    # crossing 256 doubles the windows
-    assert gpu_call.graphs_needed((1, 2, 3), 7, context=200, new_tokens=100) == 8
+    # a call's runners attend to at least 1,024 keys: one window up to there, then one more each doubling
+    assert gpu_call.graphs_needed((1, 2, 3), 7, context=200, new_tokens=100) == 4
+    assert gpu_call.graphs_needed((1, 2, 3), 7, context=1000, new_tokens=100) == 8
+    # the graph runner's own windows start at 256: crossing 256 doubles them
+    assert gpu_call.graphs_needed((1, 2, 3), 7, context=200, new_tokens=100, min_window=256) == 8
     assert gpu_call.graphs_needed((), 1, context=10, new_tokens=10) == 1       # the target alone
 
 
@@ -109,3 +112,40 @@ def test_the_duration_covers_the_requests_own_tree_on_an_arithmetic_bound_machin
     gpu = _profile()
     assert gpu_call.plan_call(16, gpu, DEFAULT_ENTRY.values, tree=(12, 5)).duration_s <= \
         gpu_call.plan_call(16, gpu, DEFAULT_ENTRY.values).duration_s + 1
+
+
+def test_a_capture_is_priced_in_eager_forwards_and_says_it_is_not_measured():
+    prof = _profile(20.0)
+    cost = gpu_call.estimated_capture(prof)
+    assert cost.per_graph_s == pytest.approx(gpu_call.CAPTURE_FORWARDS * 10.0 / 1e3) and not cost.measured
+    assert "not measured" in cost.source
+
+
+def test_a_card_without_a_profile_is_priced_with_the_h100s_measured_costs():
+    proxy = gpu_call.proxy_profile()
+    h100 = gpu_call.load_elsewhere(gpu_call.ASSETS / "projections" / f"{gpu_call.PROXY}.json").profile
+    assert proxy.target(1) == pytest.approx(h100.target(1) * gpu_call.EAGER_OVER_GRAPH)
+    assert proxy.draft(1) == pytest.approx(h100.draft(1) * gpu_call.EAGER_OVER_GRAPH)
+    short, default = (gpu_call.plan_call(n, proxy, DEFAULT_ENTRY.values) for n in (16, 128))
+    # the page's default decode earns its captures back at these costs; a 16-token call does not
+    assert default.capture and not short.capture and default.graphs_s < default.eager_s
+
+
+def test_the_call_order_follows_the_plan_and_sequoia_call_graphs(monkeypatch):
+    from components.app_state import serving
+
+    monkeypatch.setattr(serving, "zerogpu", lambda: True)
+    monkeypatch.delenv("SEQUOIA_CALL_GRAPHS", raising=False)
+    long, short = serving.gpu_seconds(128), serving.gpu_seconds(16)
+    assert long.plan.capture and "H100" in long.plan.reason
+    assert serving.call_order(long).capture and not serving.call_order(short).capture
+    assert "would not pay" in serving.call_order(short).reason
+    assert not serving.call_order(60).capture                        # a bare number: no plan
+    monkeypatch.setenv("SEQUOIA_CALL_GRAPHS", "0")
+    assert not serving.call_order(serving.gpu_seconds(512)).capture
+    monkeypatch.setenv("SEQUOIA_CALL_GRAPHS", "1")
+    order = serving.call_order(serving.gpu_seconds(16))
+    assert order.capture and order.emulate
+    monkeypatch.setenv("SEQUOIA_CALL_GRAPHS", "sometimes")
+    with pytest.raises(ValueError, match="SEQUOIA_CALL_GRAPHS"):
+        serving.call_order(60)
