@@ -10,11 +10,12 @@
    the optimizer's best tree, :func:`sequoia.core.trees.optimizer.choose_tree`) predicts the most tokens/s.
 5. Torch and llama.cpp are not both profiled, and their targets alone were timed here at start
    (:mod:`sequoia.runtime.measuring.target_probe`, a few seconds each): the one whose target alone ran
-   fastest.  On every CPU kind measured so far that was llama.cpp (docs/data/runtime-probes.json).
+   fastest (on the 2-vCPU Xeon with AMX, llama.cpp at 2.4-2.5x torch: docs/data/runtime-probe-xeon-amx.json).
 6. Some have none, llama.cpp among them, and the CPU has no bf16 matrix kernels (no AVX-512-BF16 or AMX):
    ``llamacpp``.  There torch's bf16 target was measured at a quarter of llama.cpp's rate (docs/benchmarks.md,
    AVX2 EPYC, code prompts: 2.3 against 9.5 tokens/s end to end), and no tree paid on either runtime.
-7. Otherwise: the fastest of those measured (``hf`` when none is).
+7. Otherwise: the fastest of those measured; none measured (a probe failed): ``llamacpp``, whose target alone
+   was the faster on every CPU kind measured (docs/benchmarks.md).
 
 :func:`choose_runtime` gathers the facts (device, CPU features, whether llama-cpp-python imports) and the
 profiles (:mod:`sequoia.runtime.measuring.finder`: cached or shipped for this machine's fingerprint, else a shipped one
@@ -92,8 +93,10 @@ def _rule(machine: Machine, runtimes: tuple[RuntimeEstimate, ...]) -> tuple[str,
                             f"{missing}")
     if measured:
         return measured[0].backend, _fastest_reason(measured) + f"; {missing}"
-    return "hf", ("no runtime is measured on this CPU kind, and torch has bf16 matrix kernels here; "
-                  "`python -m sequoia profile --backend llamacpp` measures llama.cpp")
+    return "llamacpp", ("no runtime is measured on this CPU kind; llama.cpp's target alone was the faster on "
+                        "every CPU kind measured, bf16 matrix kernels or not (2-vCPU Zen 4 with AVX-512-BF16: 22-24 "
+                        "against torch's 8.1-8.8 tokens/s; Xeon with AMX: 2.4-2.5x per thread; AVX2 EPYC: 9.5 "
+                        "against 2.3)")
 
 
 _MODELS_REASON = {

@@ -188,7 +188,7 @@ def probe_runtimes(backends: Iterable[str], cache_dir: str | Path, key: str,
                 log(f"timing the target alone on {backend} failed: {type(exc).__name__}: {exc}")
             continue
         if log:
-            log(f"target alone on {backend}: {out[backend].text}")
+            log(f"target alone on {backend}: {out[backend].text}, timed in {out[backend].seconds:.1f} s")
     if out:
         _write(path, key, out)
     return out
