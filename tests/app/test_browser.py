@@ -122,9 +122,10 @@ def _settled_text(locator, quiet_s: float = 0.5, timeout_s: float = 10.0) -> str
 
 
 def _slow_steps(monkeypatch, delay_s: float, release: threading.Event | None = None,
-                first_s: float | None = None) -> SimpleNamespace:
+                first_s: float | None = None, hold: threading.Event | None = None) -> SimpleNamespace:
     """Make every engine step take ``delay_s`` longer (the first ``first_s``, when given), and end the run early
-    once ``release`` is set.
+    once ``release`` is set.  With ``hold``, the first step waits for it (at most 60 s): the test decides when it
+    ends.
 
     Returns counters: ``steps`` taken, ``closed`` (True per run whose engine generator was closed) and
     ``most`` (the most runs of the engine at once).
@@ -137,6 +138,8 @@ def _slow_steps(monkeypatch, delay_s: float, release: threading.Event | None = N
         runs.most = max(runs.most, runs.running)
         try:
             for rec in gen:
+                if hold is not None and rec.step == 0:
+                    hold.wait(timeout=60)
                 time.sleep(first_s if first_s is not None and rec.step == 0 else delay_s)
                 runs.steps += 1
                 yield rec
@@ -155,6 +158,27 @@ def _wait_for(condition, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+_BUSY = r"""() => document.querySelectorAll('.pending, .generating').length > 0
+    || [...document.querySelectorAll('.progress-text, .eta-bar, .loader')].some(e => e.offsetParent !== null)"""
+
+
+def _event_ended(page, timeout_s: float = 60, quiet_s: float = 0.3) -> None:
+    """Once no output shows Gradio's progress, and none for ``quiet_s`` (an event's chained events start within
+    milliseconds of it): call it after a state the event itself drew (then it was under way); nothing of that
+    event or its chain can land after it returns (the state a "room for a stray frame" sleep waited for)."""
+    deadline, idle_since = time.monotonic() + timeout_s, None
+    while True:
+        now = time.monotonic()
+        if page.evaluate(_BUSY):
+            idle_since = None
+        elif idle_since is None:
+            idle_since = now
+        elif now - idle_since >= quiet_s:
+            return
+        assert now < deadline, f"the page was still busy after {timeout_s:g} s"
         time.sleep(0.05)
 
 
@@ -234,10 +258,14 @@ def test_the_dp_explorer_answers_while_another_client_decodes(page, server, monk
 
 
 def test_the_first_frame_arrives_before_the_first_step(page, monkeypatch):
-    runs = _slow_steps(monkeypatch, 3.0)  # the first step takes 3 s
+    hold = threading.Event()
+    runs = _slow_steps(monkeypatch, 0.0, hold=hold)  # the first step ends only once the test lets it
     _decode(page, "def first():", 2)
-    sync_api.expect(page.locator("#sq-text")).to_contain_text("def first():", timeout=2_500)
-    assert runs.steps == 0  # the prompt was on the page before any step was done
+    try:
+        sync_api.expect(page.locator("#sq-text")).to_contain_text("def first():")
+        assert runs.steps == 0  # the prompt was on the page before any step was done
+    finally:
+        hold.set()
     sync_api.expect(page.locator("#sq-summary")).to_contain_text("2 tokens", timeout=30_000)
 
 
@@ -252,7 +280,7 @@ def test_too_many_new_tokens_are_refused_with_the_cap(server):
     t0 = time.monotonic()
     with pytest.raises(Exception, match="cap of 256"):
         Client(server, verbose=False).predict("x", "ar", 8, 3, 0.0, 1.0, 100000, 0, api_name="/decode")
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 5   # over 10x a client's start and a refusal (~0.3 s here), against a hang
 
 
 @pytest.fixture(scope="module")
@@ -303,7 +331,7 @@ def test_readme_figure_the_live_tab_mid_decode(browser_context, monkeypatch, tmp
         _wait_for(lambda: runs.steps >= 4, timeout_s=600)
         sync_api.expect(page.locator("#sq-text")).to_contain_text("fizzbuzz")
         assert page.locator("#sq-tree .scatterlayer .point").count() >= 3
-        time.sleep(1.0)  # let the last frame render
+        page.wait_for_timeout(500)  # the last frame's layout
         shot = _screenshot(page, tmp_path, "live-tab")
         sync_api.expect(page.locator("#sq-summary")).not_to_contain_text("finished", timeout=1_000)
         README_FIGURE.parent.mkdir(parents=True, exist_ok=True)
@@ -354,7 +382,7 @@ def test_a_refused_request_keeps_the_last_output_and_no_placeholder(page):
     sync_api.expect(page.get_by_text("prompt is empty").first).to_be_visible()
     _decode(page, "def ok():", 5000)
     sync_api.expect(page.get_by_text("cap of 256").first).to_be_visible()
-    time.sleep(1.0)   # room for a stray first frame to arrive
+    _event_ended(page)   # a stray first frame would have come by the refused event's end
     sync_api.expect(summary).to_contain_text("6 tokens")
     sync_api.expect(summary).not_to_contain_text("first step")
     assert page.locator("#sq-text").text_content() == before
@@ -368,7 +396,7 @@ def test_a_negative_temperature_is_refused_and_nothing_runs(page, monkeypatch):
     box.press("Enter")
     _click_decode(page)
     sync_api.expect(page.get_by_text("temperature must be in 0..2").first).to_be_visible()
-    time.sleep(2.0)
+    _event_ended(page)   # a stray run would have started by the refused event's end
     assert runs.steps == 0 and box.input_value() == "-1"     # not set to 0 behind the visitor's back
     sync_api.expect(page.locator("#sq-summary")).not_to_contain_text("first step")
 
@@ -577,6 +605,9 @@ def test_compare_full_run_reads_at_1280x720(compare_page, tmp_path):
 
 
 # ------------------------------------------------------------------ one test per defect of issue 37
+#: A Stop settles the page within this: over 10x the medians measured (0.09 s on the tiny pair, a busy 2-vCPU Xeon
+#: with AMX; 0.23 s on the default runtime, docs/benchmarks.md), and half the 6 s step a Stop must not wait for.
+STOP_SETTLE_BOUND_S = 3.0
 #: The Live tab's outputs that Stop must leave settled.
 OUTPUTS = ("#sq-text", "#sq-summary", "#sq-tree", "#sq-stats", "#sq-inspect-text", "#sq-inspect-plot")
 _UNSETTLED = r"""(ids) => ids.flatMap(id => {
@@ -596,7 +627,7 @@ def _unsettled(page) -> list[str]:
     return page.evaluate(_UNSETTLED, list(OUTPUTS))
 
 
-def test_stop_in_the_first_step_settles_every_output_within_2_s(page, tmp_path, monkeypatch):
+def test_stop_in_the_first_step_settles_every_output_before_the_step_ends(page, tmp_path, monkeypatch):
     runs = _slow_steps(monkeypatch, 0.05, first_s=6.0)   # the prompt's forward and first step: 6 s
     summary = page.locator("#sq-summary")
     for attempt, method in enumerate(("Chain", "Target alone", "Sequoia (budget & depth)")):
@@ -606,14 +637,15 @@ def test_stop_in_the_first_step_settles_every_output_within_2_s(page, tmp_path, 
             assert "draft" not in summary.text_content().lower()
         time.sleep(0.5)
         page.get_by_role("button", name="Stop", exact=True).click()
-        _settles_within(page, 2.0)
+        _settles_within(page, STOP_SETTLE_BOUND_S)
         sync_api.expect(summary).to_contain_text("Stopped before the first step finished")
         sync_api.expect(page.locator("#sq-text")).to_contain_text(f"def first_{attempt}():")
         assert runs.steps == attempt   # the step in flight had not ended when the page settled
         _wait_for(lambda: len(runs.closed) == attempt + 1)   # it ends, and the engine stops there
         assert runs.steps == attempt + 1 and runs.closed[-1]
-        time.sleep(1.0)                # room for the run's last frame
+        _event_ended(page)             # the run's last frame, had it one, is in by the event's end
         assert not _unsettled(page)    # nothing the run did after Stop unsettled the page again
+        sync_api.expect(summary).to_contain_text("Stopped before the first step finished")
     assert runs.most == 1              # never two runs of the model at once
     _screenshot(page, tmp_path, "live-stopped-first-step")
     runs = _slow_steps(monkeypatch, 0.0)
@@ -627,6 +659,7 @@ def _settles_within(page, seconds: float) -> float:
     while (_unsettled(page) or "Stopped" not in summary.text_content()) and time.monotonic() - t0 < 10:
         time.sleep(0.05)
     took = time.monotonic() - t0
+    print(f"\nStop settled in {took:.2f} s", flush=True)
     assert took < seconds, f"still unsettled after {took:.1f} s: {_unsettled(page)}"
     return took
 
@@ -643,11 +676,11 @@ def test_stop_while_waiting_behind_another_decode_settles_and_the_run_never_star
         _decode(page, "def queued():", 20)
         sync_api.expect(summary).to_contain_text("first step")
         page.get_by_role("button", name="Stop", exact=True).click()
-        _settles_within(page, 2.0)
+        _settles_within(page, STOP_SETTLE_BOUND_S)
     finally:
         release.set()
     job.result(timeout=60)
-    time.sleep(2.0)                         # room for the page's run, had it been left in the queue
+    _event_ended(page)                      # the page's run, had it been left in the queue, would run to its end
     assert len(runs.closed) == 1            # the API's run only
     sync_api.expect(summary).to_contain_text("Stopped before the first step finished")
     # the stopped run's chained events (the inspector's picker) settle once it leaves the queue: seconds under a
@@ -670,7 +703,7 @@ def test_out_of_range_inputs_are_refused_naming_the_field_and_nothing_runs(page,
         box.press("Enter")
         _click_decode(page)
         sync_api.expect(page.get_by_text(message).first).to_be_visible()
-        time.sleep(1.0)   # room for a stray run or frame
+        _event_ended(page)   # a stray run or frame would have come by the refused event's end
         assert box.input_value() == value     # neither clamped nor reset behind the visitor's back
         assert runs.steps == 0
         sync_api.expect(summary).to_contain_text("6 tokens")
@@ -689,8 +722,13 @@ def test_the_guided_example_is_above_the_fold_and_its_output_in_view(page, width
     t0 = time.monotonic()
     button.click()
     text = page.locator("#sq-text")
-    sync_api.expect(text).to_contain_text("fizzbuzz", timeout=5_000)   # the first frame within 5 s
-    assert time.monotonic() - t0 < 5.0
+    # The first frame soon: 5 s is over 10x the median measured (0.40 s, tiny pair, a busy
+    # 2-vCPU Xeon with AMX); the page's promise on
+    # the embedded pair is timed with its spread by scripts/page/page_wait.py (first_step_frame_s), not here.
+    sync_api.expect(text).to_contain_text("fizzbuzz", timeout=5_000)
+    took = time.monotonic() - t0
+    print(f"\nthe guided example's first frame in {took:.2f} s", flush=True)
+    assert took < 5.0
     sync_api.expect(page.locator("#sq-summary")).to_contain_text("finished", timeout=60_000)
     top = page.evaluate("document.getElementById('sq-text').getBoundingClientRect().top")
     _screenshot(page, tmp_path, f"guided-{width}x{height}")
