@@ -28,9 +28,12 @@ from dataclasses import dataclass, replace
 import gradio as gr
 
 from sequoia.core.config import GenerationConfig
-from sequoia.core.requests.request import DecodeRequest, DPRequest, RequestError, parse_decode, parse_dp
+from sequoia.core.requests.request import (DecodeRequest, DPRequest, Limits, MethodSpec, RequestError, parse_decode,
+                                           parse_dp)
 from sequoia.runtime.drafter import Proposer
 from sequoia.runtime.methods import make_method
+from sequoia.runtime.models import PromptTooLong
+from sequoia.runtime.proposers.ngram_proposer import NgramSettings
 
 from components.app_state.acceptance_choice import acceptance_catalogue
 from components.app_state.context import AppContext
@@ -78,9 +81,62 @@ def parse_inputs(ctx: AppContext, inputs: DecodeInputs) -> DecodeRequest:
 
     def parse() -> DecodeRequest:
         req = parse_decode(*raw, limits=lim)
-        return req.tokenized(ctx.pair().encode_prompt(req.prompt, chat=req.chat), lim)
+        pair = ctx.pair()
+        try:
+            ids = pair.encode_prompt(req.prompt, chat=req.chat)
+        except PromptTooLong as exc:   # over any request's tokens: named against this request's own cap
+            check_context(req, exc.n_tokens, pair.target.max_context, lim)
+            raise
+        check_context(req, len(ids), pair.target.max_context, lim)
+        return req.tokenized(ids, lim)
 
     return memo(ctx).get_or_parse(raw_key(*raw, lim), parse)
+
+
+def tree_positions(method: MethodSpec) -> int:
+    """Most positions one step of ``method`` may ask the target to verify, root included: at least the engine's
+    ``proposer.max_nodes`` (equal for every shape but the DP's, whose tree may use fewer than the budget), known
+    from the request alone, before the queue and without building the proposer."""
+    info, b, d = method.info, method.budget, method.depth
+    if info.shape == "root":
+        return 1
+    if info.shape == "chain":
+        return min(b, d) + 1
+    if info.shape == "chains":
+        return max(1, b // d) * d + 1
+    if info.shape == "kary":
+        return 2 ** (d + 1) - 1
+    copied = NgramSettings().budget if info.copies and info.shape == "dynamic" else 0   # copied branches beside
+    return b + copied + 1
+
+
+def context_cap(req: DecodeRequest, max_context: int | None, limits: Limits) -> int:
+    """Most prompt tokens this request may have here: the server's per-request cap, or less where its new tokens
+    and its tree would run past the target's context (``max_context``; None: no known limit)."""
+    if not max_context:
+        return limits.max_prompt_tokens
+    return min(limits.max_prompt_tokens, max_context - req.max_new_tokens - tree_positions(req.method))
+
+
+def check_context(req: DecodeRequest, n_prompt: int, max_context: int | None, limits: Limits) -> None:
+    """RequestError on the prompt field when ``n_prompt`` tokens are more than :func:`context_cap` lets this
+    request have, naming the cap that binds: the one limit, checked before the queue, that the engine would
+    otherwise meet after the request started (a toast, not a word beside the prompt)."""
+    cap = context_cap(req, max_context, limits)
+    if n_prompt <= cap:
+        return
+    new, tree = req.max_new_tokens, tree_positions(req.method)
+    room = (f"at most {cap} prompt tokens fit these settings" if cap > 0 else "no prompt fits these settings")
+    fits = f"{room} (fewer new tokens or a smaller budget leave more)"
+    if n_prompt > limits.max_prompt_tokens:
+        tail = "" if cap == limits.max_prompt_tokens else (
+            f", and with {new} new tokens and a tree of up to {tree} positions the target's context of "
+            f"{max_context} leaves room for fewer: {fits}")
+        raise RequestError({"prompt": f"prompt has {n_prompt} tokens; this server takes at most "
+                                      f"{limits.max_prompt_tokens} per request on {limits.device}{tail}"})
+    raise RequestError({"prompt": f"prompt has {n_prompt} tokens; with {new} new tokens and a tree of up to {tree} "
+                                  f"positions it needs {n_prompt + new + tree} positions, which exceeds the "
+                                  f"target's context of {max_context}: {fits}"})
 
 
 def dp_request(memo: RequestMemo, acceptance, budget, depth) -> DPRequest:

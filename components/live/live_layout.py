@@ -29,6 +29,25 @@ from components.widgets.divergence_view import LOADING as EXACT_LOADING
 SESSION = ("session",)
 #: Runs in the browser when the guided example starts: the text, summary and tree to the top of the window.
 SCROLL_TO_OUTPUT = "() => { document.getElementById('sq-text')?.scrollIntoView({block: 'start'}); }"
+#: Runs once when the page loads, for every tab: when a refusal appears beside a field (the validator's message)
+#: outside the window, the first one shown is scrolled into view.  At 1280x720 a visitor who scrolled down to
+#: Decode saw nothing in view saying why nothing ran: the refusals beside prompt, budget and depth were above it.
+SHOW_REFUSALS = """() => {
+  if (window.sqRefusals) return;
+  let shown = '';
+  const look = () => {
+    const first = [...document.querySelectorAll('.validation-error')]
+      .find(e => e.offsetParent !== null && e.textContent.trim());
+    const text = first ? first.textContent : '';
+    if (first && text !== shown) {
+      const box = first.getBoundingClientRect();
+      if (box.top < 0 || box.bottom > window.innerHeight) first.scrollIntoView({block: 'center'});
+    }
+    shown = text;
+  };
+  window.sqRefusals = new MutationObserver(look);
+  window.sqRefusals.observe(document.body, {childList: true, subtree: true, characterData: true});
+}"""
 
 
 def build(ctx: AppContext, refresh_on=()) -> None:
@@ -43,6 +62,7 @@ def build(ctx: AppContext, refresh_on=()) -> None:
         projector = live_teaching.projector_toggle()
     with gr.Accordion("How to read this", open=False):
         gr.Markdown(HOW_TO_READ)
+    gr.on(None, None, None, js=SHOW_REFUSALS, api_visibility="private")   # no triggers: on the page's load
     with gr.Row():
         with gr.Column(scale=1, min_width=300):
             c = _controls(ctx)

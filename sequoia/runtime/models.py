@@ -123,6 +123,14 @@ def eos_token_ids(tokenizer, model=None) -> tuple[int, ...]:
     return tuple(dict.fromkeys(ids))
 
 
+class PromptTooLong(ValueError):
+    """A prompt of more tokens than any request may hold; ``n_tokens`` lets a caller name its own, lower cap."""
+
+    def __init__(self, n_tokens: int) -> None:
+        super().__init__(f"the prompt is {n_tokens} tokens long; the maximum is {MAX_PROMPT_TOKENS}")
+        self.n_tokens = n_tokens
+
+
 def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list[int]:
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError("the prompt is empty")
@@ -134,7 +142,7 @@ def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list[int]:
     else:
         ids = tokenizer(prompt)["input_ids"]
     if len(ids) > MAX_PROMPT_TOKENS:
-        raise ValueError(f"the prompt is {len(ids)} tokens long; the maximum is {MAX_PROMPT_TOKENS}")
+        raise PromptTooLong(len(ids))
     return list(ids)
 
 

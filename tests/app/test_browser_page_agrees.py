@@ -3,13 +3,17 @@
 * The DP explorer: narrowing the largest budget or depth below the selected cell clamps the cell before the
   solve: no toast, no error badge, and after every edit the heat map's table has the typed limits and its
   selected cell lies within them (the figure never one edit behind).
+* One context limit: a prompt whose tokens, new tokens and tree run past the target's context is refused beside
+  the prompt field with the real cap, never in a toast, and the refusal is brought into view.
 
     python -m pytest -q tests/app/test_browser_page_agrees.py
 """
 
 import pytest
 
-from test_browser import _wait_for, browser_context, server, sync_api
+import re
+
+from test_browser import _decode, _wait_for, browser_context, server, sync_api
 from test_browser_fresh import _errors
 
 pytestmark = [pytest.mark.browser]
@@ -81,3 +85,26 @@ def test_narrowing_the_dp_limits_never_raises_a_toast_nor_leaves_the_figure_behi
     sync_api.expect(page.locator("#sq-dp-sglang")).not_to_contain_text("Cannot")
     assert _errors(page) == []
     print("edits (budget, depth, n, d):", seen)
+
+
+def test_a_prompt_over_the_context_is_refused_beside_it_in_view_with_the_real_cap(page):
+    """The tiny target has 512 positions: 400 characters, 200 new tokens and the tree do not fit.  Decode is
+    pressed from below the fold (the prompt scrolled out of view), as a visitor scrolling down to it does."""
+    _decode(page, "def ok():", 4)
+    sync_api.expect(page.locator("#sq-summary")).to_contain_text("4 tokens")
+    page.locator("#sq-prompt textarea").fill("x" * 400)
+    box = page.get_by_label(re.compile(r"^max new tokens"))
+    box.fill("200")
+    box.press("Enter")
+    decode = page.get_by_role("button", name="Decode", exact=True)
+    decode.evaluate("b => b.scrollIntoView({block: 'end'})")     # the button at the window's bottom edge
+    sync_api.expect(page.locator("#sq-prompt div.validation-error")).to_have_count(0)
+    sync_api.expect(page.locator("#sq-prompt textarea")).not_to_be_in_viewport()
+    decode.click()
+    refusal = page.locator("#sq-prompt div.validation-error")
+    sync_api.expect(refusal).to_contain_text("exceeds the target's context of 512")
+    assert re.search(r"at most \d+ prompt tokens fit these settings", refusal.text_content())
+    assert "8192" not in refusal.text_content()
+    sync_api.expect(refusal).to_be_in_viewport()               # brought into view, not left above the window
+    assert _errors(page) == []                                   # beside the field, never a toast
+    sync_api.expect(page.locator("#sq-summary")).to_contain_text("4 tokens")   # nothing ran
