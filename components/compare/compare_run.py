@@ -195,7 +195,7 @@ def _remember_target_rate(state: CompareState, alone: list[RunResult] | None) ->
         return
     _, run_ctx, req = plan
     rate = target_rate.from_rounds([r.decode_tokens_per_s or 0.0 for r in alone],
-                                   f"measured by Compare ({len(alone)} rounds of {state.max_tokens} tokens)")
+                                   f"measured by Compare ({len(alone)} rounds of {state.max_tokens} tokens, not drawn)")
     if rate is not None:
         run_ctx.target_rates.put(target_rate.rate_key(run_ctx.pair(), req.prompt_ids, req.config), rate)
 

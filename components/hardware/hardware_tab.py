@@ -125,7 +125,7 @@ def runner_curves(ctx: AppContext) -> runners_view.RunnerCurves:
     device = torch.device(pair.device).type
     if device != "cuda":
         own = hardware_view.cost_series(ctx.profile) if ctx.profile is not None else None
-        return runners_view.RunnerCurves(device, eager=own)
+        return runners_view.RunnerCurves(device, eager=own, backend=getattr(pair, "backend", "hf"))
     base = ctx.profile.fingerprint if ctx.profile is not None and ctx.profile.fingerprint else \
         machine_fingerprint(pair)
 

@@ -8,7 +8,9 @@
                       runner's gain where both were, and its slot cache.
 
 Both take plain numbers (:class:`RunnerCurves`); the Hardware tab reads them
-off the profiles cached for this machine.
+off the profiles cached for this machine.  Where the pair serves on another
+runtime (llama.cpp), the curves are that runtime's and both say so: the
+Hugging Face runners are then not loaded at all.
 """
 
 from __future__ import annotations
@@ -21,6 +23,13 @@ from components.widgets.hardware_view import CostSeries, log_ticks
 
 GRAPH, EAGER = "graph runner (CUDA graphs)", "eager runner"
 CPU_NOTE = "CUDA graphs do not apply on a CPU: the Hugging Face runtime runs eagerly here"
+#: The pair on another runtime than Hugging Face's (pair.backend): the figure's title, what serves, what the curves are.
+OTHER_RUNTIME = {
+    "llamacpp": ("llama.cpp runtime", "This server runs llama.cpp (its own CPU kernels); the Hugging Face "
+                 "runtime's eager and graph runners are not loaded here", "the curves are llama.cpp's forwards"),
+    "mixed": ("mixed runtime", "This server runs the target on the Hugging Face runtime (eagerly: CUDA graphs do "
+              "not apply on a CPU) and the draft on llama.cpp", "the curves are that pair's"),
+}
 _COLORS = {GRAPH: "#2ca02c", EAGER: "#1f77b4"}
 
 
@@ -32,6 +41,7 @@ class RunnerCurves:
     graph: CostSeries | None = None
     eager: CostSeries | None = None
     cache_note: str = ""                # the graph runner's slot cache and graphs, when the loaded runner has them
+    backend: str = "hf"                 # the runtime the pair serves on (ModelPair.backend)
 
     def measured(self) -> dict[str, CostSeries]:
         return {name: c for name, c in ((GRAPH, self.graph), (EAGER, self.eager)) if c is not None}
@@ -55,7 +65,9 @@ def runners_figure(curves: RunnerCurves) -> go.Figure:
             fig.add_trace(go.Scatter(x=list(cost.draft_width), y=list(cost.draft_ms), mode="lines+markers",
                                      name=f"{name}: draft level", line=dict(color=color, dash="dot"),
                                      hovertemplate="width %{x}: %{y:.2f} ms<extra>" + name + " draft</extra>"))
-    if curves.device != "cuda":
+    if curves.backend in OTHER_RUNTIME:
+        title = OTHER_RUNTIME[curves.backend][0]
+    elif curves.device != "cuda":
         title = f"eager runner · {CPU_NOTE.split(':')[0]}"
     else:
         title = "eager and graph runners" + "".join(f" · {name}: not measured" for name in curves.missing())
@@ -71,7 +83,11 @@ def runners_figure(curves: RunnerCurves) -> go.Figure:
 def runners_markdown(curves: RunnerCurves) -> str:
     """What each runner's curve is, what is not measured and how to measure it, and the slot cache note."""
     lines = []
-    if curves.device != "cuda":
+    if curves.backend in OTHER_RUNTIME:
+        _, serves, curves_are = OTHER_RUNTIME[curves.backend]
+        lines.append(f"{serves}; {curves_are}." if curves.eager is not None else
+                     f"{serves}; no profile of it is measured yet.")
+    elif curves.device != "cuda":
         lines.append(f"{CPU_NOTE}; the curves are the eager runner's."
                      if curves.eager is not None else f"{CPU_NOTE}, and no profile of it is measured yet.")
     else:

@@ -89,8 +89,11 @@ def _chance(c: NodeCheck) -> float:
 
 
 def significant(x: float, digits: int) -> str:
-    """``x`` with ``digits`` significant digits, positional (0.000287, never 2.87e-04)."""
+    """``x`` with ``digits`` significant digits, positional (0.000287, never 2.87e-04); zero is "0" (a "0.00"
+    reads as a rounded number, and a test printed with it cannot be redone by hand)."""
     x = float(x)
+    if x == 0:
+        return "0"
     decimals = digits - 1 - (math.floor(math.log10(abs(x))) if x else 0)
     return f"{x:.{max(decimals, 0)}f}"
 
@@ -293,7 +296,13 @@ def _numbers(record: StepRecord, c: NodeCheck) -> str:
         p, _, _, u = rule_numbers(c.p_token, 1.0, c.u)
         return f" (copied: a fixed proposal, chance min(1, p/1) = p = {p}, draw u = {u})"
     p, q, chance, u = rule_numbers(c.p_token, c.q_token, c.u)
-    return f" (p = {p}, q = {q}, chance min(1, p/q) = {chance}, draw u = {u})"
+    return f" (p = {p}, q = {q}, chance min(1, p/q) = {chance}, draw u = {u}{zero_p(c.p_token)})"
+
+
+def zero_p(p: float) -> str:
+    """Why a printed p of exactly 0 ("" otherwise): the token is outside what the target may sample."""
+    return ("; p is exactly 0: after the temperature and top-p the target gives this token no chance, so no draw "
+            "accepts it") if p == 0 else ""
 
 
 def _verdict(record: StepRecord, c: NodeCheck) -> str:

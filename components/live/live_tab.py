@@ -21,7 +21,7 @@ import gradio as gr
 from sequoia.core.requests.request import BY_NAME, METHOD_OF_LABEL
 from sequoia.core.statistics.trace import StepRecord
 from sequoia.core.statistics.words import counted
-from sequoia.runtime.measuring.finder import DEFAULT_ENTRY
+from sequoia.runtime.measuring.finder import DEFAULT_ENTRY, AcceptanceEntry, find_acceptance, list_acceptance
 from sequoia.runtime.proposers.dynamic import MAX_DEPTH
 from sequoia.runtime.texts import generate_with_texts
 
@@ -85,6 +85,7 @@ class LiveSession(RunFlags):
     no_tree: str = ""                 # why this automatic method draws no tree here (components.live.no_tree_view)
     rate_key: tuple = ()              # the target alone's rate's key: this run's prompt and settings
     projection: str = ""              # after a run: what its trees would do elsewhere (widgets.projection_view)
+    drawing: str = ""                 # after a run: how long its threads waited for a core another program held
 
 
 def budget_help() -> str:
@@ -130,7 +131,7 @@ def summary(session: LiveSession) -> str:
         return "**Stopped** before the first step finished: nothing was generated."
     md = stats_view.summary_markdown(session.records)
     line = stats_view.speedup_markdown(session.records, session.rate, session.itself)
-    extra = [x for x in (line, session.no_tree, session.elsewhere, session.projection) if x]
+    extra = [x for x in (line, session.drawing, session.no_tree, session.elsewhere, session.projection) if x]
     md += "".join("  \n" + x for x in extra)
     return md + ("  \n" + stopped_line(session.records) if session.stopped else "")
 
@@ -198,7 +199,7 @@ def _measure_alone(ctx: AppContext, req, job: EngineInputs, session: LiveSession
     target alone is its own measurement).  Yields the summary while it measures."""
     key = session.rate_key
     if session.itself:
-        rate = target_rate.measured_rate(session.records, "measured by this run")
+        rate = target_rate.live_rate(session.records)
         if rate is not None:
             ctx.target_rates.put(key, rate)
         return
@@ -264,9 +265,14 @@ def _run(ctx: AppContext, inputs: DecodeInputs, session: LiveSession):
         steps = run_decode(ctx, replace(job, inspect=True), lambda: session.stopped)   # lazy: starts when read
         _describe(ctx, req, job, session)
         with closing(steps):
+            threads, start = target_rate.thread_times(), time.perf_counter()
             yield from _stream_views(session, steps)
+            cores = target_rate.core_wait(threads, target_rate.thread_times(), time.perf_counter() - start)
+        session.drawing = target_rate.drawing_words(cores, session.rate)
         if not session.stopped:   # Stop's handler drew the page; a stopped run is not projected
-            session.projection = projection_view.projection_markdown(session.records, ctx, DEFAULT_ENTRY)
+            session.projection = projection_view.projection_markdown(
+                session.records, ctx, projection_entry(ctx, inputs.acceptance, req.sampling.temperature),
+                req.sampling.temperature)
             yield (gr.skip(),) * 3 + (summary(session), gr.skip(), session)
         yield from _measure_alone(ctx, req, job, session)
     except (ValueError, RuntimeError) as exc:
@@ -277,6 +283,13 @@ def _run(ctx: AppContext, inputs: DecodeInputs, session: LiveSession):
                gr.skip())
 
 
+def projection_entry(ctx: AppContext, label: str, temperature: float) -> AcceptanceEntry:
+    """The measured vector that prices the tree a run without one would have drawn: the one picked on the page
+    (its acceptance label), else the one measured nearest the run's temperature (code prompts first)."""
+    picked = next((e for e in list_acceptance(ctx.assets_dir) if e.label == label), None)
+    return picked or find_acceptance("code", float(temperature), ctx.assets_dir)
+
+
 def _describe(ctx: AppContext, req, job: EngineInputs, session: LiveSession) -> None:
     """What the summary says beside the run: why no tree is drawn (or a fallback's warning), the target alone's
     rate on this prompt if measured already (else the profile's labelled prediction), a faster choice here."""
@@ -285,7 +298,8 @@ def _describe(ctx: AppContext, req, job: EngineInputs, session: LiveSession) -> 
     if note:   # a no-tree line is said in the summary instead
         gr.Warning(note)
     session.rate_key = target_rate.rate_key(ctx.pair(), job.prompt_ids, job.config)
-    session.rate = ctx.target_rates.get(session.rate_key) or target_rate.predicted(ctx.choice)
+    # A Live run is drawn as it runs: it divides by a rate measured so where there is one (its source says which)
+    session.rate = target_rate.pick(ctx.target_rates, session.rate_key, drawn=True) or target_rate.predicted(ctx.choice)
     session.itself = name == "ar"
     try:   # the fastest configuration measured here, when another one; a summary line must never fail
         vector = req.acceptance if req.acceptance is not None else DEFAULT_ENTRY.values

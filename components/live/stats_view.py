@@ -203,7 +203,27 @@ def speedup_markdown(records: Sequence[StepRecord], rate: TargetRate | None, its
     # One multiplier a line: the reading after it is in tokens and seconds, never a second "×" to mistake for it.
     return (f"**{ratio:.2f}× the target alone{label}** ({s.tokens_per_s:.1f} vs {rate.tokens_per_s:.1f} "
             f"tokens/s, both decode rates; the latter {rate.source}) · why: {per_call:.1f} tokens per target call at "
-            f"{_secs(per_call_s)} a call, against 1 token at {_secs(alone_s)} for the target alone")
+            f"{_secs(per_call_s)} a call{_calls_apart(s, per_call)}, against 1 token at {_secs(alone_s)} for the "
+            f"target alone{_same_work(per_call, per_call_s, alone_s)}")
+
+
+def _calls_apart(s: RunStats, per_call: float) -> str:
+    """Why the tokens a call here differ from the summary's tokens/step ("" when they print alike): these count
+    the calls after the prompt's forward, the summary every call, that forward's one token included."""
+    if f"{per_call:.2f}" == f"{s.tokens_per_step:.2f}":
+        return ""
+    return (f" (the calls after the prompt's forward; the {s.tokens_per_step:.2f} tokens/step above count that "
+            "forward's call too)")
+
+
+def _same_work(per_call: float, per_call_s: float, alone_s: float) -> str:
+    """Where a run made one token a call (the target alone's work) yet took longer a call: what the difference
+    is ("" otherwise)."""
+    if per_call > 1.0 + 1e-9 or per_call_s <= alone_s * 1.05:
+        return ""
+    return (f": the same work, {_secs(per_call_s - alone_s)} a call slower: this method's own work around each "
+            "call (choosing and pricing its tree, the engine's bookkeeping), and any difference in how the two were "
+            "measured (the line on drawing below says)")
 
 
 def _secs(s: float) -> str:

@@ -197,7 +197,7 @@ def _test_words(record: StepRecord, phase: Phase) -> str:
             return f"{who}: at T=0 a child passes when it is the target's most likely token. It is: **accepted**."
         return f"{who}: at T=0 a child passes when it is the target's most likely token. It is not: **rejected**."
     p, q, chance, u = _printed(record, c)
-    rule = f"u = {u} against min(1, p/q) = min(1, {p} / {q}) = {chance}"
+    rule = f"u = {u} against min(1, p/q) = min(1, {p} / {q}) = {chance}{inspector_view.zero_p(c.p_token)}"
     if c.accepted:
         return f"{who}: {rule}. u is below: **accepted**; its own children are tested next."
     return f"{who}: {rule}. u is not below: **rejected**."

@@ -54,7 +54,10 @@ class PredictionRow:
 
 
 def cost_figure(cost: CostSeries, chosen_n: int | None = None) -> go.Figure:
-    """Target ms vs tokens per forward and draft ms vs level width (log x); chosen size marked."""
+    """Target ms vs tokens per forward and draft ms vs level width, both axes log; chosen size marked.
+
+    Log y as well as log x: a cost linear in n is then a straight line of slope 1 beside the measured curve's
+    flatter one (on log x and linear y it curved up like an exponential, steep beside a memory-bound target)."""
     if len(cost.target_n) != len(cost.target_ms) or len(cost.draft_width) != len(cost.draft_ms):
         raise ValueError("each cost curve needs as many times as grid points")
     fig = go.Figure()
@@ -64,16 +67,17 @@ def cost_figure(cost: CostSeries, chosen_n: int | None = None) -> go.Figure:
     if cost.target_n:
         per_token = cost.target_ms[0] / cost.target_n[0]
         fig.add_trace(go.Scatter(x=list(cost.target_n), y=[per_token * n for n in cost.target_n],
-                                 mode="lines", name="target if linear in n (compute-bound)",
+                                 mode="lines", name="target if linear in n (compute-bound; slope 1 on log axes)",
                                  line=dict(color="#bbbbbb", dash="dot"), hoverinfo="skip"))
     if cost.draft_width:
         fig.add_trace(go.Scatter(x=list(cost.draft_width), y=list(cost.draft_ms), mode="lines+markers",
                                  name="draft level (width tokens)", line=dict(color="#ff7f0e", width=2),
                                  hovertemplate="width %{x}: %{y:.1f} ms<extra>draft</extra>"))
-    top = max(list(cost.target_ms) + list(cost.draft_ms), default=1.0)
+    times = [t for t in (*cost.target_ms, *cost.draft_ms) if t > 0] or [1.0]
+    low, top = min(times) / 1.5, max(times)
     if chosen_n is not None:
         # A trace, not add_vline: shape coordinates on a log axis are log10 units.
-        fig.add_trace(go.Scatter(x=[chosen_n + 1, chosen_n + 1], y=[0, top * 1.1], mode="lines+text",
+        fig.add_trace(go.Scatter(x=[chosen_n + 1, chosen_n + 1], y=[low, top * 1.1], mode="lines+text",
                                  name=f"chosen: {chosen_n} draft tokens", text=["", f"chosen: {chosen_n} draft tokens"],
                                  textposition="middle left", hoverinfo="skip",
                                  line=dict(color=COLORS["accepted"], width=2)))
@@ -82,7 +86,9 @@ def cost_figure(cost: CostSeries, chosen_n: int | None = None) -> go.Figure:
                       xaxis_title="tokens in one forward", yaxis_title="ms",
                       legend=dict(orientation="h", y=-0.2))
     fig.update_xaxes(type="log", gridcolor="#eee", **log_ticks([*cost.target_n, *cost.draft_width]))
-    fig.update_yaxes(range=[0, top * 1.15], gridcolor="#eee")
+    # The measured curves fill the height; the linear line runs off the top past them, as it would.
+    fig.update_yaxes(type="log", range=[math.log10(low), math.log10(top * 1.3)], gridcolor="#eee",
+                     **log_ticks(times))
     return fig
 
 
@@ -139,15 +145,23 @@ def measured_markdown(rows: Sequence[PredictionRow], tokens: int, load: float | 
             f"prompt's forward, the decode rate the profile predicts; range in brackets): " + "; ".join(parts) + ".")
     if far:
         cores = os.cpu_count() or 1
-        # Measure's own runs keep about ``cores`` busy: a load average well above that is other programs.
-        busy = (f"the load average was {load:.1f} on {cores} cores, so other programs shared them (a browser on "
-                "this machine counts)" if load is not None and load > cores + 0.5 else
-                f"the load average was {load:.1f} on {cores} cores: the cores were not shared much"
-                if load is not None else "")
+        busy = load_words(load, cores)
         why = "; ".join(w for w in (busy, "the profile in use was measured under other conditions"
                                     + (f" ({profile_note.rstrip('.')})" if profile_note else "")) if w)
         text += f" More than 10% off the prediction: {', '.join(far)}. Likely why: {why}."
     return text
+
+
+def load_words(load: float | None, cores: int) -> str:
+    """What the 1-minute load average after Measure's runs says about the cores ("" when not read).  A load of
+    the cores' count or more means every core had work queued: another program (a browser on this machine
+    counts) then took time the runs waited for; below it, a core was idle at times, so sharing was not the why."""
+    if load is None:
+        return ""
+    if load >= cores:
+        return (f"the load average was {load:.1f} on {cores} cores, at or above their count: other programs "
+                "shared them, and the runs waited for the cores (a browser on this machine counts)")
+    return f"the load average was {load:.1f} on {cores} cores, below their count: the cores were not shared much"
 
 
 def cost_series(profile) -> CostSeries:

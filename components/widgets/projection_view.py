@@ -61,8 +61,10 @@ def _choice(profile: HardwareProfile, acceptance: tuple[float, ...]) -> Choice:
 
 
 def projection_lines(records: Sequence[StepRecord], here: HardwareProfile | None,
-                     shipped: Sequence[Elsewhere], acceptance: AcceptanceEntry) -> list[str]:
-    """The summary's lines for a finished run ([] when it has no decoding step)."""
+                     shipped: Sequence[Elsewhere], acceptance: AcceptanceEntry,
+                     temperature: float | None = None) -> list[str]:
+    """The summary's lines for a finished run ([] when it has no decoding step); ``temperature``: the run's, said
+    beside the vector's where the two differ (None: not said)."""
     steps = decoding_steps(records)
     if not steps:
         return []
@@ -72,16 +74,21 @@ def projection_lines(records: Sequence[StepRecord], here: HardwareProfile | None
         head = (f"**Where this run would pay**: its trees and accepted tokens ({per_call:.2f} a target call) do not "
                 f"depend on the device; each machine's measured costs price them.")
         return [head] + [projection_line(project(records, prof, label)) for label, prof in found]
+    kind = f"{acceptance.kind} prompts'" if acceptance.kind else "the"
+    apart = (f"; this run sampled at T={temperature:g}, where no offered vector was measured"
+             if temperature is not None and abs(acceptance.temperature - temperature) > 1e-6 else "")
     head = (f"**Where a tree would pay**: this run drew no tree, so it would be the target alone anywhere. "
-            f"Sequoia's tree for {acceptance.kind} prompts' measured acceptance (T={acceptance.temperature:g}), "
-            f"priced by each machine's measured costs:")
+            f"Sequoia's tree for {kind} measured acceptance (T={acceptance.temperature:g}, “{acceptance.label}”"
+            f"{apart}), priced by each machine's measured costs:")
     return [head] + [choice_line(label, _choice(prof, tuple(acceptance.values))) for label, prof in found]
 
 
-def projection_markdown(records: Sequence[StepRecord], ctx, acceptance: AcceptanceEntry) -> str:
+def projection_markdown(records: Sequence[StepRecord], ctx, acceptance: AcceptanceEntry,
+                        temperature: float | None = None) -> str:
     """The Live tab's projection of a finished run (``ctx``: the app's context; "" before any decoding step);
-    ``acceptance``: what prices the tree a run without one would have drawn."""
-    return "  \n".join(projection_lines(records, ctx.profile, elsewhere(Path(ctx.assets_dir)), acceptance))
+    ``acceptance``: what prices the tree a run without one would have drawn; ``temperature``: the run's."""
+    return "  \n".join(projection_lines(records, ctx.profile, elsewhere(Path(ctx.assets_dir)), acceptance,
+                                        temperature))
 
 
 def roofline_figure(ctx):
