@@ -136,7 +136,9 @@ class CoreWait:
     """How this server's threads spent one run, from the kernel's per-thread accounting: computing on a core,
     or ready to compute but waiting for one that another program held (Linux's ``/proc/self/task/*/schedstat``).
     Idle waits (a step's Python between forwards, the page's round trips) are in neither, so unlike CPU time
-    against the run's time this is not fooled by a run that leaves a core idle."""
+    against the run's time this is not fooled by a run that leaves a core idle.  Threads that end within the run
+    are lost (llama.cpp's workers may be made per forward): the sums are of the threads that lasted it, the
+    handler's among them, and their waited part is the figure to read."""
 
     run_s: float      # summed over the threads: time on a core
     wait_s: float     # summed over the threads: runnable, waiting for a core
@@ -179,19 +181,20 @@ def core_wait(before: dict[int, tuple[int, int]], after: dict[int, tuple[int, in
     return CoreWait(max(run, 0) / 1e9, max(wait, 0) / 1e9, wall_s)
 
 
-def drawing_words(cores: CoreWait | None, rate: TargetRate | None, drawn: bool = True) -> str:
-    """What the cores' sharing cost a run, measured ("" below :data:`SHARED_ABOVE`, or nothing measured): how
-    long its threads waited for a core another program held (a browser drawing the page on this machine among
-    them), and that a rate it is divided by measured without drawing is then another condition."""
+def drawing_words(cores: CoreWait | None, rate: TargetRate | None, drawn: bool = True, what: str = "this run") -> str:
+    """What the cores' sharing cost a run (``what``: "this run", "this comparison's timed rounds"), measured (""
+    below :data:`SHARED_ABOVE`, or nothing measured): how long its threads waited for a core another program held
+    (a browser drawing the page on this machine among them), and that a rate it is divided by measured without
+    drawing is then another condition (``drawn``: the run was drawn on the page as it ran)."""
     if cores is None or cores.wall_s <= 0 or cores.waited <= SHARED_ABOVE:
         return ""
     apart = (" The target alone's rate it is divided by was measured without drawing, so part of the ratio's gap "
              "is this." if drawn and rate is not None and rate.measured and not rate.drawn else "")
-    return (f"**Cores shared during this run**: over its {cores.wall_s:.1f} s the server's threads computed "
-            f"{cores.run_s:.1f} s and waited {cores.wait_s:.1f} s for a core another program held "
-            f"({100 * cores.waited:.0f}% of their busy time; the browser drawing this page counts, where it runs on "
-            f"this machine), so the run took roughly {1 / (1 - cores.waited):.2f}× its time with the cores to "
-            f"itself.{apart}")
+    return (f"**Cores shared during {what}**: the server's threads, ready to compute, waited for a core another "
+            f"program held {100 * cores.waited:.0f}% of their busy time ({cores.wait_s:.1f} s waiting against "
+            f"{cores.run_s:.1f} s on a core over {cores.wall_s:.1f} s, the kernel's accounting of the threads that "
+            "lasted it); the browser drawing this page counts, where it runs on this machine. So it took roughly "
+            f"{1 / (1 - cores.waited):.2f}× its time with the cores to itself.{apart}")
 
 
 def from_rounds(rates: Sequence[float], what: str) -> TargetRate | None:

@@ -19,6 +19,7 @@ k rounds; the state says which round runs ("round k of R").
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Iterator
 from contextlib import closing
 from dataclasses import dataclass, field, replace
@@ -59,6 +60,11 @@ class CompareState:
     tokens: int | None = 0                                      # its tokens so far (None: it reports no steps)
     runs: int = 0                                               # timed runs finished so far
     plan: list = field(default_factory=list, repr=False)        # (method, context, engine inputs), warmed up
+    shared: str = ""                                            # how long other programs held the cores meanwhile
+
+    def page_notes(self) -> list[str]:
+        """The notes the page shows: the run's, then how much the cores were shared (when they were)."""
+        return [*self.notes, self.shared] if self.shared else list(self.notes)
 
     @property
     def fraction(self) -> float:
@@ -169,6 +175,9 @@ def iter_comparison(ctx: AppContext, inputs: DecodeInputs, include_hf=True, meth
                          rounds=int(rounds), notes=skipped)
     yield from _warm_up_all(ctx, state, chosen, base, reqs)
     state.total, runs, failed = len(state.plan), {m.label: [] for m, _, _ in state.plan}, set()
+    # Whether other programs held the cores during the timed rounds (a browser drawing the page among them):
+    # every row's rate is slower by it alike, and a rate measured on a quieter machine is another condition.
+    threads, start = target_rate.thread_times(), time.perf_counter()
     for state.round in range(1, state.rounds + 1):
         for state.row, (m, run_ctx, req) in enumerate(state.plan, start=1):
             if m.label in failed:
@@ -182,6 +191,8 @@ def iter_comparison(ctx: AppContext, inputs: DecodeInputs, include_hf=True, meth
             runs[m.label].append(run)
             state.runs += 1
             state.rows = compare_view.mark_identical([row_of(label, rs) for label, rs in runs.items() if rs])
+    cores = target_rate.core_wait(threads, target_rate.thread_times(), time.perf_counter() - start)
+    state.shared = target_rate.drawing_words(cores, None, drawn=False, what="this comparison's timed rounds")
     _remember_target_rate(state, runs.get(METHODS[0].label))
     state.phase, state.running = "done", None
     yield state

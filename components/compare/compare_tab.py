@@ -152,7 +152,7 @@ def stopped_views(session: CompareSession) -> tuple:
     rows = state.rows if state is not None else []
     md = stopped_line(state)
     if rows:
-        md += "\n\n" + _notes_markdown(rows, state.notes, session.temperature, checked=False, stopped=True)
+        md += "\n\n" + _notes_markdown(rows, state.page_notes(), session.temperature, checked=False, stopped=True)
     return (compare_view.figure(rows), compare_view.table(rows), md) if rows else (gr.skip(), gr.skip(), md)
 
 
@@ -204,7 +204,7 @@ def _compare(ctx: AppContext, inputs: DecodeInputs, methods: list[str], session:
             if now == seen and not frame.due(time.monotonic()):
                 continue  # only the "n tokens so far" line would change: at most once a frame
             grew, seen = now[0] != seen[0], now
-            md = state.line() if state.running else _notes_markdown(state.rows, state.notes, temperature,
+            md = state.line() if state.running else _notes_markdown(state.rows, state.page_notes(), temperature,
                                                                     checked=False)
             if grew:   # a run finished: the bars and the table show it at once
                 yield compare_view.figure(state.rows), compare_view.table(state.rows, checking=checking), md
@@ -213,7 +213,7 @@ def _compare(ctx: AppContext, inputs: DecodeInputs, methods: list[str], session:
         # Then, at T=0, where outputs part (replays of the prefix): Stop ends that too.
         after = () if session.stopped else after_comparison(
             run_ctx, inputs.prompt, inputs.chat, state.rows, temperature, exact,
-            lambda rows: _notes_markdown(rows, state.notes, temperature))
+            lambda rows: _notes_markdown(rows, state.page_notes(), temperature))
         for out in after:
             if session.stopped:
                 break

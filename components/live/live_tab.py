@@ -85,7 +85,7 @@ class LiveSession(RunFlags):
     no_tree: str = ""                 # why this automatic method draws no tree here (components.live.no_tree_view)
     rate_key: tuple = ()              # the target alone's rate's key: this run's prompt and settings
     projection: str = ""              # after a run: what its trees would do elsewhere (widgets.projection_view)
-    drawing: str = ""                 # after a run: how long its threads waited for a core another program held
+    cores: target_rate.CoreWait | None = None   # after a run: how long its threads waited for a core held elsewhere
 
 
 def budget_help() -> str:
@@ -131,7 +131,8 @@ def summary(session: LiveSession) -> str:
         return "**Stopped** before the first step finished: nothing was generated."
     md = stats_view.summary_markdown(session.records)
     line = stats_view.speedup_markdown(session.records, session.rate, session.itself)
-    extra = [x for x in (line, session.drawing, session.no_tree, session.elsewhere, session.projection) if x]
+    drawing = target_rate.drawing_words(session.cores, session.rate)   # the rate may be measured after the run
+    extra = [x for x in (line, drawing, session.no_tree, session.elsewhere, session.projection) if x]
     md += "".join("  \n" + x for x in extra)
     return md + ("  \n" + stopped_line(session.records) if session.stopped else "")
 
@@ -268,7 +269,7 @@ def _run(ctx: AppContext, inputs: DecodeInputs, session: LiveSession):
             threads, start = target_rate.thread_times(), time.perf_counter()
             yield from _stream_views(session, steps)
             cores = target_rate.core_wait(threads, target_rate.thread_times(), time.perf_counter() - start)
-        session.drawing = target_rate.drawing_words(cores, session.rate)
+        session.cores = None if session.stopped else cores   # Stop's words stay the last a stopped run shows
         if not session.stopped:   # Stop's handler drew the page; a stopped run is not projected
             session.projection = projection_view.projection_markdown(
                 session.records, ctx, projection_entry(ctx, inputs.acceptance, req.sampling.temperature),

@@ -120,9 +120,12 @@ def test_the_rates_are_kept_one_per_condition_and_picked_by_it():
 def test_the_time_the_cores_were_held_elsewhere_is_said_with_its_figures():
     probe = TargetRate(23.2, True, "measured on this prompt (in the server, not drawn)")
     words = target_rate.drawing_words(CoreWait(run_s=10.4, wait_s=5.6, wall_s=8.0), probe)
-    assert words.startswith("**Cores shared during this run**: over its 8.0 s the server's threads computed 10.4 s "
-                            "and waited 5.6 s for a core another program held (35% of their busy time")
+    assert words.startswith("**Cores shared during this run**: the server's threads, ready to compute, waited for a "
+                            "core another program held 35% of their busy time (5.6 s waiting against 10.4 s on a "
+                            "core over 8.0 s")
     assert "roughly 1.54× its time with the cores to itself" in words and "measured without drawing" in words
+    rounds = target_rate.drawing_words(CoreWait(10.4, 5.6, 8.0), probe, drawn=False, what="this comparison's rounds")
+    assert rounds.startswith("**Cores shared during this comparison's rounds**") and "without drawing" not in rounds
     assert target_rate.drawing_words(CoreWait(10.0, 0.5, 6.0), probe) == ""      # hardly shared: nothing said
     assert target_rate.drawing_words(None, probe) == ""
     before = {1: (100, 50)}
