@@ -28,6 +28,7 @@ from components.app_state import serving, validation
 from components.app_state.context import ASSETS, AppContext, LoadStatus
 from components.app_state.extra_runners import ExtraLoader
 from components.app_state.lanes import WorkLanes
+from components.app_state.pair_choice import choose_pair, pair_env
 from components.compare import compare_tab
 from components.distribution import distribution_tab
 from components.dp_explorer import dp_tab
@@ -36,6 +37,7 @@ from components.live import live_layout
 from components.served_trees import served_trees
 from components.widgets import runtime_view, status_view
 from sequoia.runners.embedded import default_cache_dir
+from sequoia.runners.hf.loading import hub_reachable
 from sequoia.runtime.measuring.runtime_choice import RuntimeDecision, decision_from
 from sequoia.runtime.memory import MemoryBudget, gguf_size_bytes, parse_memory_gb
 from sequoia.runtime.models import ModelPair
@@ -61,7 +63,7 @@ def build_demo(pair_or_loader: ModelPair | Callable[[], ModelPair], assets_dir: 
                cache_dir: Path | None = None, auto_profile: bool = False, owner: bool = False,
                exact_loader: ExtraLoader | None = None, reference_loader: ExtraLoader | None = None,
                memory: MemoryOptions | None = None, lanes: WorkLanes | None = None,
-               runtime: RuntimeDecision | None = None) -> gr.Blocks:
+               runtime: RuntimeDecision | None = None, pair_why: str = "") -> gr.Blocks:
     """The whole app for a model pair, or a zero-argument callable that loads one.
 
     A loader runs on first use, or in the background once ``demo.sequoia_context.models.start_loading()``
@@ -76,7 +78,8 @@ def build_demo(pair_or_loader: ModelPair | Callable[[], ModelPair], assets_dir: 
     the budget those two loads are planned against, and their sizes (None: the machine's memory, no cap).
     ``lanes``: where model-free work runs (None: new ones, whose DP process is forked as the page is built);
     apps built in one process (tests, scripts) may share one set, and so one DP process.  ``runtime``: which
-    runtime the loader serves on and why (:func:`runtime_from_env`), shown in the banner and the Hardware tab.
+    runtime the loader serves on and why (:func:`runtime_from_env`), shown in the banner and the Hardware tab;
+    ``pair_why``: why this pair (:func:`components.app_state.pair_choice.choose_pair`), shown in the banner.
     """
     ctx = AppContext.from_pair_or_loader(pair_or_loader, assets_dir=Path(assets_dir), max_budget=max_budget,
                                          device=device, lanes=lanes,
@@ -85,6 +88,7 @@ def build_demo(pair_or_loader: ModelPair | Callable[[], ModelPair], assets_dir: 
                                          **({"status": status} if status is not None else {}),
                                          **(memory.context_fields() if memory is not None else {}))
     ctx.hardware.runtime = runtime
+    ctx.models.why = pair_why
     if ctx.loaded:
         ctx.find_profile()
     with gr.Blocks(title="Sequoia Studio") as demo:
@@ -338,6 +342,9 @@ def build_from_env(env: Mapping[str, str] = os.environ, lanes: WorkLanes | None 
     zero = serving.zerogpu()
     if zero:
         env = zerogpu_env(env)
+    chosen = choose_pair(env, zerogpu=zero, cuda=_cuda_here, hub=hub_reachable)
+    env = pair_env(env, chosen)        # the loaders, the runtime's choice and the profiles all read this pair
+    print(f"Sequoia Studio: the pair {chosen.draft} -> {chosen.target}: {chosen.why}", flush=True)
     runtime = runtime_from_env(env)   # an unknown SEQUOIA_BACKEND stops here, before anything loads
     print(f"Sequoia Studio: {runtime.summary()}", flush=True)
     env = {**env, "SEQUOIA_BACKEND": runtime.backend}   # a copy: the loaders below all read this one decision
@@ -356,10 +363,16 @@ def build_from_env(env: Mapping[str, str] = os.environ, lanes: WorkLanes | None 
     # On ZeroGPU no background profiler (its model work would run outside a GPU call) and no llama.cpp reference
     # (a CPU runtime whose threads do not survive the fork each call runs in).
     return build_demo(load, device=env_device(env), status=status, auto_profile=not zero,
-                      owner=env.get("SEQUOIA_OWNER") == "1", cache_dir=default_cache_dir(env),
+                      pair_why=chosen.banner_words, owner=env.get("SEQUOIA_OWNER") == "1", cache_dir=default_cache_dir(env),
                       exact_loader=exact_loader_from_env(env),
                       reference_loader=None if zero else reference_loader_from_env(env),
                       memory=memory, runtime=runtime, lanes=lanes)
+
+
+def _cuda_here() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def zerogpu_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -34,6 +34,7 @@ class LoadedPair:
     status: LoadStatus = field(default_factory=LoadStatus)
     # Runs once the pair is loaded, before the status says ready (the app finds its hardware profile there).
     on_loaded: Callable[[ModelPair], None] = field(default=_nothing, repr=False)
+    why: str = ""                     # why this pair serves (components.app_state.pair_choice), for the banner
     _pair: ModelPair | None = field(default=None, repr=False)
     _engine: SpeculativeEngine | None = field(default=None, repr=False)
     _load_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -121,4 +122,5 @@ class LoadedPair:
         names = [html.escape(str(getattr(p, k, "?"))) for k in ("draft_name", "target_name")]
         where = html.escape(pair_words(p.target.info, p.draft.info))
         streamed = ", target streamed from host memory" if getattr(p, "target_streamed", False) else ""
-        return f"draft <b>{names[0]}</b> → target <b>{names[1]}</b> · {where}{streamed}"
+        why = f"<br><small>Why this pair: {html.escape(self.why)}.</small>" if self.why else ""
+        return f"draft <b>{names[0]}</b> → target <b>{names[1]}</b> · {where}{streamed}{why}"

@@ -181,6 +181,11 @@ def _from_pretrained(auto_class, name_or_path: str | Path, what: str, **kwargs):
         raise ModelLoadError(_load_message(name, exc, what)) from exc
 
 
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the model hub answers (a connection within ``timeout`` s; never when HF_HUB_OFFLINE is set)."""
+    return _hub_reachable(timeout)
+
+
 def _hub_reachable(timeout: float = 3.0) -> bool:
     if constants.HF_HUB_OFFLINE:
         return False
