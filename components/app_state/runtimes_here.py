@@ -38,7 +38,9 @@ def _decide_here(hardware: ProfileRoom, loaded: str | None, device: str | None, 
     known = {loaded: FoundProfile(hardware.profile, "in use")} \
         if loaded in BACKENDS and hardware.profile is not None else {}
     found = profiles_here(machine, hardware.cache_dir, hardware.assets_dir, known)
-    decision = decide(machine, found, acceptance, budget, depth)
+    # the targets alone timed at start rank the runtimes here too, while no profile does (decide ignores them then)
+    probes = {r.backend: r.probe for r in started.runtimes if r.probe is not None} if started is not None else {}
+    decision = decide(machine, found, acceptance, budget, depth, probes=probes)
     if started is not None and started.explicit:   # SEQUOIA_BACKEND named it: say so, as the banner does
         decision = replace(decision, backend=started.backend, reason=started.reason, explicit=True)
     return {b: found[b] for b in BACKENDS if b in found}, decision

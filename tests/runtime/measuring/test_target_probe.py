@@ -105,3 +105,16 @@ def test_timing_helpers():
     assert len(times) == 3
     p = summarize("hf", [0.1, 0.125, 0.2], 1.5, "fake")
     assert (p.tokens_per_s, p.low, p.high) == (8.0, 5.0, 10.0) and p.text == "8.0 tokens/s (5.0-10.0 over 3 steps)"
+
+
+def test_the_hardware_tab_ranks_by_the_probes_the_server_started_with(tmp_path):
+    from types import SimpleNamespace
+
+    from components.app_state.runtimes_here import _decide_here
+
+    (tmp_path / "profiles").mkdir()
+    started = decide(AMX, {}, CODE, probes={"hf": probe("hf", 8.0), "llamacpp": probe("llamacpp", 24.0)})
+    room = SimpleNamespace(runtime=started, profile=None, cache_dir=tmp_path / "cache", assets_dir=tmp_path)
+    found, decision = _decide_here(room, None, None, tuple(CODE), 64, 8)
+    assert found == {} and decision.backend == "llamacpp" and decision.reason == started.reason
+    assert decision.estimate("hf").probe.tokens_per_s == 8.0
