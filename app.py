@@ -38,6 +38,7 @@ from components.served_trees import served_trees
 from components.widgets import runtime_view, status_view
 from sequoia.runners.embedded import default_cache_dir
 from sequoia.runners.hf.loading import hub_reachable
+from sequoia.runtime.measuring.learned import LearnedAcceptance
 from sequoia.runtime.measuring.runtime_choice import RuntimeDecision, decision_from
 from sequoia.runtime.memory import MemoryBudget, gguf_size_bytes, parse_memory_gb
 from sequoia.runtime.models import ModelPair
@@ -63,7 +64,8 @@ def build_demo(pair_or_loader: ModelPair | Callable[[], ModelPair], assets_dir: 
                cache_dir: Path | None = None, auto_profile: bool = False, owner: bool = False,
                exact_loader: ExtraLoader | None = None, reference_loader: ExtraLoader | None = None,
                memory: MemoryOptions | None = None, lanes: WorkLanes | None = None,
-               runtime: RuntimeDecision | None = None, pair_why: str = "") -> gr.Blocks:
+               runtime: RuntimeDecision | None = None, pair_why: str = "",
+               learned: LearnedAcceptance | None = None) -> gr.Blocks:
     """The whole app for a model pair, or a zero-argument callable that loads one.
 
     A loader runs on first use, or in the background once ``demo.sequoia_context.models.start_loading()``
@@ -80,6 +82,8 @@ def build_demo(pair_or_loader: ModelPair | Callable[[], ModelPair], assets_dir: 
     apps built in one process (tests, scripts) may share one set, and so one DP process.  ``runtime``: which
     runtime the loader serves on and why (:func:`runtime_from_env`), shown in the banner and the Hardware tab;
     ``pair_why``: why this pair (:func:`components.app_state.pair_choice.choose_pair`), shown in the banner.
+    ``learned``: where this server learns the pair's acceptance from its decodes (None: it uses the vectors
+    picked as they are; :mod:`sequoia.runtime.measuring.learned`).
     """
     ctx = AppContext.from_pair_or_loader(pair_or_loader, assets_dir=Path(assets_dir), max_budget=max_budget,
                                          device=device, lanes=lanes,
@@ -89,6 +93,7 @@ def build_demo(pair_or_loader: ModelPair | Callable[[], ModelPair], assets_dir: 
                                          **(memory.context_fields() if memory is not None else {}))
     ctx.hardware.runtime = runtime
     ctx.models.why = pair_why
+    ctx.learned = learned
     if ctx.loaded:
         ctx.find_profile()
     with gr.Blocks(title="Sequoia Studio") as demo:
@@ -345,6 +350,9 @@ def build_from_env(env: Mapping[str, str] = os.environ, lanes: WorkLanes | None 
     chosen = choose_pair(env, zerogpu=zero, cuda=_cuda_here, hub=hub_reachable)
     env = pair_env(env, chosen)        # the loaders, the runtime's choice and the profiles all read this pair
     print(f"Sequoia Studio: the pair {chosen.draft} -> {chosen.target}: {chosen.why}", flush=True)
+    # A pair nobody measured learns its acceptance from this server's decodes, kept with the cache across restarts.
+    learned = None if chosen.embedded else \
+        LearnedAcceptance(default_cache_dir(env) / "learned-acceptance", f"{chosen.draft} -> {chosen.target}")
     runtime = runtime_from_env(env)   # an unknown SEQUOIA_BACKEND stops here, before anything loads
     print(f"Sequoia Studio: {runtime.summary()}", flush=True)
     env = {**env, "SEQUOIA_BACKEND": runtime.backend}   # a copy: the loaders below all read this one decision
@@ -363,10 +371,15 @@ def build_from_env(env: Mapping[str, str] = os.environ, lanes: WorkLanes | None 
     # On ZeroGPU no background profiler (its model work would run outside a GPU call) and no llama.cpp reference
     # (a CPU runtime whose threads do not survive the fork each call runs in).
     return build_demo(load, device=env_device(env), status=status, auto_profile=not zero,
-                      pair_why=chosen.banner_words, owner=env.get("SEQUOIA_OWNER") == "1", cache_dir=default_cache_dir(env),
+                      pair_why=chosen.banner_words + (LEARNS if learned else ""), learned=learned, owner=env.get("SEQUOIA_OWNER") == "1", cache_dir=default_cache_dir(env),
                       exact_loader=exact_loader_from_env(env),
                       reference_loader=None if zero else reference_loader_from_env(env),
                       memory=memory, runtime=runtime, lanes=lanes)
+
+
+#: The banner's words where the server learns its pair's acceptance.
+LEARNS = ("; trees are built from the acceptance vector picked on the page as a prior, updated with what this "
+          "server's own decodes accept (kept in its cache)")
 
 
 def _cuda_here() -> bool:

@@ -16,6 +16,7 @@ dataclasses inside ``gr.State`` in each tab.
 
 from __future__ import annotations
 
+import logging
 import os
 import weakref
 from collections.abc import Callable
@@ -32,6 +33,8 @@ from sequoia.core.trees.tree import MAX_TREE_SIZE
 from sequoia.runtime.engine import SpeculativeEngine
 from sequoia.runtime.measuring import finder
 from sequoia.runtime.measuring.finder import ProfileChoice
+from sequoia.runtime.measuring.learned import LearnedAcceptance
+from sequoia.runtime.methods import DEFAULT_ACCEPTANCE
 from sequoia.runtime.memory import MemoryBudget, NotEnoughMemory  # noqa: F401 (re-exported for the tabs)
 from sequoia.runtime.models import ModelPair
 
@@ -42,6 +45,8 @@ from components.app_state.memo import RequestMemo
 from components.app_state.pair_room import LoadedPair
 from components.app_state.profile_room import ProfileRoom
 from components.app_state.target_rate import TargetRates
+
+log = logging.getLogger("sequoia")
 
 
 #: Largest tree budget the UI accepts (a server guard, far below sequoia.core.trees.tree.MAX_TREE_SIZE on CPU).
@@ -120,6 +125,9 @@ class AppContext:
     # costs are paid once per process, so a second comparison skips them.  Keyed weakly by the pair, so a
     # reloaded pair warms up again.
     warmed: PerPair = field(default_factory=lambda: PerPair(), repr=False)
+    # The acceptance this server learns from its own decodes, over the vector a request picks as the prior
+    # (sequoia.runtime.measuring.learned): on for a pair nobody measured (the GPU Space's); None elsewhere.
+    learned: LearnedAcceptance | None = field(default=None, repr=False)
 
     @classmethod
     def from_pair_or_loader(cls, pair_or_loader: ModelPair | Callable[[], ModelPair], *, assets_dir: Path = ASSETS,
@@ -150,7 +158,7 @@ class AppContext:
         proposers belong to one engine's runs); the profile, lanes and measured rates are shared."""
         models = LoadedPair.ready(pair)
         return AppContext(models, self.hardware, self.extras.for_view(models), self.limits, self.lanes,
-                          self.owner, target_rates=self.target_rates)
+                          self.owner, target_rates=self.target_rates, learned=self.learned)
 
     # ------------------------------------------------------------------ the pair (models)
     @property
@@ -171,6 +179,23 @@ class AppContext:
     def budget_cap(self) -> int:
         """Largest tree budget one request may ask (the sliders' maximum)."""
         return self.limits.budget_cap
+
+    def acceptance_for(self, vector, temperature: float):
+        """The vector a request decodes with: ``vector`` (None: the built-in one) as it was picked, or, where
+        this server learns (:attr:`learned`), that vector as the prior updated with its own decodes."""
+        if self.learned is None:
+            return vector
+        return self.learned.vector(DEFAULT_ACCEPTANCE if vector is None else vector, temperature).values
+
+    def learn(self, records, temperature: float) -> None:
+        """Add a finished decode's steps to what this server learns (nothing where it does not learn); a
+        failure to write is logged, never the request's."""
+        if self.learned is None or not records:
+            return
+        try:
+            self.learned.observe(records, temperature)
+        except OSError as exc:
+            log.warning("learned acceptance not saved (%s): %s", self.learned.path, exc)
 
     def method_state(self, info, temperature: float) -> dict:
         """What this server prices and grows a method with, as :func:`sequoia.runtime.methods.make_method`'s

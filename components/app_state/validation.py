@@ -165,7 +165,10 @@ def engine_inputs(ctx: AppContext, req: DecodeRequest) -> EngineInputs:
     """The proposer of a parsed request (built here once, by the one factory) with the server's profile,
     calibration and copy acceptance where the method uses them."""
     state = ctx.method_state(req.method.info, req.sampling.temperature)
-    proposer = make_method(req.method, acceptance=req.acceptance, **state)
+    # Where this server learns its acceptance, a tree built from a vector gets the picked one updated with it
+    acceptance = ctx.acceptance_for(req.acceptance, req.sampling.temperature) if req.method.info.solves_dp \
+        else req.acceptance
+    proposer = make_method(req.method, acceptance=acceptance, **state)
     return EngineInputs(list(req.prompt_ids), proposer, req.config)
 
 

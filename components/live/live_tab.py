@@ -25,7 +25,7 @@ from sequoia.runtime.measuring.finder import DEFAULT_ENTRY, AcceptanceEntry, fin
 from sequoia.runtime.proposers.dynamic import MAX_DEPTH
 from sequoia.runtime.texts import generate_with_texts
 
-from components.app_state import serving, target_rate, validation
+from components.app_state import call_scope, serving, target_rate, validation
 from components.app_state.context import AppContext
 from components.app_state.decode_inputs import DecodeInputs, api_signature
 from components.app_state.run_flags import RunFlags
@@ -86,6 +86,7 @@ class LiveSession(RunFlags):
     rate_key: tuple = ()              # the target alone's rate's key: this run's prompt and settings
     projection: str = ""              # after a run: what its trees would do elsewhere (widgets.projection_view)
     cores: target_rate.CoreWait | None = None   # after a run: how long its threads waited for a core held elsewhere
+    call_graphs: str = ""             # on ZeroGPU: what the run's GPU call captured, or why it ran eagerly
 
 
 def budget_help() -> str:
@@ -108,8 +109,20 @@ def run_decode(ctx: AppContext, req: EngineInputs,
                should_stop: Callable[[], bool] | None = None) -> Iterator[StepRecord]:
     """The engine's step stream for a parsed request's engine inputs, with the token texts the views show;
     ``should_stop()`` is read after every step and between chunks of a long prompt (Stop)."""
-    return generate_with_texts(ctx.engine(), ctx.pair().tokenizer, req.prompt_ids, req.proposer, req.config,
-                               should_stop=should_stop, inspect=req.inspect)
+    steps = generate_with_texts(ctx.engine(), ctx.pair().tokenizer, req.prompt_ids, req.proposer, req.config,
+                                should_stop=should_stop, inspect=req.inspect)
+    return steps if ctx.learned is None else _learning(ctx, steps, req.config.sampling.temperature)
+
+
+def _learning(ctx: AppContext, steps: Iterator[StepRecord], temperature: float) -> Iterator[StepRecord]:
+    """``steps``, and once they have all been read, what they show of the pair's acceptance kept by the server
+    (:meth:`AppContext.learn`; a generator closed early adds nothing)."""
+    seen = []
+    with closing(steps):
+        for record in steps:
+            seen.append(record)
+            yield record
+    ctx.learn(seen, temperature)
 
 
 # ------------------------------------------------------------------ handlers
@@ -132,7 +145,8 @@ def summary(session: LiveSession) -> str:
     md = stats_view.summary_markdown(session.records)
     line = stats_view.speedup_markdown(session.records, session.rate, session.itself)
     drawing = target_rate.drawing_words(session.cores, session.rate)   # the rate may be measured after the run
-    extra = [x for x in (line, drawing, session.no_tree, session.elsewhere, session.projection) if x]
+    extra = [x for x in (line, drawing, session.no_tree, session.elsewhere, session.projection,
+                         session.call_graphs) if x]
     md += "".join("  \n" + x for x in extra)
     return md + ("  \n" + stopped_line(session.records) if session.stopped else "")
 
@@ -270,6 +284,7 @@ def _run(ctx: AppContext, inputs: DecodeInputs, session: LiveSession):
             yield from _stream_views(session, steps)
             cores = target_rate.core_wait(threads, target_rate.thread_times(), time.perf_counter() - start)
         session.cores = None if session.stopped else cores   # Stop's words stay the last a stopped run shows
+        session.call_graphs = call_scope.line()   # in a GPU call: its captures (counted in its time)
         if not session.stopped:   # Stop's handler drew the page; a stopped run is not projected
             session.projection = projection_view.projection_markdown(
                 session.records, ctx, projection_entry(ctx, inputs.acceptance, req.sampling.temperature),
