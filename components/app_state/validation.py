@@ -28,8 +28,8 @@ from dataclasses import dataclass, replace
 import gradio as gr
 
 from sequoia.core.config import GenerationConfig
-from sequoia.core.requests.request import (DecodeRequest, DPRequest, Limits, MethodSpec, RequestError, parse_decode,
-                                           parse_dp)
+from sequoia.core.requests.request import (METHOD_OF_LABEL, DecodeRequest, DPRequest, Limits, MethodSpec, RequestError,
+                                           parse_decode, parse_dp)
 from sequoia.runtime.drafter import Proposer
 from sequoia.runtime.methods import make_method
 from sequoia.runtime.models import PromptTooLong
@@ -110,22 +110,30 @@ def tree_positions(method: MethodSpec) -> int:
     return b + copied + 1
 
 
-def context_cap(req: DecodeRequest, max_context: int | None, limits: Limits) -> int:
+def widest_tree(method: MethodSpec) -> int:
+    """The most positions any page method takes at this budget and depth: a comparison runs several."""
+    return max(tree_positions(MethodSpec(name, method.budget, method.depth)) for name in METHOD_OF_LABEL.values())
+
+
+def context_cap(req: DecodeRequest, max_context: int | None, limits: Limits, tree: int | None = None) -> int:
     """Most prompt tokens this request may have here: the server's per-request cap, or less where its new tokens
-    and its tree would run past the target's context (``max_context``; None: no known limit)."""
+    and its tree (``tree`` positions; None: its method's) would run past the target's context (``max_context``;
+    None: no known limit)."""
     if not max_context:
         return limits.max_prompt_tokens
-    return min(limits.max_prompt_tokens, max_context - req.max_new_tokens - tree_positions(req.method))
+    tree = tree_positions(req.method) if tree is None else tree
+    return min(limits.max_prompt_tokens, max_context - req.max_new_tokens - tree)
 
 
-def check_context(req: DecodeRequest, n_prompt: int, max_context: int | None, limits: Limits) -> None:
+def check_context(req: DecodeRequest, n_prompt: int, max_context: int | None, limits: Limits,
+                  tree: int | None = None) -> None:
     """RequestError on the prompt field when ``n_prompt`` tokens are more than :func:`context_cap` lets this
     request have, naming the cap that binds: the one limit, checked before the queue, that the engine would
     otherwise meet after the request started (a toast, not a word beside the prompt)."""
-    cap = context_cap(req, max_context, limits)
+    cap = context_cap(req, max_context, limits, tree)
     if n_prompt <= cap:
         return
-    new, tree = req.max_new_tokens, tree_positions(req.method)
+    new, tree = req.max_new_tokens, tree_positions(req.method) if tree is None else tree
     room = (f"at most {cap} prompt tokens fit these settings" if cap > 0 else "no prompt fits these settings")
     fits = f"{room} (fewer new tokens or a smaller budget leave more)"
     if n_prompt > limits.max_prompt_tokens:
@@ -198,11 +206,11 @@ def validators(ctx: AppContext) -> dict[str, Callable[..., list[dict]]]:
 
     def compare(prompt, budget=32, depth=8, temperature=0.0, top_p=1.0, max_new_tokens=64, seed=0,
                 include_hf=True):
-        return answer(INPUT_FIELDS["compare"], lambda: decode_request(
-            ctx, prompt, COMPARE_METHOD, budget, depth, temperature, top_p, max_new_tokens, seed))
+        return answer(INPUT_FIELDS["compare"], lambda: check_compared(ctx, decode_request(
+            ctx, prompt, COMPARE_METHOD, budget, depth, temperature, top_p, max_new_tokens, seed)))
 
     def compare_stream(inputs: DecodeInputs, methods: list[str], session=None):   # session: the tab's state
-        return answer(INPUT_FIELDS["compare_stream"], lambda: page_request(ctx, inputs))
+        return answer(INPUT_FIELDS["compare_stream"], lambda: check_compared(ctx, page_request(ctx, inputs)))
 
     def dp(acceptance, budget=32, depth=8):
         return answer(INPUT_FIELDS["dp"], lambda: dp_request(ctx.lanes.dp_requests, acceptance, budget, depth))
@@ -211,6 +219,11 @@ def validators(ctx: AppContext) -> dict[str, Callable[..., list[dict]]]:
     return {"decode": api_signature(decode, list), "decode_stream": page_handler(decode_stream, ("session",)),
             "compare": compare, "compare_stream": stream, "compare_full": stream,   # compare_full: Compare's full run
             "dp": dp}
+
+
+def check_compared(ctx: AppContext, req: DecodeRequest) -> None:
+    """A comparison's context check: its prompt with the widest tree any of its rows may verify."""
+    check_context(req, len(req.prompt_ids), ctx.pair().target.max_context, ctx.limits, widest_tree(req.method))
 
 
 def attach_validators(demo: gr.Blocks, ctx: AppContext) -> list[str]:

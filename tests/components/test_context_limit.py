@@ -64,3 +64,15 @@ def test_the_validator_refuses_it_on_the_prompt_field(ctx):
 def test_every_page_method_has_a_tree_size():
     for label, name in METHOD_OF_LABEL.items():
         assert validation.tree_positions(MethodSpec(name, 8, 4)) >= 1, label
+
+
+def test_a_comparison_is_checked_with_the_widest_tree_it_may_run(ctx):
+    """Compare runs every ticked method on one prompt: Sequoia + n-gram copies verifies the budget's draft tokens
+    and up to 32 copied ones, so a prompt that fits the Sequoia tree may not fit that row."""
+    spec = MethodSpec("sequoia", 12, 5)
+    assert validation.widest_tree(spec) == 12 + 32 + 1 > validation.tree_positions(spec)
+    fits_one = "x" * (512 - 8 - 13 - 30)   # room for the Sequoia tree, not for the copies beside it
+    assert not [a for a in validation.validators(ctx)["decode"](fits_one, "Sequoia (budget & depth)", 12, 5, 0.0,
+                                                                 1.0, 8, 0, False) if not a["is_valid"]]
+    answers = validation.validators(ctx)["compare"](fits_one, 12, 5, 0.0, 1.0, 8, 0)
+    assert "a tree of up to 45 positions" in answers[0]["message"] and not answers[0]["is_valid"]
