@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from sequoia.runners.hf.call_graphs import CallGraphs
+from sequoia.runtime.call_engine import CallEngine
 from sequoia.runtime.engine import SpeculativeEngine
 
 log = logging.getLogger("sequoia")
@@ -58,7 +59,7 @@ class CallScope:
         pair = self.pair(base)
         engine = self._engines.get(id(pair))
         if engine is None:
-            engine = self._engines[id(pair)] = SpeculativeEngine(pair)
+            engine = self._engines[id(pair)] = CallEngine(pair, self.graphs)
         return engine
 
 

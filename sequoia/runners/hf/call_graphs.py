@@ -76,6 +76,23 @@ class CallGraphRunner(GraphRunner):
         if emulate:
             self.graphs, self.graph_class = True, ReplayedEagerly
         self.captured: list[tuple[tuple, float, bool]] = []
+        self._seen: set[tuple[int, int]] = set()   # shapes forwarded once: captured the second time only
+        self._planned = False
+
+    def run(self, ids, host, block, chain: int, start: int) -> torch.Tensor:
+        if start == 0:   # a prompt's (first) forward: once a decode, never worth a capture
+            return self._eager(ids, host, block, chain, host.shape[1])
+        return super().run(ids, host, block, chain, start)
+
+    def prepare(self, buckets, window: int) -> None:
+        """Capture these buckets of rows at ``window`` keys now, before the decode that replays them."""
+        self._planned = True
+        try:
+            for b in sorted(set(buckets)):
+                if (b, window) not in self._graphs and (b, window) not in self.capture_errors:
+                    self._capture(b, window)
+        finally:
+            self._planned = False
 
     def window_for(self, length: int) -> int:
         """Keys a forward attends to: at least :data:`CALL_WINDOW` (one window serves a whole page request, so
@@ -83,6 +100,9 @@ class CallGraphRunner(GraphRunner):
         return window_of(max(length, CALL_WINDOW), self.capacity)
 
     def _capture(self, bucket: int, window: int) -> ForwardGraph | None:
+        if not self._planned and (bucket, window) not in self._seen:
+            self._seen.add((bucket, window))   # a one-off forward (a prompt) runs eagerly: no capture to pay back
+            return None
         t0 = time.perf_counter()
         graph = super()._capture(bucket, window)
         if self.device.type == "cuda":
@@ -164,6 +184,14 @@ class CallGraphs:
             self._why_eager = f"the graph runners could not be built ({type(exc).__name__}: {str(exc)[:160]})"
             return self._base
         return _with_runners(self._base, draft, target)
+
+    def prepare(self, draft_buckets, target_buckets, context: int) -> None:
+        """Capture what a decode reaching ``context`` slots will replay, before it starts (so that its steps'
+        times are replays, the captures counted in the call's time only); a no-op on an eager call."""
+        pair = self.pair
+        for runner, buckets in ((pair.draft, draft_buckets), (pair.target, target_buckets)):
+            if isinstance(runner, CallGraphRunner) and buckets:
+                runner.prepare(buckets, runner.window_for(min(context, runner.capacity)))
 
     def runners(self) -> list[CallGraphRunner]:
         p = self._pair

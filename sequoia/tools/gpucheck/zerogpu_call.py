@@ -37,7 +37,7 @@ from ...core.trees.tree import Tree
 from ...runners.hf.call_graphs import CallGraphs
 from ...runners.hf.loading import wrap_model
 from ...runtime.drafter import StaticTreeProposer
-from ...runtime.engine import SpeculativeEngine
+from ...runtime.call_engine import CallEngine
 from ...runtime.methods import make_method
 from .models import Shape, pair_of
 from .offload import RandomFill
@@ -104,9 +104,10 @@ def one_call(draft: Qwen2ForCausalLM, target: Qwen2ForCausalLM, device: str, gra
     pair = call.pair
     prompt = torch.randint(vocab, (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(3)).tolist()
     out = []
+    engine = CallEngine(pair, call)   # as the app's calls: a tree's shapes captured before its generation
     for row in decodes:
         before = call.report()
-        timed = _decode(pair, row, prompt)
+        timed = _decode(engine, row, prompt)
         after = call.report()
         timed.update(row=row.example, method=row.method, temperature=row.temperature,
                      captures=after.captures - before.captures,
@@ -125,14 +126,18 @@ def one_call(draft: Qwen2ForCausalLM, target: Qwen2ForCausalLM, device: str, gra
             "capture_s": report.capture_s, "rows": out, "call_s": time.perf_counter() - t0}
 
 
-def _decode(pair, row: Row, prompt: list[int]) -> dict:
+def _decode(engine: CallEngine, row: Row, prompt: list[int]) -> dict:
+    """One row's decode, timed from the first step (the captures its tree planned happen before: they are the
+    row's ``capture_s``)."""
+    pair = engine.pair
     proposer = make_method("ar") if row.tree is None else StaticTreeProposer(row.tree, name="sequoia")
     config = GenerationConfig(max_new_tokens=row.new_tokens, stop_at_eos=False,
                               sampling=SamplingConfig(temperature=row.temperature))
+    steps = engine.generate(prompt, proposer, config)   # captures the row's planned shapes now
     _sync(pair.device)
     t0 = time.perf_counter()
     walls, first, ids, t = [], None, [], t0
-    for record in SpeculativeEngine(pair).generate(prompt, proposer, config):
+    for record in steps:
         _sync(pair.device)
         now = time.perf_counter()
         walls.append((now - t) * 1e3)
