@@ -74,7 +74,7 @@ def clamped_cell(n, d, budget: int, depth: int) -> tuple[int, int]:
 
 
 def _session_cell(n, d, session) -> tuple[int, int]:
-    """(n, d) within the last solved table's limits (as they came, before any solve)."""
+    """(n, d) within the last solved table's limits (before the first solve, within the widest ones)."""
     if session is not None and session.result is not None:
         return clamped_cell(n, d, session.result.budget, session.result.depth)
     return clamped_cell(n, d, MAX_TREE_SIZE, MAX_DEPTH)
