@@ -28,7 +28,7 @@ from components.app_state import serving, validation
 from components.app_state.context import ASSETS, AppContext, LoadStatus
 from components.app_state.extra_runners import ExtraLoader
 from components.app_state.lanes import WorkLanes
-from components.app_state.pair_choice import choose_pair, pair_env
+from components.app_state.pair_choice import GPU_SPACE_TARGET, PairChoice, choose_pair, pair_env
 from components.compare import compare_tab
 from components.distribution import distribution_tab
 from components.dp_explorer import dp_tab
@@ -38,6 +38,8 @@ from components.served_trees import served_trees
 from components.widgets import runtime_view, status_view
 from sequoia.runners.embedded import default_cache_dir
 from sequoia.runners.hf.loading import hub_reachable
+from sequoia.runtime.measuring.finder import ProfileChoice
+from sequoia.runtime.measuring.gpu_call import graph_profile
 from sequoia.runtime.measuring.learned import LearnedAcceptance
 from sequoia.runtime.measuring.runtime_choice import RuntimeDecision, decision_from
 from sequoia.runtime.memory import MemoryBudget, gguf_size_bytes, parse_memory_gb
@@ -369,12 +371,26 @@ def build_from_env(env: Mapping[str, str] = os.environ, lanes: WorkLanes | None 
             standin.guard(pair.target)
         return pair
     # On ZeroGPU no background profiler (its model work would run outside a GPU call) and no llama.cpp reference
-    # (a CPU runtime whose threads do not survive the fork each call runs in).
-    return build_demo(load, device=env_device(env), status=status, auto_profile=not zero,
-                      pair_why=chosen.banner_words + (LEARNS if learned else ""), learned=learned, owner=env.get("SEQUOIA_OWNER") == "1", cache_dir=default_cache_dir(env),
+    # (a CPU runtime whose threads do not survive the fork each call runs in); the H100's measured graph replays
+    # at the target's shapes stand in for the card's profile (each call captures its graphs).
+    demo = build_demo(load, device=env_device(env), status=status, auto_profile=not zero,
+                      pair_why=chosen.banner_words + (LEARNS if learned else ""), learned=learned,
+                      owner=env.get("SEQUOIA_OWNER") == "1", cache_dir=default_cache_dir(env),
                       exact_loader=exact_loader_from_env(env),
                       reference_loader=None if zero else reference_loader_from_env(env),
                       memory=memory, runtime=runtime, lanes=lanes)
+    if zero:
+        demo.sequoia_context.hardware.stand_in = zerogpu_stand_in(chosen)
+    return demo
+
+
+def zerogpu_stand_in(chosen: PairChoice) -> ProfileChoice:
+    """The profile Sequoia (auto) and the calls' durations use on a ZeroGPU card nobody profiled: the H100's
+    measured graph-runner costs at the served target's shapes (the 7B's for the GPU Space pair, else the 1.5B's)."""
+    name = "h100-7b" if chosen.target == GPU_SPACE_TARGET else "h100-1.5b"
+    return ProfileChoice(graph_profile(name), "given", None,
+                         f"this ZeroGPU card has no profile yet; the H100's measured CUDA-graph costs stand in "
+                         f"({name}), since each call captures its graphs")
 
 
 #: The banner's words where the server learns its pair's acceptance.

@@ -50,6 +50,9 @@ class ProfileRoom:
     choice: ProfileChoice = field(default_factory=_not_loaded)
     profiling: LoadStatus | None = None       # progress of the background measurement; None: none started
     runtime: RuntimeDecision | None = None    # the runtime the server chose at start, and why (None: not told)
+    # Where no profile matches and none is measured here (ZeroGPU: no profiler outside a GPU call), the profile
+    # that stands in, and why (the H100's measured graph replays at the served target's shapes).
+    stand_in: ProfileChoice | None = None
     _derived: dict[Hashable, object] = field(default_factory=dict, repr=False)
     _derived_for: ProfileChoice | None = field(default=None, repr=False)   # the choice _derived belongs to
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -75,6 +78,8 @@ class ProfileRoom:
         """Find the profile for a newly loaded pair; measure one in the background when none matches and the
         app asked for that."""
         self.find(pair)
+        if self.choice.profile is None and self.stand_in is not None:
+            self.choice = self.stand_in
         if self.auto_profile and self.choice.profile is None:
             self.start_profiling(pair)
 

@@ -55,7 +55,7 @@ from components.app_state.run_flags import RunFlags, StopFlag
 
 from sequoia.core.profiles.profile import HardwareProfile
 from sequoia.runtime.measuring.finder import DEFAULT_ENTRY
-from sequoia.runtime.measuring.gpu_call import PROXY_WORDS, CallPlan, plan_call, proxy_profile
+from sequoia.runtime.measuring.gpu_call import CallPlan, eager_of, plan_call, proxy_profile, replays
 
 try:  # only on Hugging Face Spaces; nothing else here needs it
     import spaces  # type: ignore[import-not-found]
@@ -147,12 +147,15 @@ def gpu_seconds(max_new_tokens, n_methods: int = 1, profile: HardwareProfile | N
         tree = (int(tree[0]), int(tree[1])) if tree else None
     except (TypeError, ValueError):
         tree = None
-    proxy = profile is None and zerogpu()
-    plan = plan_call(n, proxy_profile() if proxy else profile,
+    proxy = zerogpu() and (profile is None or replays(profile))
+    # On ZeroGPU a card not profiled is priced by the H100's graph replays (the stand-in the trees are chosen
+    # on, gpu_call.replays), eager as those times the H100's eager/graph ratio.
+    priced = (proxy_profile() if profile is None else eager_of(profile)) if proxy else profile
+    plan = plan_call(n, priced,
                      DEFAULT_ACCEPTANCE if acceptance is None else acceptance, n_runs=max(int(n_methods), 1),
                      tree=tree, graphs_ok=call_scope.call_graphs_mode() != "0")
     if proxy:
-        plan = replace(plan, reason=f"{plan.reason}; priced with {PROXY_WORDS} (no profile of this card yet)")
+        plan = replace(plan, reason=f"{plan.reason}; priced as {priced.device} (no profile of this card yet)")
     return PlannedSeconds(plan)
 
 

@@ -71,3 +71,23 @@ def test_a_pair_padded_apart_loads_and_decodes_the_targets_greedy_text(padded_pa
     tree = [t for r in SpeculativeEngine(pair).generate(prompt, make_method("sequoia", budget=8, depth=4), config)
             for t in r.new_tokens]
     assert tree == ar and len(ar) == 24
+
+
+def test_on_zerogpu_the_h100s_graph_costs_stand_in_for_the_cards_profile(tmp_path, tiny_app_pair):
+    import app
+    from components.app_state import serving
+    from components.app_state.profile_room import ProfileRoom
+    from sequoia.runtime.measuring import gpu_call
+
+    seven = app.zerogpu_stand_in(choose_pair({}, zerogpu=True, hub=lambda: True))
+    small = app.zerogpu_stand_in(choose_pair({}, zerogpu=True, hub=lambda: False))
+    assert "h100-7b" in seven.reason and seven.profile.target(1) > small.profile.target(1)
+    assert gpu_call.replays(seven.profile)
+    room = ProfileRoom(tmp_path / "assets", tmp_path / "cache", stand_in=seven)
+    room.on_pair_loaded(tiny_app_pair)          # nothing shipped or cached matches: the stand-in serves
+    assert room.profile is seven.profile and "no profile yet" in room.note()
+    # a call's duration prices those replays eager (x EAGER_OVER_GRAPH), the plan capturing where it pays
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(serving, "zerogpu", lambda: True)
+        planned = serving.gpu_seconds(128, profile=seven.profile).plan
+    assert planned.capture and "eager = graphs x" in planned.reason

@@ -74,12 +74,26 @@ PROXY_WORDS = ("the H100's measured costs at the 1.5B shapes (assets/projections
                f"replay x {EAGER_OVER_GRAPH})")
 
 
+def graph_profile(name: str = PROXY, assets_dir: str | Path = ASSETS) -> HardwareProfile:
+    """A shipped graph-runner profile (``assets/projections/<name>.json``: the H100's, by target shape)."""
+    return load_elsewhere(Path(assets_dir) / "projections" / f"{name}.json").profile
+
+
+def replays(profile: HardwareProfile) -> bool:
+    """True for a profile of graph replays measured elsewhere (a shipped projection, no fingerprint)."""
+    return profile.fingerprint is None and "cuda graphs" in profile.device.lower()
+
+
 @functools.lru_cache(maxsize=4)
-def proxy_profile(assets_dir: str | Path = ASSETS) -> HardwareProfile:
+def proxy_profile(assets_dir: str | Path = ASSETS, name: str = PROXY) -> HardwareProfile:
     """The eager profile a call is priced with on a card not profiled yet: :data:`PROXY`'s graph-runner costs
     times :data:`EAGER_OVER_GRAPH` (every forward and the step's host work), so that :func:`plan_call`'s graph
     step is the H100's measured replay."""
-    graphs = load_elsewhere(Path(assets_dir) / "projections" / f"{PROXY}.json").profile
+    return eager_of(graph_profile(name, assets_dir))
+
+
+def eager_of(graphs: HardwareProfile) -> HardwareProfile:
+    """A graph-runner profile as the eager one of the same card: every cost times :data:`EAGER_OVER_GRAPH`."""
     k = EAGER_OVER_GRAPH
     return replace(graphs, device=f"CUDA, priced as {graphs.device} (eager = graphs x {k})",
                    target_ms=tuple(x * k for x in graphs.target_ms), draft_ms=tuple(x * k for x in graphs.draft_ms),
