@@ -41,26 +41,45 @@ def call_graphs_mode(env=os.environ) -> str:
 
 @dataclass
 class CallScope:
-    """One call: whether it captures (and why), and its graphs once the pair is first used."""
+    """One call: whether it captures (and why), and the graphs of each pair it used (the served pair, exact
+    mode's), built on first use."""
 
     capture: bool
     reason: str
     emulate: bool = False             # off CUDA: capture with emulated replays anyway (else eager there)
-    graphs: CallGraphs | None = None
-    _engines: dict = field(default_factory=dict)
+    _graphs: dict = field(default_factory=dict)    # id(base pair) -> CallGraphs
+    _engines: dict = field(default_factory=dict)   # id(base pair) -> CallEngine
+
+    def graphs_of(self, base) -> CallGraphs:
+        graphs = self._graphs.get(id(base))
+        if graphs is None:
+            graphs = self._graphs[id(base)] = CallGraphs(base, self.capture, self.reason, emulate_ok=self.emulate)
+        return graphs
 
     def pair(self, base):
-        """The call's pair over ``base`` (the server's loaded pair)."""
-        if self.graphs is None:
-            self.graphs = CallGraphs(base, self.capture, self.reason, emulate_ok=self.emulate)
-        return self.graphs.pair
+        """The call's pair over ``base`` (a pair the server loaded)."""
+        return self.graphs_of(base).pair
 
     def engine(self, base) -> SpeculativeEngine:
-        pair = self.pair(base)
-        engine = self._engines.get(id(pair))
+        engine = self._engines.get(id(base))
         if engine is None:
-            engine = self._engines[id(pair)] = CallEngine(pair, self.graphs)
+            graphs = self.graphs_of(base)
+            engine = self._engines[id(base)] = CallEngine(graphs.pair, graphs)
         return engine
+
+    @property
+    def graphs(self) -> CallGraphs | None:
+        """The graphs of the first pair this call used (the one its summary speaks of), or None."""
+        return next(iter(self._graphs.values()), None)
+
+    def close(self) -> str:
+        """Drop every graph of the call; the first pair's report line."""
+        lines = []
+        for graphs in self._graphs.values():
+            graphs.close()
+            lines.append(graphs.final.line() if graphs.final else "")
+        self._engines.clear()
+        return lines[0] if lines else ""
 
 
 _current: CallScope | None = None
@@ -82,8 +101,7 @@ def entered(capture: bool, reason: str = "", emulate: bool = False) -> Iterator[
     finally:
         _current = None
         if scope.graphs is not None:
-            scope.graphs.close()
-            _last_line = scope.graphs.final.line() if scope.graphs.final else ""
+            _last_line = scope.close()
             log.info("GPU call: %s", _last_line)
 
 

@@ -132,3 +132,17 @@ def test_a_one_off_forward_runs_eagerly_and_a_shape_met_twice_is_captured(pair):
     assert call.report().captures == 0
     session.forward([7])                                 # one row again: now worth a capture
     assert call.report().captures == 1
+
+
+def test_a_call_keeps_each_pair_it_uses_apart_and_drops_them_all(pair):
+    from components.app_state import call_scope
+
+    target = tiny_model(0)
+    other = make_pair(target, target, target.config.vocab_size)   # exact mode's pair, say
+    with call_scope.entered(True, "test", emulate=True) as scope:
+        first, second = scope.pair(pair), scope.pair(other)
+        assert first is not second and first.target.model is pair.target.model
+        assert second.target.model is other.target.model and scope.pair(pair) is first
+        assert scope.engine(other).pair is second
+        runners = [*scope.graphs_of(pair).runners(), *scope.graphs_of(other).runners()]
+    assert call_scope.current() is None and all(r.cache is None for r in runners)
