@@ -222,8 +222,8 @@ def _same_work(per_call: float, per_call_s: float, alone_s: float) -> str:
     if per_call > 1.0 + 1e-9 or per_call_s <= alone_s * 1.05:
         return ""
     return (f": the same work, {_secs(per_call_s - alone_s)} a call slower: this method's own work around each "
-            "call (choosing and pricing its tree, the engine's bookkeeping), and any difference in how the two were "
-            "measured (the line on drawing below says)")
+            "call (choosing and pricing its tree, the engine's bookkeeping), and any difference between this run's "
+            "conditions and those the target alone's rate was measured in (its source, above)")
 
 
 def _secs(s: float) -> str:
