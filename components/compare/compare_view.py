@@ -282,11 +282,19 @@ def figure(rows: Sequence[CompareRow], reference: str = REFERENCE, title: str = 
     return fig
 
 
+#: The gap between a value label and what it clears (bar end, whisker cap, the 1× line), as a part of the panel's
+#: furthest such end: the text starts at that point, so with no gap a whisker's cap touched its first digit.
+LABEL_GAP = 0.03
+
+
 def label_positions(xs: Sequence[float], whiskers: Sequence[float] | None, line: float | None = None) -> list[float]:
-    """Where each bar's value label starts: past the bar's end, its whisker (``whiskers``: how far each reaches
-    beyond the bar) and ``line`` (a reference line the label would otherwise cross), whichever is furthest."""
+    """Where each bar's value label starts: a small gap past the bar's end, its whisker (``whiskers``: how far
+    each reaches beyond the bar) and ``line`` (a reference line the label would otherwise cross), whichever is
+    furthest."""
     ups = whiskers if whiskers is not None else [0.0] * len(xs)
-    return [max(x + (up or 0.0), line if line is not None else 0.0) for x, up in zip(xs, ups)]
+    ends = [max(x + (up or 0.0), line if line is not None else 0.0) for x, up in zip(xs, ups)]
+    gap = LABEL_GAP * max(ends, default=0.0)
+    return [end + gap for end in ends]
 
 
 def reference_work_note(rows: Sequence[CompareRow], reference: str = REFERENCE) -> str:

@@ -363,9 +363,10 @@ def test_compare_labels_clear_their_whiskers_and_the_1x_line():
         whiskers = bar.error_x.array if bar.error_x and bar.error_x.array is not None else [0.0] * len(rows)
         assert all(at >= x + up - 1e-12 for at, x, up in zip(label.x, bar.x, whiskers))
         assert label.textposition == "middle right" and label.hoverinfo == "skip"
-    assert all(at >= 1.0 for at in fig.data[7].x)          # the ratio's labels right of the dotted 1× line
-    assert compare_view.label_positions([0.5, 2.0], [0.1, 0.2], line=1.0) == [1.0, 2.2]
-    assert compare_view.label_positions([0.5], None) == [0.5]
+    assert all(at > 1.0 for at in fig.data[7].x)           # the ratio's labels right of the dotted 1× line
+    gap = compare_view.LABEL_GAP * 2.2
+    assert compare_view.label_positions([0.5, 2.0], [0.1, 0.2], line=1.0) == pytest.approx([1.0 + gap, 2.2 + gap])
+    assert compare_view.label_positions([0.5], None) == pytest.approx([0.5 * (1 + compare_view.LABEL_GAP)])
 
 
 def test_a_row_doing_the_target_alones_work_says_why_it_is_not_1x():
