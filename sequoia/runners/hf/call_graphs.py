@@ -123,13 +123,15 @@ class ReplayedEagerly(ForwardGraph):
     """A :class:`ForwardGraph` off CUDA: the static inputs and output as captured, each replay the forward run
     eagerly over them (the cache writes at the graph's own slot tensor, as a replay does)."""
 
+    def new_graph(self) -> _EagerReplay:
+        return _EagerReplay(self)
+
     @classmethod
     @torch.inference_mode()
     def capture(cls, runner: GraphRunner, bucket: int, window: int) -> ReplayedEagerly:
         g = cls(runner, bucket, window)
         runner.cache.write_at(g.slots, window)
         g.logits = runner.call(g.ids, g.pos, g.mask).clone()   # the output buffer every replay writes into
-        g.graph = _EagerReplay(g)
         return g
 
 

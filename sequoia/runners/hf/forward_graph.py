@@ -75,8 +75,12 @@ class ForwardGraph:
         self.slots = torch.arange(runner.capacity, runner.capacity + bucket, device=dev)  # scratch while capturing
         self.mask = torch.zeros(1, 1, bucket, window, dtype=runner.dtype, device=dev)
         self.pad_slots = self.slots.clone()
-        self.graph = torch.cuda.CUDAGraph() if dev.type == "cuda" else None   # off CUDA: call_graphs emulates
+        self.graph = self.new_graph()
         self.logits: torch.Tensor | None = None
+
+    def new_graph(self):
+        """What records and replays this forward (call_graphs emulates one off CUDA)."""
+        return torch.cuda.CUDAGraph()
 
     @classmethod
     @torch.inference_mode()
