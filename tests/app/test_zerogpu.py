@@ -16,7 +16,8 @@ from conftest import app_pair
 
 import app
 from components.app_state import serving
-from test_browser import _click_decode, _free_port, _slow_steps, browser_context, sync_api
+from test_browser import (STOP_SETTLE_BOUND_S, _click_decode, _event_ended, _free_port, _slow_steps, _wait_for,
+                          browser_context, sync_api)
 from test_browser_fresh import _errors   # the error toasts and badges on the page
 
 pytestmark = [pytest.mark.browser,
@@ -95,7 +96,7 @@ def test_live_decodes_twice_and_stop_reaches_the_calls_process(zero, page, monke
     sync_api.expect(summary).not_to_contain_text("finished", timeout=30_000)
     sync_api.expect(summary).to_contain_text("tokens in", timeout=30_000)
     page.get_by_role("button", name="Stop", exact=True).click()
-    sync_api.expect(summary).to_contain_text("Stopped", timeout=2_000)
+    sync_api.expect(summary).to_contain_text("Stopped", timeout=STOP_SETTLE_BOUND_S * 1000)   # over 10x its median
     stopped = zero.standin.calls[-1]
     deadline = time.monotonic() + 5
     while stopped.outcome == "running":                 # the call's process read the flag Stop set here
@@ -115,12 +116,14 @@ def test_compare_and_the_distribution_check_run_twice(zero, page):
     for _ in range(2):
         page.get_by_role("button", name="Run comparison", exact=True).click()
         sync_api.expect(notes).to_contain_text("Identical at T=0", timeout=120_000)
-        time.sleep(1.0)
+        _wait_for(lambda: zero.standin.calls[-1].outcome != "running", 120)   # the run's GPU call over...
+        _event_ended(page)   # ...and its event: the next click is not dropped as a second click of this run
     page.get_by_role("tab", name="Distribution check", exact=True).click()
     verdicts = page.locator("#sq-check-verdicts")
     for _ in range(2):
         page.get_by_role("button", name="Run the check", exact=True).click()
         sync_api.expect(verdicts).to_contain_text("Finished in", timeout=120_000)
-        time.sleep(1.0)
+        _wait_for(lambda: zero.standin.calls[-1].outcome != "running", 120)
+        _event_ended(page)
     assert _errors(page) == []
     _all_within_their_durations(_calls_since(zero, first))
