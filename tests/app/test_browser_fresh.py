@@ -107,7 +107,7 @@ def test_the_first_guided_click_finishes_while_the_profiler_measures_and_a_secon
     assert other["tokens"] == [t for r in alone for t in r.new_tokens]
 
 
-def test_stop_in_a_long_prompts_forward_frees_the_models_within_2_s(fresh_server, page):
+def test_stop_in_a_long_prompts_forward_frees_the_models_within_a_chunk(fresh_server, page):
     ctx = fresh_server.ctx
     # the profiler done first (it starts once the models are ready): the models are then idle unless a request runs
     _wait_for(lambda: ctx.status.ready and ctx.hardware.profiling is not None and not ctx.hardware.measuring, 900)
@@ -117,8 +117,10 @@ def test_stop_in_a_long_prompts_forward_frees_the_models_within_2_s(fresh_server
     tries = int(os.environ.get("SEQUOIA_STOP_TRIES", "2"))
     for _ in range(tries):
         _click_decode(page)
-        _wait_for(lambda: lease.owned, 60)            # the forward over the prompt has started
-        time.sleep(3.0)
+        _wait_for(lambda: lease.owned, 60)            # the forward over the prompt has started...
+        summary = page.locator("#sq-summary")
+        sync_api.expect(summary).to_contain_text(re.compile("reading the prompt|reads the prompt", re.I))
+        assert lease.owned                            # ...and the page says so while it runs
         t0 = time.monotonic()
         page.get_by_role("button", name="Stop", exact=True).click()
         sync_api.expect(page.locator("#sq-summary")).to_contain_text("Stopped", timeout=10_000)
@@ -126,5 +128,7 @@ def test_stop_in_a_long_prompts_forward_frees_the_models_within_2_s(fresh_server
         _wait_for(lambda: not lease.owned, 10)
         idle = time.monotonic() - t0
         print(f"Stop: page settled {settled:.2f} s, models free {idle:.2f} s")
-        assert settled <= 2.0 and idle <= 2.0, (settled, idle)
+        # 10 s: 10x the medians measured (0.4 s settled, 0.9 s free: docs/benchmarks.md, Zen 3), far under the
+        # whole forward (~100 s for this prompt there) that a Stop read only after it would take
+        assert settled <= 10.0 and idle <= 10.0, (settled, idle)
         assert _errors(page) == []
