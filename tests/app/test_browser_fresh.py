@@ -128,7 +128,8 @@ def test_stop_in_a_long_prompts_forward_frees_the_models_within_a_chunk(fresh_se
         _wait_for(lambda: not lease.owned, 10)
         idle = time.monotonic() - t0
         print(f"Stop: page settled {settled:.2f} s, models free {idle:.2f} s")
-        # 10 s: 10x the medians measured (0.4 s settled, 0.9 s free: docs/benchmarks.md, Zen 3), far under the
-        # whole forward (~100 s for this prompt there) that a Stop read only after it would take
-        assert settled <= 10.0 and idle <= 10.0, (settled, idle)
+        # 10x the larger medians measured: the page 0.4 s (Zen 3 idle, docs/benchmarks.md; 0.37 s on a busy 2-vCPU
+        # Xeon with AMX), the models 2.9 s (that busy Xeon; 0.9 s on the idle Zen 3): far under the whole forward
+        # (~100 s for this prompt on 2 cores) that a Stop read only after it would take
+        assert settled <= 10.0 and idle <= 30.0, (settled, idle)
         assert _errors(page) == []
