@@ -62,10 +62,6 @@ class CompareState:
     plan: list = field(default_factory=list, repr=False)        # (method, context, engine inputs), warmed up
     shared: str = ""                                            # how long other programs held the cores meanwhile
 
-    def page_notes(self) -> list[str]:
-        """The notes the page shows: the run's, then how much the cores were shared (when they were)."""
-        return [*self.notes, self.shared] if self.shared else list(self.notes)
-
     @property
     def fraction(self) -> float:
         if not self.running:

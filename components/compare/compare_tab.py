@@ -92,9 +92,10 @@ ROUNDS_NOTE = ("Timed in {rounds} interleaved rounds after an untimed warm-up ro
                "made one token.")
 
 
-def _notes_markdown(rows, notes, temperature, checked: bool = True, stopped: bool = False) -> str:
+def _notes_markdown(rows, notes, temperature, checked: bool = True, stopped: bool = False, shared: str = "") -> str:
     """The notes under the table; ``checked=False``: the differing rows are not yet checked for near-ties
-    (``stopped``: and never will be, Stop ended the run)."""
+    (``stopped``: and never will be, Stop ended the run); ``shared``: how long other programs held the cores
+    during the timed rounds (after the words on how they were timed)."""
     lines = list(notes)
     if float(temperature) == 0:
         unchecked = [r.method for r in rows if r.identical is False and r.near_tie_at is None]
@@ -107,6 +108,7 @@ def _notes_markdown(rows, notes, temperature, checked: bool = True, stopped: boo
     most = max((len(r.rates) for r in rows), default=0)
     if most > 1:
         lines.append(ROUNDS_NOTE.format(rounds=most))
+    lines.append(shared)
     lines.append(compare_view.outlier_note(rows))
     lines.append(compare_view.reference_work_note(rows))
     lines.append(compare_view.reference_note(rows))
@@ -152,7 +154,8 @@ def stopped_views(session: CompareSession) -> tuple:
     rows = state.rows if state is not None else []
     md = stopped_line(state)
     if rows:
-        md += "\n\n" + _notes_markdown(rows, state.page_notes(), session.temperature, checked=False, stopped=True)
+        md += "\n\n" + _notes_markdown(rows, state.notes, session.temperature, checked=False, stopped=True,
+                                        shared=state.shared)
     return (compare_view.figure(rows), compare_view.table(rows), md) if rows else (gr.skip(), gr.skip(), md)
 
 
@@ -204,8 +207,8 @@ def _compare(ctx: AppContext, inputs: DecodeInputs, methods: list[str], session:
             if now == seen and not frame.due(time.monotonic()):
                 continue  # only the "n tokens so far" line would change: at most once a frame
             grew, seen = now[0] != seen[0], now
-            md = state.line() if state.running else _notes_markdown(state.rows, state.page_notes(), temperature,
-                                                                    checked=False)
+            md = state.line() if state.running else _notes_markdown(state.rows, state.notes, temperature,
+                                                                    checked=False, shared=state.shared)
             if grew:   # a run finished: the bars and the table show it at once
                 yield compare_view.figure(state.rows), compare_view.table(state.rows, checking=checking), md
             else:
@@ -213,7 +216,7 @@ def _compare(ctx: AppContext, inputs: DecodeInputs, methods: list[str], session:
         # Then, at T=0, where outputs part (replays of the prefix): Stop ends that too.
         after = () if session.stopped else after_comparison(
             run_ctx, inputs.prompt, inputs.chat, state.rows, temperature, exact,
-            lambda rows: _notes_markdown(rows, state.page_notes(), temperature))
+            lambda rows: _notes_markdown(rows, state.notes, temperature, shared=state.shared))
         for out in after:
             if session.stopped:
                 break
