@@ -132,3 +132,18 @@ def test_the_time_the_cores_were_held_elsewhere_is_said_with_its_figures():
     assert target_rate.core_wait(before, {1: (1_000_000_100, 500_000_050), 2: (10, 0)}, 2.0) == CoreWait(
         1.00000001, 0.5, 2.0)   # thread 2 started meanwhile: counted from zero
     assert target_rate.core_wait(before, {}, 1.0) is None
+
+
+def test_compares_sharing_note_follows_how_the_rounds_were_timed():
+    from components.compare import compare_tab, compare_view
+
+    rows = compare_view.mark_identical([
+        compare_view.CompareRow("Target alone", 16, 4.0, 16, (1,), rates=(4.0, 3.9, 4.3)),
+        compare_view.CompareRow("Chain", 16, 3.0, 6, (1,), rates=(5.0, 5.2, 4.8))])
+    shared = target_rate.drawing_words(CoreWait(55.0, 76.4, 68.3), None, drawn=False,
+                                       what="this comparison's timed rounds")
+    md = compare_tab._notes_markdown(rows, [], 0.0, shared=shared)
+    assert md.index("Identical at T=0") < md.index("Timed in 3 interleaved rounds") < md.index(
+        "**Cores shared during this comparison's timed rounds**: the server's threads, ready to compute, waited for a "
+        "core another program held 58% of their busy time")
+    assert "Cores shared" not in compare_tab._notes_markdown(rows, [], 0.0)
