@@ -61,7 +61,7 @@ START_HERE = ("**Start here:** press **▶ Guided example** (beside this) to wat
               "the tree of the step on the slider, and the inspector under it. *How to read this* explains each piece.")
 HOW_TO_READ = """\
 Read top to bottom on the right: text, summary, tree, inspector; the statistics are at the bottom of the page.
-**Summary**: "× the target alone" divides this run's decode rate by the target alone's, measured on the same prompt and settings after the run (once; until then it says "predicted" and from which hardware profile).
+**Summary**: "× the target alone" divides this run's decode rate by the target alone's on the same prompt and settings: a Live run of the target alone (drawn on the page as it ran, like this run) where there is one, else one measured in the server after the run (not drawn; once; until then it says "predicted" and from which hardware profile); its source says which. Where other programs held the cores during the run (a browser on the same machine), a line says how long.
 **Text**: green tokens are drafts the target accepted, blue ones the target drew itself (the bonus); a thin bar starts each target call, and the slider outlines one step.
 **Tree**: the step's draft tree, first-sampled child on the left (the one p_1 is about); green = accepted path, red = tested and rejected, grey = never tested, open = cut by the length limit.
 **Inspector**: pick a node to see the target's p and the draft's q over the likeliest tokens, the random draw u against min(1, p/q), and the residual the next sibling is tested against.
