@@ -6,7 +6,7 @@ One server for the module, built by :func:`app.build_from_env` from this environ
 another runtime; ``SEQUOIA_CACHE`` the converted models); the browser is test_browser's (one Chromium profile).
 
     python -m pytest -q tests/app/test_browser_default.py              # ~5 min on a 2-core CPU
-    SEQUOIA_STOP_TRIES=5 python -m pytest -q tests/app/test_browser_default.py -k stop
+    SEQUOIA_STOP_TRIES=20 python -m pytest -q -s tests/app/test_browser_default.py -k stop   # docs/benchmarks.md's
 """
 
 import os
