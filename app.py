@@ -28,7 +28,9 @@ from components.app_state import serving, validation
 from components.app_state.context import ASSETS, AppContext, LoadStatus
 from components.app_state.extra_runners import ExtraLoader
 from components.app_state.lanes import WorkLanes
-from components.app_state.pair_choice import GPU_SPACE_TARGET, PairChoice, choose_pair, pair_env
+from components.app_state.pair_room import GPU_SPACE_TARGET, LEARNS, choose_pair, cuda_here, pair_env
+from components.app_state.profile_room import zerogpu_stand_in
+from components.app_state.serving import zerogpu_env  # noqa: F401 (app.zerogpu_env: the tests' and the docs' name)
 from components.compare import compare_tab
 from components.distribution import distribution_tab
 from components.dp_explorer import dp_tab
@@ -38,8 +40,6 @@ from components.served_trees import served_trees
 from components.widgets import runtime_view, status_view
 from sequoia.runners.embedded import default_cache_dir
 from sequoia.runners.hf.loading import hub_reachable
-from sequoia.runtime.measuring.finder import ProfileChoice
-from sequoia.runtime.measuring.gpu_call import graph_profile
 from sequoia.runtime.measuring.learned import LearnedAcceptance
 from sequoia.runtime.measuring.runtime_choice import RuntimeDecision, decision_from
 from sequoia.runtime.memory import MemoryBudget, gguf_size_bytes, parse_memory_gb
@@ -83,7 +83,7 @@ def build_demo(pair_or_loader: ModelPair | Callable[[], ModelPair], assets_dir: 
     ``lanes``: where model-free work runs (None: new ones, whose DP process is forked as the page is built);
     apps built in one process (tests, scripts) may share one set, and so one DP process.  ``runtime``: which
     runtime the loader serves on and why (:func:`runtime_from_env`), shown in the banner and the Hardware tab;
-    ``pair_why``: why this pair (:func:`components.app_state.pair_choice.choose_pair`), shown in the banner.
+    ``pair_why``: why this pair (:func:`components.app_state.pair_room.choose_pair`), shown in the banner.
     ``learned``: where this server learns the pair's acceptance from its decodes (None: it uses the vectors
     picked as they are; :mod:`sequoia.runtime.measuring.learned`).
     """
@@ -349,7 +349,7 @@ def build_from_env(env: Mapping[str, str] = os.environ, lanes: WorkLanes | None 
     zero = serving.zerogpu()
     if zero:
         env = zerogpu_env(env)
-    chosen = choose_pair(env, zerogpu=zero, cuda=_cuda_here, hub=hub_reachable)
+    chosen = choose_pair(env, zerogpu=zero, cuda=cuda_here, hub=hub_reachable)
     env = pair_env(env, chosen)        # the loaders, the runtime's choice and the profiles all read this pair
     print(f"Sequoia Studio: the pair {chosen.draft} -> {chosen.target}: {chosen.why}", flush=True)
     # A pair nobody measured learns its acceptance from this server's decodes, kept with the cache across restarts.
@@ -380,41 +380,8 @@ def build_from_env(env: Mapping[str, str] = os.environ, lanes: WorkLanes | None 
                       reference_loader=None if zero else reference_loader_from_env(env),
                       memory=memory, runtime=runtime, lanes=lanes)
     if zero:
-        demo.sequoia_context.hardware.stand_in = zerogpu_stand_in(chosen)
+        demo.sequoia_context.hardware.stand_in = zerogpu_stand_in(chosen.target == GPU_SPACE_TARGET)
     return demo
-
-
-def zerogpu_stand_in(chosen: PairChoice) -> ProfileChoice:
-    """The profile Sequoia (auto) and the calls' durations use on a ZeroGPU card nobody profiled: the H100's
-    measured graph-runner costs at the served target's shapes (the 7B's for the GPU Space pair, else the 1.5B's)."""
-    name = "h100-7b" if chosen.target == GPU_SPACE_TARGET else "h100-1.5b"
-    return ProfileChoice(graph_profile(name), "given", None,
-                         f"this ZeroGPU card has no profile yet; the H100's measured CUDA-graph costs stand in "
-                         f"({name}), since each call captures its graphs")
-
-
-#: The banner's words where the server learns its pair's acceptance.
-LEARNS = ("; trees are built from the acceptance vector picked on the page as a prior, updated with what this "
-          "server's own decodes accept (kept in its cache)")
-
-
-def _cuda_here() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def zerogpu_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The environment a ZeroGPU Space serves with: the Hugging Face runtime (the GPU's; llama.cpp's worker
-    threads do not survive the fork each GPU call runs in, so a call on it would hang until aborted), a clear
-    ValueError for another one named; no CUDA graphs (a call's process is fresh: captures would not last); no
-    streaming of the target unless SEQUOIA_OFFLOAD=1 says so."""
-    named = (env.get("SEQUOIA_BACKEND") or "").strip().lower()
-    if named and named != "hf":
-        raise ValueError(f"SEQUOIA_BACKEND={named!r} cannot serve on ZeroGPU: each GPU call runs in a process forked "
-                         "for it, where llama.cpp's worker threads are gone (a call would hang); use hf or unset it")
-    # No offload decision from the card's free memory either: outside a call CUDA is emulated (no device to ask).
-    return {"SEQUOIA_OFFLOAD": "0", **env, "SEQUOIA_BACKEND": "hf", "SEQUOIA_GRAPHS": "0"}
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """The static trees the page runs without anyone choosing them: captured before serving on a GPU.
 
-A graph runner captures every forward shape at load (:func:`sequoia.runners.hf.capture.warm_up_pair`); a
+A graph runner captures every forward shape at load (:func:`sequoia.runners.hf.graphs.capture.warm_up_pair`); a
 static tree's whole draft is one more graph per tree (its draft program), which the first request with that
 tree would otherwise capture.  These are the trees the page's defaults draft: the guided example's and
 Compare's fixed tree, each with the acceptance vector the page preselects for it.

@@ -22,6 +22,7 @@ from sequoia.core.profiles.runtimes import RuntimeDecision
 from sequoia.runtime.measuring import finder
 from sequoia.runtime.measuring.finder import ProfileChoice
 from sequoia.runtime.measuring.fingerprint import machine_fingerprint
+from sequoia.runtime.measuring.gpu_call import graph_profile
 from sequoia.runtime.models import ModelPair
 
 from components.app_state.load_status import LoadStatus
@@ -145,3 +146,13 @@ class ProfileRoom:
                     self._derived.pop(next(iter(self._derived)))
                 self._derived[key] = value
         return value
+
+
+def zerogpu_stand_in(seven_b: bool) -> ProfileChoice:
+    """The profile Sequoia (auto) and the calls' durations use on a ZeroGPU card nobody profiled: the H100's
+    measured graph-runner costs at the served target's shapes (``seven_b``: the GPU Space pair's 7B, else the
+    1.5B's)."""
+    name = "h100-7b" if seven_b else "h100-1.5b"
+    return ProfileChoice(graph_profile(name), "given", None,
+                         f"this ZeroGPU card has no profile yet; the H100's measured CUDA-graph costs stand in "
+                         f"({name}), since each call captures its graphs")

@@ -44,13 +44,13 @@ import pickle
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import closing
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import TypeVar
 
-from components.app_state import call_scope
+from components.app_state import pair_room
 from components.app_state.run_flags import RunFlags, StopFlag
 
 from sequoia.core.profiles.profile import HardwareProfile
@@ -153,16 +153,29 @@ def gpu_seconds(max_new_tokens, n_methods: int = 1, profile: HardwareProfile | N
     priced = (proxy_profile() if profile is None else eager_of(profile)) if proxy else profile
     plan = plan_call(n, priced,
                      DEFAULT_ACCEPTANCE if acceptance is None else acceptance, n_runs=max(int(n_methods), 1),
-                     tree=tree, graphs_ok=call_scope.call_graphs_mode() != "0")
+                     tree=tree, graphs_ok=pair_room.call_graphs_mode() != "0")
     if proxy:
         plan = replace(plan, reason=f"{plan.reason}; priced as {priced.device} (no profile of this card yet)")
     return PlannedSeconds(plan)
 
 
+def zerogpu_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment a ZeroGPU Space serves with: the Hugging Face runtime (the GPU's; llama.cpp's worker
+    threads do not survive the fork each GPU call runs in, so a call on it would hang until aborted), a clear
+    ValueError for another one named; no CUDA graphs at load (no card outside a call: each call captures its own,
+    components.app_state.pair_room); no streaming of the target unless SEQUOIA_OFFLOAD=1 says so."""
+    named = (env.get("SEQUOIA_BACKEND") or "").strip().lower()
+    if named and named != "hf":
+        raise ValueError(f"SEQUOIA_BACKEND={named!r} cannot serve on ZeroGPU: each GPU call runs in a process forked "
+                         "for it, where llama.cpp's worker threads are gone (a call would hang); use hf or unset it")
+    # No offload decision from the card's free memory either: outside a call CUDA is emulated (no device to ask).
+    return {"SEQUOIA_OFFLOAD": "0", **env, "SEQUOIA_BACKEND": "hf", "SEQUOIA_GRAPHS": "0"}
+
+
 def call_order(seconds) -> CallOrder:
     """The order a call is sent with: ``seconds`` as asked, capture as its plan says (SEQUOIA_CALL_GRAPHS=0 or
     1 overrides it; a bare number of seconds: no plan, no capture)."""
-    mode = call_scope.call_graphs_mode()
+    mode = pair_room.call_graphs_mode()
     plan = getattr(seconds, "plan", None)
     if mode == "0":
         return CallOrder(int(seconds), False, "SEQUOIA_CALL_GRAPHS=0 keeps every call eager")
@@ -180,7 +193,7 @@ def on_gpu(work: Callable[..., T], duration: Callable[..., int]) -> Callable[...
     """``work`` under ``spaces.GPU(duration=duration)`` on ZeroGPU (``duration`` gets the same arguments),
     the run flags of every session among its arguments settled once the call ends (the call's process had
     only copies of them); ``work`` itself everywhere else.  Inside the call the work runs in a
-    :func:`components.app_state.call_scope.entered` scope: the pair it gets captures the call's graphs when
+    :func:`components.app_state.pair_room.entered` scope: the pair it gets captures the call's graphs when
     the call's plan (``duration``'s :class:`PlannedSeconds`) says capturing pays, and drops them at its end."""
     if not zerogpu():
         return work
@@ -207,13 +220,13 @@ def _in_call(work: Callable[..., T]) -> Callable[..., T]:
     """``work`` taking a :class:`CallOrder` first, run inside the call's scope (in the call's process)."""
     if inspect.isgeneratorfunction(work):
         def stream(order: CallOrder, *args, **kwargs):
-            with call_scope.entered(order.capture, order.reason, order.emulate):
+            with pair_room.entered(order.capture, order.reason, order.emulate):
                 yield from work(*args, **kwargs)
         stream.__name__ = getattr(work, "__name__", "call")
         return stream
 
     def call(order: CallOrder, *args, **kwargs):
-        with call_scope.entered(order.capture, order.reason, order.emulate):
+        with pair_room.entered(order.capture, order.reason, order.emulate):
             return work(*args, **kwargs)
     call.__name__ = getattr(work, "__name__", "call")
     return call

@@ -27,8 +27,8 @@ from sequoia.core.requests.request import MethodSpec
 from sequoia.core.statistics import rounds
 from sequoia.core.trees.optimizer import choose_tree, predict
 from sequoia.core.trees.tree import Tree
-from sequoia.runners.hf.capture import capture_status
-from sequoia.runners.hf.graph_runner import GraphRunner
+from sequoia.runners.hf.graphs.capture import capture_status
+from sequoia.runners.hf.graphs.graph_runner import GraphRunner
 from sequoia.runners.hf.loading import GRAPHS
 from sequoia.runtime.measuring.finder import ProfileChoice, cache_profile, find_profile
 from sequoia.runtime.measuring.fingerprint import machine_fingerprint

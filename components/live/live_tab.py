@@ -25,7 +25,7 @@ from sequoia.runtime.measuring.finder import DEFAULT_ENTRY, AcceptanceEntry, fin
 from sequoia.runtime.proposers.dynamic import MAX_DEPTH
 from sequoia.runtime.texts import generate_with_texts
 
-from components.app_state import call_scope, serving, target_rate, validation
+from components.app_state import pair_room, serving, target_rate, validation
 from components.app_state.context import AppContext
 from components.app_state.decode_inputs import DecodeInputs, api_signature
 from components.app_state.run_flags import RunFlags
@@ -284,7 +284,7 @@ def _run(ctx: AppContext, inputs: DecodeInputs, session: LiveSession):
             yield from _stream_views(session, steps)
             cores = target_rate.core_wait(threads, target_rate.thread_times(), time.perf_counter() - start)
         session.cores = None if session.stopped else cores   # Stop's words stay the last a stopped run shows
-        session.call_graphs = call_scope.line()   # in a GPU call: its captures (counted in its time)
+        session.call_graphs = pair_room.line()   # in a GPU call: its captures (counted in its time)
         if not session.stopped:   # Stop's handler drew the page; a stopped run is not projected
             session.projection = projection_view.projection_markdown(
                 session.records, ctx, projection_entry(ctx, inputs.acceptance, req.sampling.temperature),

@@ -25,7 +25,7 @@ did not travel are named and the rest installed (``scripts/gpu/gpu_check.py`` ne
 first on ``PYTHONPATH`` for the commands after it.
 
 transformers: the project's pin (5.23) travels as a wheel (~12 MB), as it ran there before (GPU.md); the slot
-cache (``sequoia/runners/hf/slot_cache.py``) is written against 5.23's cache classes, and the machine's 5.17 is
+cache (``sequoia/runners/hf/graphs/slot_cache.py``) is written against 5.23's cache classes, and the machine's 5.17 is
 not tested there, so the app's check runs on the shipped 5.23.  Its ``regex`` is the machine's.
 """
 

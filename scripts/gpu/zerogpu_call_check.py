@@ -5,7 +5,7 @@
 The draft and target are built on the host in this process (random bf16 weights at Qwen2.5-Coder-0.5B's shapes and
 the target's: 1.5B, 7B; ``--device cpu``: tiny stand-ins), CUDA never touched here.  Then, per target shape, two
 calls, each in a process forked for it where CUDA is first initialised: one capturing its graphs
-(sequoia/runners/hf/call_graphs.py, as the app's ZeroGPU calls do) and one eager.  Each call moves the weights onto
+(sequoia/runners/hf/graphs/call_graphs.py, as the app's ZeroGPU calls do) and one eager.  Each call moves the weights onto
 the card, then decodes the guided example (the 12-token depth-5 tree at T=0.6, 48 tokens) and the page's default
 decode (the tree the optimizer picks for the shipped code vector on the H100's measured costs at that shape, T=0,
 128 tokens), each beside the target alone in the same call.  Random weights accept nothing, so each tree row is also

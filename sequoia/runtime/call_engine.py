@@ -4,16 +4,16 @@ Why: a graph captured during a step makes that step as slow as the capture, and 
 decode rate taken over such steps is the capture's, not the replays'.  Before each
 generation the shapes its proposer's tree will replay
 (:func:`planned_buckets`) are captured
-(:meth:`sequoia.runners.hf.call_graphs.CallGraphs.prepare`); the captures count in
+(:meth:`sequoia.runners.hf.graphs.call_graphs.CallGraphs.prepare`); the captures count in
 the call's time, never in a step's.  A shape nobody planned is captured the second
-time it is met (:class:`~sequoia.runners.hf.call_graphs.CallGraphRunner`).
+time it is met (:class:`~sequoia.runners.hf.graphs.call_graphs.CallGraphRunner`).
 """
 
 from __future__ import annotations
 
 from ..core.profiles.cost import draft_widths
-from ..runners.hf.call_graphs import CallGraphs
-from ..runners.hf.forward_graph import bucket_of
+from ..runners.hf.graphs.call_graphs import CallGraphs
+from ..runners.hf.graphs.forward_graph import bucket_of
 from .engine import SpeculativeEngine
 
 

@@ -22,7 +22,7 @@ from ..core.profiles.runtimes import BACKENDS  # noqa: F401  (the runtimes load_
 from ..core.trees.tree import Tree
 from ..runners.base import Runner
 from ..runners.embedded import EMBEDDED, ProgressFn, converted_dir, default_cache_dir, ensure_gguf, is_converted
-from ..runners.hf.capture import warm_up_pair
+from ..runners.hf.graphs.capture import warm_up_pair
 from ..runners.hf.convert import ensure_converted, tokenizer_from_gguf
 from ..runners.hf.kernels import check_scheme
 from ..runners.hf.loading import (EMBEDDED_NAME, ModelLoadError, load_runner, load_tokenizer,  # noqa: F401
@@ -167,7 +167,7 @@ def load_pair(draft: str = EMBEDDED_NAME, target: str = EMBEDDED_NAME, device: s
     cost, for a second copy of the weights in memory); False keeps one copy.  ``plain`` runs both models
     through their own forward with no CPU kernel choice (what a GPU runs; the draft unquantized).
     ``graphs`` (CUDA only; None: yes) runs both models on the graph runner (a slot cache and one CUDA graph
-    per forward size, :mod:`sequoia.runners.hf.graph_runner`); False keeps the eager runner (ZeroGPU).
+    per forward size, :mod:`sequoia.runners.hf.graphs.graph_runner`); False keeps the eager runner (ZeroGPU).
     ``threads`` is the CPU threads of the llama.cpp runners (None: every core); torch's own are the caller's
     ``torch.set_num_threads``.  A bench timing with the process's CPU time runs both on one thread: a second
     llama.cpp thread would add its time (and its spinning while torch runs) to every step's.

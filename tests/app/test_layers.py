@@ -324,6 +324,9 @@ KNOWN_MODULE_STATE: dict[tuple[str, str], str] = {
     ("components/app_state/serving.py", "spaces"):
         "the process's ZeroGPU surface: the spaces package, or the stand-in SEQUOIA_ZEROGPU_STANDIN=1 puts there "
         "before the page is built",
+    ("components/app_state/pair_room.py", "_current"):
+        "the GPU call this process serves: ZeroGPU runs one call at a time in a worker process made for it, so the "
+        "call is a fact of the process (None in the server itself)",
 }
 _CONTAINERS = (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)
 _CONTAINER_CALLS = ("dict", "list", "set", "OrderedDict", "defaultdict", "deque", "Counter")

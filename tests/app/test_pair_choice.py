@@ -1,10 +1,10 @@
-"""Which pair the server loads (components.app_state.pair_choice), and the loading path of a pair whose
+"""Which pair the server loads (components.app_state.pair_room), and the loading path of a pair whose
 vocabularies are padded apart as Qwen2.5 0.5B's and 7B's are (151,936 and 152,064 rows over one tokenizer)."""
 
 import pytest
 import torch
 
-from components.app_state.pair_choice import (EMBEDDED_WHY, GPU_SPACE_DRAFT, GPU_SPACE_TARGET, choose_pair,
+from components.app_state.pair_room import (EMBEDDED_WHY, GPU_SPACE_DRAFT, GPU_SPACE_TARGET, choose_pair,
                                               pair_env)
 from sequoia.core.config import GenerationConfig
 from sequoia.runtime.engine import SpeculativeEngine
@@ -79,8 +79,8 @@ def test_on_zerogpu_the_h100s_graph_costs_stand_in_for_the_cards_profile(tmp_pat
     from components.app_state.profile_room import ProfileRoom
     from sequoia.runtime.measuring import gpu_call
 
-    seven = app.zerogpu_stand_in(choose_pair({}, zerogpu=True, hub=lambda: True))
-    small = app.zerogpu_stand_in(choose_pair({}, zerogpu=True, hub=lambda: False))
+    seven = app.zerogpu_stand_in(choose_pair({}, zerogpu=True, hub=lambda: True).target == GPU_SPACE_TARGET)
+    small = app.zerogpu_stand_in(choose_pair({}, zerogpu=True, hub=lambda: False).target == GPU_SPACE_TARGET)
     assert "h100-7b" in seven.reason and seven.profile.target(1) > small.profile.target(1)
     assert gpu_call.replays(seven.profile)
     room = ProfileRoom(tmp_path / "assets", tmp_path / "cache", stand_in=seven)

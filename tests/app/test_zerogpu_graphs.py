@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from sequoia.runners.hf import call_graphs
+from sequoia.runners.hf.graphs import call_graphs
 from test_browser import _click_decode, browser_context, sync_api
 from test_browser_fresh import _errors
 from test_zerogpu import _all_within_their_durations, page, zero

@@ -699,7 +699,7 @@ def test_the_cache_note_says_each_graph_runners_capture_status():
     from components.hardware.hardware_tab import cache_note
     from conftest import tiny_model
     from sequoia.runners.base import RunnerInfo
-    from sequoia.runners.hf.graph_runner import GraphRunner
+    from sequoia.runners.hf.graphs.graph_runner import GraphRunner
 
     runner = GraphRunner(tiny_model(0), "d", RunnerInfo(runtime="hf", weights="fp32", device="cpu"))
     note = cache_note(SimpleNamespace(target=runner, draft=object()))

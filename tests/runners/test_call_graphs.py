@@ -1,4 +1,4 @@
-"""Graphs captured inside one GPU call (sequoia.runners.hf.call_graphs), on CPU: replays emulated over the same
+"""Graphs captured inside one GPU call (sequoia.runners.hf.graphs.call_graphs), on CPU: replays emulated over the same
 static buffers, so every part but the CUDA capture runs here."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import torch
 from conftest import make_pair, perturbed, tiny_model
 
 from sequoia.core.config import GenerationConfig
-from sequoia.runners.hf import call_graphs
-from sequoia.runners.hf.call_graphs import CallGraphRunner, CallGraphs
-from sequoia.runners.hf.forward_graph import bucket_of
+from sequoia.runners.hf.graphs import call_graphs
+from sequoia.runners.hf.graphs.call_graphs import CallGraphRunner, CallGraphs
+from sequoia.runners.hf.graphs.forward_graph import bucket_of
 from sequoia.runtime.engine import SpeculativeEngine
 from sequoia.runtime.methods import make_method
 
@@ -135,14 +135,14 @@ def test_a_one_off_forward_runs_eagerly_and_a_shape_met_twice_is_captured(pair):
 
 
 def test_a_call_keeps_each_pair_it_uses_apart_and_drops_them_all(pair):
-    from components.app_state import call_scope
+    from components.app_state import pair_room
 
     target = tiny_model(0)
     other = make_pair(target, target, target.config.vocab_size)   # exact mode's pair, say
-    with call_scope.entered(True, "test", emulate=True) as scope:
+    with pair_room.entered(True, "test", emulate=True) as scope:
         first, second = scope.pair(pair), scope.pair(other)
         assert first is not second and first.target.model is pair.target.model
         assert second.target.model is other.target.model and scope.pair(pair) is first
         assert scope.engine(other).pair is second
         runners = [*scope.graphs_of(pair).runners(), *scope.graphs_of(other).runners()]
-    assert call_scope.current() is None and all(r.cache is None for r in runners)
+    assert pair_room.current() is None and all(r.cache is None for r in runners)

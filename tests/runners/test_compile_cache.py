@@ -1,4 +1,4 @@
-"""The compiled draft's artifacts (runners/hf/compile_cache.py): keying, files, the fallback, the status line.
+"""The compiled draft's artifacts (runners/hf/graphs/compile_cache.py): keying, files, the fallback, the status line.
 
 A real inductor compile takes minutes and needs CUDA for the path that matters, so ``torch.compile`` and
 ``torch.compiler.save/load_cache_artifacts`` are replaced by fakes here; what is tested is everything
@@ -15,9 +15,9 @@ import torch
 from conftest import tiny_model
 
 from sequoia.runners.base import RunnerInfo
-from sequoia.runners.hf import compile_cache as cc
-from sequoia.runners.hf.capture import _first_call
-from sequoia.runners.hf.graph_runner import GraphRunner
+from sequoia.runners.hf.graphs import compile_cache as cc
+from sequoia.runners.hf.graphs.capture import _first_call
+from sequoia.runners.hf.graphs.graph_runner import GraphRunner
 from sequoia.runners.hf.loading import compile_plan, wrap_model
 
 INFO = RunnerInfo(runtime="hf", weights="fp32", device="cpu")
@@ -140,7 +140,7 @@ def test_sequoia_compile_turns_the_apps_compile_off_or_on(monkeypatch):
 
 def test_artifacts_are_saved_again_after_the_captures(monkeypatch, tmp_path):
     """A shape that compiles again during the captures is persisted too: warm_up saves once more at its end."""
-    from sequoia.runners.hf import compile_cache
+    from sequoia.runners.hf.graphs import compile_cache
 
     saved = []
     monkeypatch.setattr(compile_cache, "save_artifacts", lambda path: saved.append(path) or 4096)

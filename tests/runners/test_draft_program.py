@@ -1,4 +1,4 @@
-"""The whole static-tree draft as one program (runners/hf/draft_program.py), against the level-by-level drafter.
+"""The whole static-tree draft as one program (runners/hf/graphs/draft_program.py), against the level-by-level drafter.
 
 Everything but the CUDA capture runs here: the program's function runs eagerly on CPU through the same
 slot cache, masks and draws a graph would replay.  Eagerly it draws from the generator it is given in the
@@ -18,9 +18,9 @@ from types import SimpleNamespace
 from sequoia.core.config import GenerationConfig, SamplingConfig
 from sequoia.core.verification.sampling import warp
 from sequoia.runners.base import RunnerInfo
-from sequoia.runners.hf.capture import capture_status, warm_up, warm_up_pair
-from sequoia.runners.hf.draft_program import DraftPlan, SamplingShape, warp_tensors
-from sequoia.runners.hf.graph_runner import GraphRunner
+from sequoia.runners.hf.graphs.capture import capture_status, warm_up, warm_up_pair
+from sequoia.runners.hf.graphs.draft_program import DraftPlan, SamplingShape, warp_tensors
+from sequoia.runners.hf.graphs.graph_runner import GraphRunner
 from sequoia.runtime.checks.joint_check import broken_residual, empirical_joint, exact_joint, joint_pvalue
 from sequoia.runtime.drafter import Drafter, _parents_by_level
 from sequoia.runtime.engine import SpeculativeEngine
@@ -262,7 +262,7 @@ def test_a_capture_that_leaves_the_device_failing_falls_back_instead_of_crashing
     tries end with both errors, for the eager fallback, instead of raising from the error handler."""
     from types import SimpleNamespace
 
-    from sequoia.runners.hf import draft_program
+    from sequoia.runners.hf.graphs import draft_program
 
     def sticky(device=None):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 from sequoia.core.config import GenerationConfig, SamplingConfig
 from sequoia.runners.base import RunnerInfo
-from sequoia.runners.hf.graph_runner import GraphRunner, ancestor_block, bucket_of, window_of
+from sequoia.runners.hf.graphs.graph_runner import GraphRunner, ancestor_block, bucket_of, window_of
 from sequoia.runners.hf.loading import wrap_model
 from sequoia.runtime.drafter import Drafter
 from sequoia.runtime.engine import SpeculativeEngine

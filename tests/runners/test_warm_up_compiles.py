@@ -1,6 +1,6 @@
 """A compiled draft compiles a bounded number of times at a cold start, whatever the warm-up captures.
 
-The warm-up (runners/hf/capture.py) runs on CPU here as on CUDA: the CUDA calls it makes (streams, graphs,
+The warm-up (runners/hf/graphs/capture.py) runs on CPU here as on CUDA: the CUDA calls it makes (streams, graphs,
 synchronize) are stand-ins that run the captured code eagerly, so every forward a capture would record runs
 through the compiled forward.  ``torch.compile`` gets a backend that counts what dynamo hands it (each call
 one compile: a recompile for a guard that failed, or a graph break) and runs the graph as traced.  Traced so
@@ -18,9 +18,9 @@ import torch
 from conftest import tiny_model
 
 from sequoia.runners.base import RunnerInfo
-from sequoia.runners.hf.capture import warm_up
-from sequoia.runners.hf.compile_cache import CompilePlan
-from sequoia.runners.hf.graph_runner import GraphRunner
+from sequoia.runners.hf.graphs.capture import warm_up
+from sequoia.runners.hf.graphs.compile_cache import CompilePlan
+from sequoia.runners.hf.graphs.graph_runner import GraphRunner
 from sequoia.runtime.methods import make_method
 
 INFO = RunnerInfo(runtime="hf", weights="fp32", device="cpu")

@@ -21,8 +21,8 @@ from ..base import RunnerInfo
 from .attention import use_few_query_attention
 from .cpu import MULTI_ROW_BLOCKED, cpu_facts, single_row_kernel
 from .kernels import block_weights, check_scheme, default_draft_scheme, describe, quantize_weights
-from .compile_cache import CompilePlan
-from .graph_runner import GraphRunner
+from .graphs.compile_cache import CompilePlan
+from .graphs.graph_runner import GraphRunner
 from .lean import draft_forward, model_forward
 from .runner import HFRunner
 
@@ -47,7 +47,7 @@ def load_runner(name_or_path: str | Path, display: str, device: torch.device, dt
                 cache_dir: str | Path | None = None) -> HFRunner | GraphRunner:
     """A model as a runner.  ``role`` "draft" takes the lean forward where the model allows it; ``plain``
     (forced on CUDA) keeps the model's own forward and torch's own kernels; ``graphs`` (default: on CUDA)
-    runs it on :class:`~sequoia.runners.hf.graph_runner.GraphRunner` (static cache, CUDA graphs);
+    runs it on :class:`~sequoia.runners.hf.graphs.graph_runner.GraphRunner` (static cache, CUDA graphs);
     ``compile`` and ``cache_dir`` as in :func:`wrap_model`."""
     if (plain or device.type != "cpu") and quant != "none":
         raise ValueError(f"a {quant} model needs the CPU kernels; plain (GPU-path) runners take quant='none'")
@@ -64,7 +64,7 @@ def wrap_model(model, name: str = "", role: str = "target", plain: bool = True, 
     ``graphs`` (None: yes) takes the graph runner; False keeps the eager runner (e.g. ZeroGPU, where the
     GPU is attached per call and captured graphs would not outlive it).  On the graph runner ``compile``
     (None: the draft wherever compilation is available) compiles the forward before capture, with its
-    artifacts kept under ``cache_dir`` (:mod:`~sequoia.runners.hf.compile_cache`; None: not kept)."""
+    artifacts kept under ``cache_dir`` (:mod:`~sequoia.runners.hf.graphs.compile_cache`; None: not kept)."""
     device = next(model.parameters()).device
     dtype = getattr(model, "dtype", torch.float32)
     if device.type == "cuda" and graphs is not False:

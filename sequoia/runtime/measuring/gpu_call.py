@@ -39,8 +39,8 @@ from ...core.profiles.profile import HardwareProfile
 from ...core.profiles.projection import load_elsewhere
 from ...core.trees.dp import optimal_tree
 from ...core.trees.optimizer import choose_tree, predict
-from ...runners.hf.call_graphs import CALL_WINDOW
-from ...runners.hf.graph_runner import BUCKETS, bucket_of, window_of
+from ...runners.hf.graphs.call_graphs import CALL_WINDOW
+from ...runners.hf.graphs.graph_runner import BUCKETS, bucket_of, window_of
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class CaptureCost:
     source: str
 
 
-#: A capture's anatomy (:class:`~sequoia.runners.hf.forward_graph.ForwardGraph`): two warm-up forwards on a side
+#: A capture's anatomy (:class:`~sequoia.runners.hf.graphs.forward_graph.ForwardGraph`): two warm-up forwards on a side
 #: stream, the recorded forward, then the graph's instantiation (a few microseconds a kernel, ~1,000 kernels for
 #: a 28-layer model): about three eager forwards, priced at twice that until a card times it.
 CAPTURE_FORWARDS = 6
@@ -125,7 +125,7 @@ def graphs_needed(draft_widths: tuple[int, ...], verify_rows: int, context: int,
                   buckets: tuple[int, ...] = BUCKETS, capacity: int = 4096, min_window: int = CALL_WINDOW) -> int:
     """(bucket, window) graphs a request's forwards replay: one per bucket of the draft's level widths and one
     for the verify forward, at every key window the context passes through (the prompt's own forward is eager;
-    a call's runners attend to at least ``min_window`` keys, :data:`~sequoia.runners.hf.call_graphs.CALL_WINDOW`)."""
+    a call's runners attend to at least ``min_window`` keys, :data:`~sequoia.runners.hf.graphs.call_graphs.CALL_WINDOW`)."""
     top = context + new_tokens + verify_rows
     windows = {window_of(max(n, min_window), capacity) for n in range(context, top + 1, 64)}
     windows.add(window_of(max(top, min_window), capacity))

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from ...runners.hf.graph_runner import BUCKETS
+from ...runners.hf.graphs.graph_runner import BUCKETS
 from ...runtime.engine import sync
 from .models import Shape, random_model, runner
 

@@ -3,7 +3,7 @@ and not, and what a compiled draft costs to start cold and warm.
 
 A draft's cost is timed on its own (``Drafter.begin`` outside the timing, each
 draft drained before and after), the two ways interleaved on one runner and one
-cache: the program (:mod:`sequoia.runners.hf.draft_program`, one replay on CUDA)
+cache: the program (:mod:`sequoia.runners.hf.graphs.draft_program`, one replay on CUDA)
 and the levels (one replay per level, sampling and next inputs eager between).
 Per level = the draft's ms over the levels it forwards.  The compiled draft runs
 in child processes with a fresh inductor cache each, so the first compiles cold
@@ -31,9 +31,9 @@ from ...core.config import SamplingConfig
 from ...core.trees.dp import optimal_tree
 from ...core.trees.tree import Tree
 from ...runners.base import RunnerInfo
-from ...runners.hf.capture import warm_up
-from ...runners.hf.compile_cache import CompilePlan, artifacts_path, compile_key, unavailable_reason
-from ...runners.hf.graph_runner import GraphRunner
+from ...runners.hf.graphs.capture import warm_up
+from ...runners.hf.graphs.compile_cache import CompilePlan, artifacts_path, compile_key, unavailable_reason
+from ...runners.hf.graphs.graph_runner import GraphRunner
 from ...runners.hf.loading import dtype_name
 from ...runtime.drafter import Drafter, StaticTreeProposer, _parents_by_level
 from ...runtime.engine import sync

@@ -11,9 +11,9 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from ...runners.base import RunnerInfo
-from ...runners.hf.capture import warm_up
-from ...runners.hf.compile_cache import CompilePlan
-from ...runners.hf.graph_runner import GraphRunner
+from ...runners.hf.graphs.capture import warm_up
+from ...runners.hf.graphs.compile_cache import CompilePlan
+from ...runners.hf.graphs.graph_runner import GraphRunner
 from ...runners.hf.loading import dtype_name, wrap_model
 
 
@@ -91,7 +91,7 @@ def runner(model, kind: str, name: str, capacity: int | None = None, compile: bo
     """``kind`` "graph": the graph runner (CUDA graphs on a GPU, eager elsewhere); "eager": the plain runner.
 
     ``compile``: inductor-fused forwards under the graphs, through the compile cache as the app compiles
-    (:class:`~sequoia.runners.hf.compile_cache.CompilePlan`: off, and why, where compilation is unavailable;
+    (:class:`~sequoia.runners.hf.graphs.compile_cache.CompilePlan`: off, and why, where compilation is unavailable;
     artifacts saved under ``artifacts``, None: not kept), compiled and captured here (``warm_up``), so that
     ``compile_status.seconds`` is the compile's time and ``capture_seconds`` the captures', never a first
     forward's."""

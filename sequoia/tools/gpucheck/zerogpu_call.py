@@ -2,7 +2,7 @@
 
 On ZeroGPU the models are loaded on the host by the server, and each ``@spaces.GPU``
 call runs in a process made for it, where the GPU first exists: the weights go onto
-the card, the call's graphs are captured (:mod:`sequoia.runners.hf.call_graphs`),
+the card, the call's graphs are captured (:mod:`sequoia.runners.hf.graphs.call_graphs`),
 then it decodes.  This check does the same with random weights at real shapes
 (costs do not depend on the values): the pair built on the host in this process,
 each call in a process forked for it (CUDA first initialised in the child), the
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing
+import os
 import pickle
 import statistics
 import time
@@ -34,7 +35,7 @@ from ...core.profiles.profile import HardwareProfile
 from ...core.trees.dp import optimal_tree
 from ...core.trees.optimizer import choose_tree, predict
 from ...core.trees.tree import Tree
-from ...runners.hf.call_graphs import CallGraphs
+from ...runners.hf.graphs.call_graphs import CallGraphs
 from ...runners.hf.loading import wrap_model
 from ...runtime.drafter import StaticTreeProposer
 from ...runtime.call_engine import CallEngine
@@ -181,8 +182,6 @@ def forked(fn: Callable[..., dict], *args, timeout: float = 500.0) -> dict:
 
 
 def _child(fn, args, send) -> None:
-    import os
-
     try:
         out = fn(*args)
     except BaseException as exc:   # noqa: BLE001 - every failure goes back as the call's row

@@ -30,10 +30,10 @@ from types import SimpleNamespace
 
 import torch
 
-from ..base import RunnerInfo
+from ...base import RunnerInfo
 from .forward_graph import ForwardGraph, window_of
 from .graph_runner import GraphRunner
-from .runner import HFRunner
+from ..runner import HFRunner
 
 
 #: The smallest key window of a call's forwards.  Why one window: a capture costs a few eager forwards, and a

@@ -4,10 +4,10 @@ Why: captured lazily, a graph is built inside the first request that needs its
 shape (a first visitor waits for every capture and, with a compiled forward,
 for the compile); and a capture that failed fell back to eager without a word.
 :func:`warm_up` captures every (bucket, window) forward and, for the trees it is
-given, the whole-draft programs (:mod:`sequoia.runners.hf.draft_program`) at
+given, the whole-draft programs (:mod:`sequoia.runners.hf.graphs.draft_program`) at
 load, reporting progress through the loader's callback, timing the compile
 that the first calls of a compiled forward run (apart from the captures), and
-saving its artifacts (:mod:`sequoia.runners.hf.compile_cache`).  :func:`capture_status` says what
+saving its artifacts (:mod:`sequoia.runners.hf.graphs.compile_cache`).  :func:`capture_status` says what
 was captured, what failed and what runs instead: one line for the Hardware
 tab and the log.
 """
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ...core.config import SamplingConfig
-from ...core.trees.tree import Tree
+from ....core.config import SamplingConfig
+from ....core.trees.tree import Tree
 from .compile_cache import CompileStatus, finish, resave
 from .graph_runner import MIN_WINDOW, GraphRunner
 

@@ -16,7 +16,7 @@ on ZeroGPU (``SPACES_ZERO_GPU`` set), which supports no ``torch.compile``
 (ahead-of-time compilation only) and runs the eager runner anyway.
 
 The compile itself happens at the forward's first call, i.e. in the graph
-runner's warm-up (:func:`sequoia.runners.hf.capture.warm_up`), which reports
+runner's warm-up (:func:`sequoia.runners.hf.graphs.capture.warm_up`), which reports
 it as progress and keeps its duration in :class:`CompileStatus`.
 """
 

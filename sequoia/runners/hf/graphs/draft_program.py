@@ -47,10 +47,10 @@ from typing import TypeVar
 
 import torch
 
-from ...core.config import SamplingConfig
-from ...core.trees.tree import Tree
-from ...core.verification.sampling import sample_children
-from ..base import upload
+from ....core.config import SamplingConfig
+from ....core.trees.tree import Tree
+from ....core.verification.sampling import sample_children
+from ...base import upload
 
 T = TypeVar("T")
 log = logging.getLogger("sequoia")
@@ -184,7 +184,7 @@ def warp_tensors(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.T
 
 
 class DraftProgram:
-    """One static tree's draft on one :class:`~sequoia.runners.hf.graph_runner.GraphRunner` (see the module)."""
+    """One static tree's draft on one :class:`~sequoia.runners.hf.graphs.graph_runner.GraphRunner` (see the module)."""
 
     def __init__(self, runner, tree: Tree, mode: str, shape: SamplingShape, vocab: int) -> None:
         if mode not in MODES:

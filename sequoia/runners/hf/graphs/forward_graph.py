@@ -1,4 +1,4 @@
-"""One captured forward of a :class:`~sequoia.runners.hf.graph_runner.GraphRunner` and the shapes it is keyed by.
+"""One captured forward of a :class:`~sequoia.runners.hf.graphs.graph_runner.GraphRunner` and the shapes it is keyed by.
 
 A graph replays fixed shapes, so a forward of n new rows is padded to a
 **bucket** (:func:`bucket_of`) and attends to a **window** of keys
@@ -10,15 +10,14 @@ A graph replays fixed shapes, so a forward of n new rows is padded to a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from ..base import upload
+from ...base import upload
 
-if TYPE_CHECKING:   # annotations only: the runner builds its graphs, the graphs never build a runner
-    from .graph_runner import GraphRunner
+#: What a graph is captured for: a GraphRunner (the runner builds its graphs; the graphs never import a runner).
+Runner = object
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)   # new-token counts a graph is captured for
 MIN_WINDOW = 256                           # smallest key window a forward attends to
@@ -67,7 +66,7 @@ def upload_host(array: np.ndarray, device: torch.device) -> torch.Tensor:
 class ForwardGraph:
     """One captured forward of ``bucket`` rows over ``window`` keys, with its static inputs and output."""
 
-    def __init__(self, runner: GraphRunner, bucket: int, window: int) -> None:
+    def __init__(self, runner: Runner, bucket: int, window: int) -> None:
         dev = runner.device
         self.runner, self.bucket, self.window = runner, bucket, window
         self.ids = torch.zeros(1, bucket, dtype=torch.long, device=dev)
@@ -84,7 +83,7 @@ class ForwardGraph:
 
     @classmethod
     @torch.inference_mode()
-    def capture(cls, runner: GraphRunner, bucket: int, window: int) -> "ForwardGraph":
+    def capture(cls, runner: Runner, bucket: int, window: int) -> "ForwardGraph":
         # In inference mode whoever asks (the warm-up or a session): the static inputs are then inference
         # tensors like every other caller's, and a compiled forward's guards on them hold (no recompile).
         g = cls(runner, bucket, window)

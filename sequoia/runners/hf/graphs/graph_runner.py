@@ -5,12 +5,12 @@ as the 1.5B target: it is launch-bound), the same forward replayed as one CUDA
 graph 3.1 ms (../shared/GPU.md).  A graph replays fixed addresses and shapes, so:
 
 * the KV cache is preallocated and written at given slots
-  (:class:`~sequoia.runners.hf.slot_cache.SlotCache`); ``keep`` is one gather;
+  (:class:`~sequoia.runners.hf.graphs.slot_cache.SlotCache`); ``keep`` is one gather;
 * a forward of n new tokens is padded to a **bucket** of rows (1, 2, 4, ... 128)
   and attends to a **window** of keys (a power of two >= 256, up to the
   capacity); one graph per (bucket, window), captured on first use, all in one
   memory pool; padded rows write to scratch slots no real row sees
-  (:mod:`sequoia.runners.hf.forward_graph`: the shapes, masks and one capture);
+  (:mod:`sequoia.runners.hf.graphs.forward_graph`: the shapes, masks and one capture);
 * positions come from the parents (host integers, a few per token) and the
   tree's ancestor mask is built on the device from a small boolean block cached
   per tree shape, so the same tree every step costs no mask building at all;
@@ -24,9 +24,9 @@ forward longer than the largest bucket, e.g. a prompt) the same cache and masks
 run eagerly: the CPU tests of this runner test everything but the capture.
 
 A static tree's whole draft runs as one more captured graph
-(:meth:`GraphRunner.draft_program`, :mod:`sequoia.runners.hf.draft_program`).
-Graphs are captured before serving by :func:`sequoia.runners.hf.capture.warm_up`
-(``load_pair`` calls it); :func:`~sequoia.runners.hf.capture.capture_status` says what was
+(:meth:`GraphRunner.draft_program`, :mod:`sequoia.runners.hf.graphs.draft_program`).
+Graphs are captured before serving by :func:`sequoia.runners.hf.graphs.capture.warm_up`
+(``load_pair`` calls it); :func:`~sequoia.runners.hf.graphs.capture.capture_status` says what was
 captured, what failed and what runs instead, for the page and the log.
 
 One cache per runner: a new session takes it over and the older one is refused.
@@ -42,9 +42,9 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from ...core.config import SamplingConfig
-from ...core.trees.tree import Tree
-from ..base import RunnerInfo, check_forward_args, check_keep_args, check_path, new_positions
+from ....core.config import SamplingConfig
+from ....core.trees.tree import Tree
+from ...base import RunnerInfo, check_forward_args, check_keep_args, check_path, new_positions
 from .compile_cache import CompilePlan, compile_forward, failed
 from .draft_program import DraftProgram, SamplingShape, program_key, try_capture
 from .forward_graph import (BUCKETS, MIN_WINDOW, ForwardGraph, ancestor_block, bucket_of, fill_mask,
