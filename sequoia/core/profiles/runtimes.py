@@ -56,8 +56,15 @@ class TargetProbe:
     cached: bool = False                 # read from an earlier start's probe rather than timed now
 
     @property
+    def bound(self) -> bool:
+        """A ceiling worked out rather than timed (``how`` says from what): no steps were run."""
+        return self.steps == 0
+
+    @property
     def text(self) -> str:
-        """e.g. "24.1 tokens/s (22.0-25.3 over 6 steps)"."""
+        """e.g. "24.1 tokens/s (22.0-25.3 over 6 steps)", or "at most 3.9 tokens/s (...)" for a bound."""
+        if self.bound:
+            return f"at most {self.tokens_per_s:.1f} tokens/s ({self.how.removeprefix('at most: ')})"
         return f"{self.tokens_per_s:.1f} tokens/s ({self.low:.1f}-{self.high:.1f} over {self.steps} steps)"
 
 

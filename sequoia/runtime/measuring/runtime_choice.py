@@ -116,11 +116,12 @@ def _fastest_reason(measured: Sequence[RuntimeEstimate]) -> str:
 
 def _probed_reason(probed: Sequence[RuntimeEstimate]) -> str:
     best, rest = probed[0], probed[1:]
-    against = " and ".join(f"{r.probe.tokens_per_s:.1f} ({r.probe.low:.1f}-{r.probe.high:.1f}) on "
+    against = " and ".join(f"{r.probe.text} on {display_name(r.backend)}" if r.probe.bound else
+                           f"{r.probe.tokens_per_s:.1f} ({r.probe.low:.1f}-{r.probe.high:.1f}) on "
                            f"{display_name(r.backend)}" for r in rest)
     when = "at an earlier start" if best.probe.cached else "at start"
-    ratio = best.probe.tokens_per_s / max(rest[0].probe.tokens_per_s, 1e-9)
-    return (f"its target alone decoded {best.probe.text} on one thread here against {against}, {ratio:.1f}x "
+    ratio = "" if rest[0].probe.bound else f", {best.probe.tokens_per_s / max(rest[0].probe.tokens_per_s, 1e-9):.1f}x"
+    return (f"its target alone decoded {best.probe.text} on one thread here against {against}{ratio} "
             f"(timed {when}, CPU time); no profile ranks the runtimes on this CPU kind yet")
 
 

@@ -29,6 +29,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -131,10 +132,8 @@ def probe_torch(cache_dir: Path) -> TargetProbe:
     t0 = time.perf_counter()
     config = target_config(gguf)
     model = placeholder_model(config)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)   # at start, before anything else runs torch; restored below
     try:
-        with torch.inference_mode():
+        with _one_thread(), torch.inference_mode():
             cache = DynamicCache()
             ids = torch.tensor([_prompt(config.vocab_size)])
             out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -143,14 +142,65 @@ def probe_torch(cache_dir: Path) -> TargetProbe:
                 return int(logits[0, -1].argmax())
             times = time_steps(step, int(out.logits[0, -1].argmax()))
     finally:
-        torch.set_num_threads(threads)
         del model
         gc.collect()
     return summarize("hf", times, time.perf_counter() - t0,
                      "a bf16 model of the target's shape, placeholder weights, the model's own forward, one thread")
 
 
-PROBES: dict[str, Probe] = {"hf": probe_torch, "llamacpp": probe_llamacpp}
+#: A stream that only reads may go faster than a copy's reads and writes together: the bound allows this much
+#: more (torch's target measured 2.6-3.0 tokens/s on one thread against 4.0-4.1 unmargined, Xeon with AMX).
+READ_MARGIN = 1.5
+
+
+def weight_bytes(config, bytes_per_weight: int = 2) -> int:
+    """Bytes of weights one token's forward reads: every layer's projections and the (tied) output matrix."""
+    h, i, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    kv = h * config.num_key_value_heads // config.num_attention_heads
+    return bytes_per_weight * (config.vocab_size * h + layers * (2 * h * h + 2 * h * kv + 3 * h * i))
+
+
+def copy_rate(mb: int = 512, repeats: int = 3) -> float:
+    """Bytes a second one thread moves here (read and written), the best of ``repeats`` copies of ``mb`` MB
+    (beyond the last-level cache), by this thread's CPU time."""
+    src = torch.ones(mb << 19, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    dst.fill_(0)   # touch every page first: a first write pays its page faults, not the copy
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.thread_time()
+        dst.copy_(src)
+        best = min(best, time.thread_time() - t0)
+    return 2 * src.numel() * src.element_size() / max(best, 1e-9)
+
+
+def torch_ceiling(cache_dir: Path) -> TargetProbe:
+    """The most tokens/s torch's bf16 target could decode here on one thread: its weights' bytes a token at the
+    rate one thread copies memory (a bound, not a measurement of the model: milliseconds, not seconds)."""
+    t0 = time.perf_counter()
+    weights = weight_bytes(target_config(ensure_gguf(TARGET, cache_dir)))
+    with _one_thread():
+        rate = copy_rate()
+    ceiling = READ_MARGIN * rate / weights
+    how = (f"at most: {weights / 1e9:.1f} GB of bf16 weights a token at {READ_MARGIN}x the {rate / 1e9:.0f} GB/s "
+           f"one thread copies here")
+    return TargetProbe("hf", ceiling, ceiling, ceiling, 0, time.perf_counter() - t0, how)
+
+
+@contextmanager
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # at start, before anything else runs torch; restored after
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+PROBES: dict[str, Probe] = {"llamacpp": probe_llamacpp, "hf": probe_torch}
+#: backend -> a bound on its target alone's rate, tried before its probe: where the bound is under a rate
+#: measured already, the probe is skipped (torch's takes seconds to build a 3 GB model and time it).
+CEILINGS: dict[str, Probe] = {"hf": torch_ceiling}
 
 
 # ------------------------------------------------------------------------------------------- both, cached
@@ -168,8 +218,8 @@ def probe_key(cpu_features: Iterable[str]) -> str:
 
 
 def probe_runtimes(backends: Iterable[str], cache_dir: str | Path, key: str,
-                   probes: Mapping[str, Probe] = PROBES, log: Callable[[str], None] | None = None
-                   ) -> dict[str, TargetProbe]:
+                   probes: Mapping[str, Probe] = PROBES, log: Callable[[str], None] | None = None,
+                   ceilings: Mapping[str, Probe] = CEILINGS) -> dict[str, TargetProbe]:
     """backend -> its target alone timed here, for each of ``backends`` with a probe: read from
     ``cache_dir/runtime-probe.json`` when it holds ``key``, else timed now (and written there).  A probe that
     fails is left out (and logged): the choice then falls back to its rule."""
@@ -180,8 +230,15 @@ def probe_runtimes(backends: Iterable[str], cache_dir: str | Path, key: str,
     if all(b in cached for b in wanted):
         return {b: cached[b] for b in wanted}
     out: dict[str, TargetProbe] = {}
-    for backend in wanted:
+    for backend in sorted(wanted, key=list(probes).index):   # the quick probes first, then the bounded ones
         try:
+            if backend in ceilings and out:
+                bound = ceilings[backend](cache_dir)
+                if bound.tokens_per_s < max(p.tokens_per_s for p in out.values()):
+                    out[backend] = bound   # it cannot win: no need to time it
+                    if log:
+                        log(f"target alone on {backend}: {bound.text}, found in {bound.seconds:.1f} s")
+                    continue
             out[backend] = probes[backend](cache_dir)
         except Exception as exc:   # noqa: BLE001 - a probe is advice; the rule still chooses without it
             if log:

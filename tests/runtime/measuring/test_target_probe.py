@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from sequoia.core.profiles.acceptance import AcceptanceVector
 from sequoia.core.profiles.profile import HardwareProfile
 from sequoia.runtime.measuring import runtime_choice, target_probe
@@ -69,15 +71,15 @@ def test_probe_runtimes_times_once_then_reads_the_cache(tmp_path):
 
     fakes = {"hf": fake("hf", 8.0), "llamacpp": fake("llamacpp", 24.0)}
     lines = []
-    first = probe_runtimes(("hf", "llamacpp", "mixed"), tmp_path, "k1", fakes, log=lines.append)
+    first = probe_runtimes(("hf", "llamacpp", "mixed"), tmp_path, "k1", fakes, log=lines.append, ceilings={})
     assert calls == ["hf", "llamacpp"] and not first["hf"].cached and len(lines) == 2
     again = probe_runtimes(("hf", "llamacpp"), tmp_path, "k1", fakes)
     assert calls == ["hf", "llamacpp"] and again["llamacpp"].cached and again["llamacpp"].tokens_per_s == 24.0
     assert json.loads((tmp_path / CACHE_NAME).read_text())["key"] == "k1"
-    probe_runtimes(("hf",), tmp_path, "k2 (another torch)", fakes)      # another key: timed again
+    probe_runtimes(("hf",), tmp_path, "k2 (another torch)", fakes, ceilings={})   # another key: timed again
     assert calls == ["hf", "llamacpp", "hf"]
     failed = probe_runtimes(("hf", "llamacpp"), tmp_path / "x", "k3", {**fakes, "llamacpp": broken},
-                            log=lines.append)
+                            log=lines.append, ceilings={})
     assert list(failed) == ["hf"] and "no llama" in lines[-1]
 
 
@@ -86,7 +88,7 @@ def test_choose_runtime_probes_only_when_asked_and_needed(tmp_path, monkeypatch)
     fakes = {"hf": lambda d: probe("hf", 8.0), "llamacpp": lambda d: probe("llamacpp", 24.0)}
     monkeypatch.setattr(target_probe, "PROBES", fakes)
     monkeypatch.setattr(runtime_choice, "probe_runtimes",
-                        lambda b, c, k, log=None: probe_runtimes(b, c, k, fakes, log))
+                        lambda b, c, k, log=None: probe_runtimes(b, c, k, fakes, log, ceilings={}))
     empty = tmp_path / "assets"
     (empty / "profiles").mkdir(parents=True)
     (empty / "acceptance").mkdir()
@@ -118,3 +120,27 @@ def test_the_hardware_tab_ranks_by_the_probes_the_server_started_with(tmp_path):
     found, decision = _decide_here(room, None, None, tuple(CODE), 64, 8)
     assert found == {} and decision.backend == "llamacpp" and decision.reason == started.reason
     assert decision.estimate("hf").probe.tokens_per_s == 8.0
+
+
+def test_a_ceiling_under_a_measured_rate_skips_the_slow_probe(tmp_path):
+    calls = []
+    fakes = {"llamacpp": lambda d: calls.append("llamacpp") or probe("llamacpp", 6.6),
+             "hf": lambda d: calls.append("hf") or probe("hf", 2.7)}
+    low = {"hf": lambda d: TargetProbe("hf", 3.9, 3.9, 3.9, 0, 0.4, "at most: 3.1 GB of bf16 weights a token at the "
+                                                                       "12 GB/s one thread copies here")}
+    got = probe_runtimes(("hf", "llamacpp"), tmp_path / "a", "k", fakes, ceilings=low)
+    assert calls == ["llamacpp"] and got["hf"].bound and got["hf"].text.startswith("at most 3.9 tokens/s (3.1 GB")
+    chosen = decide(AMX, {}, CODE, probes=got)
+    assert chosen.backend == "llamacpp" and "against at most 3.9 tokens/s (3.1 GB of bf16 weights" in chosen.reason
+    assert "copies here) on Hugging Face (torch) (timed at start" in chosen.reason   # no ratio to a bound
+    high = {"hf": lambda d: TargetProbe("hf", 9.0, 9.0, 9.0, 0, 0.4, "at most: a bound above")}
+    again = probe_runtimes(("hf", "llamacpp"), tmp_path / "b", "k", fakes, ceilings=high)
+    assert calls == ["llamacpp", "llamacpp", "hf"] and not again["hf"].bound      # could win: timed
+
+
+def test_weight_bytes_of_the_embedded_target_shape():
+    from types import SimpleNamespace
+
+    config = SimpleNamespace(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                             num_key_value_heads=2, vocab_size=151936)
+    assert target_probe.weight_bytes(config) == pytest.approx(3.09e9, rel=0.01)   # 1.54 B weights in bf16
