@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from sequoia.core.profiles.acceptance import AcceptanceVector
 from sequoia.core.profiles.profile import HardwareProfile
@@ -144,3 +145,19 @@ def test_weight_bytes_of_the_embedded_target_shape():
     config = SimpleNamespace(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                              num_key_value_heads=2, vocab_size=151936)
     assert target_probe.weight_bytes(config) == pytest.approx(3.09e9, rel=0.01)   # 1.54 B weights in bf16
+
+
+def test_the_placeholder_model_writes_every_weight_and_decodes():
+    from transformers import DynamicCache, Qwen2Config
+
+    config = Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    model = target_probe.placeholder_model(config)
+    assert all(bool((p == 0.02).all()) for p in model.parameters())   # every page written, no zero page read
+    assert next(model.parameters()).dtype == torch.bfloat16
+    assert all(bool(torch.isfinite(b).all()) for b in model.buffers())   # rotary frequencies recomputed
+    cache = DynamicCache()
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([[1, 2, 3]]), past_key_values=cache, use_cache=True)
+        out = model(input_ids=torch.tensor([[4]]), past_key_values=cache, use_cache=True)
+    assert out.logits.shape == (1, 1, 96) and cache.get_seq_length() == 4
