@@ -207,7 +207,7 @@ def runtime_from_env(env: Mapping[str, str] = os.environ) -> RuntimeDecision:
     ValueError naming it for an unknown one), else the one this machine runs fastest by its measured or
     shipped costs (:mod:`sequoia.runtime.measuring.runtime_choice`); where no profile ranks torch and llama.cpp
     on this CPU kind, by each one's target alone timed here first (a few seconds, kept in the cache;
-    SEQUOIA_PROBE=0 skips it and leaves the rule of thumb)."""
+    SEQUOIA_PROBE=0 skips it: llama.cpp then, the faster target alone on every CPU kind measured)."""
     named = (env.get("SEQUOIA_BACKEND") or "").strip()
     probe = not named and env.get("SEQUOIA_PROBE", "1").strip().lower() not in ("0", "false", "no", "off")
     return decision_from(named, "SEQUOIA_BACKEND", device=env.get("SEQUOIA_DEVICE") or None,
