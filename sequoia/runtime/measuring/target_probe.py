@@ -72,8 +72,9 @@ def _prompt(vocab: int) -> list[int]:
 # ------------------------------------------------------------------------------------------- llama.cpp
 def probe_llamacpp(cache_dir: Path) -> TargetProbe:
     """The shipped Q4_K_M target on llama.cpp, one token at a time."""
+    # deferred: llama-cpp-python is optional (a probe without it fails and says so)
     from ...runners.llamacpp.load import load_embedded_runner
-    from ...runners.llamacpp.runner import LlamaCppOptions
+    from ...runners.llamacpp.runner import LlamaCppOptions  # deferred: as above
 
     ensure_gguf(TARGET, cache_dir)   # assembled and hashed once; not timed as part of the probe
     t0 = time.perf_counter()
@@ -92,8 +93,8 @@ def probe_llamacpp(cache_dir: Path) -> TargetProbe:
 # ------------------------------------------------------------------------------------------- torch
 def target_config(gguf: Path):
     """A transformers config of the GGUF target's shape (its architecture's own config class)."""
-    from transformers import AutoConfig
-    from transformers.integrations.gguf import read_gguf_metadata
+    from transformers import AutoConfig  # deferred: transformers only where the torch probe runs
+    from transformers.integrations.gguf import read_gguf_metadata  # deferred: as above
 
     meta = read_gguf_metadata(str(gguf))[0]
     arch = meta["general.architecture"]
@@ -110,7 +111,7 @@ def target_config(gguf: Path):
 
 def placeholder_model(config, dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
     """``config``'s causal LM in ``dtype`` with small pseudo-random weights, built without the slow init."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # deferred: transformers only where the torch probe runs
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
@@ -126,7 +127,7 @@ def placeholder_model(config, dtype: torch.dtype = torch.bfloat16) -> torch.nn.M
 
 def probe_torch(cache_dir: Path) -> TargetProbe:
     """A bf16 model of the target's shape on torch, one token at a time through its own forward and cache."""
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # deferred: transformers only where the torch probe runs
 
     gguf = ensure_gguf(TARGET, cache_dir)
     t0 = time.perf_counter()
@@ -206,7 +207,7 @@ CEILINGS: dict[str, Probe] = {"hf": torch_ceiling}
 # ------------------------------------------------------------------------------------------- both, cached
 def probe_key(cpu_features: Iterable[str]) -> str:
     """What the rates depend on besides the model: CPU flags, threads, the runtimes' versions."""
-    import importlib.metadata as md
+    import importlib.metadata as md  # deferred: read only when the probe's cache key is built
 
     def version(dist: str) -> str:
         try:
