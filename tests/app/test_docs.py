@@ -274,8 +274,8 @@ def test_every_path_and_module_name_resolves_against_the_tree(source):
     ("see :mod:`sequoia.runtime.kernels`", ["sequoia.runtime.kernels"]),
     ("`sequoia/runtime/models.py`: add its name to `sequoia.runtime.models.BACKEND_NAMES`",
      ["sequoia.runtime.models.BACKEND_NAMES"]),
-    (":func:`sequoia.runners.hf.graphs.graph_runner.GraphRunner.no_such_method`", ["sequoia.runners.hf.graphs.graph_runner."
-                                                                            "GraphRunner.no_such_method"]),
+    (":func:`sequoia.runners.hf.graphs.graph_runner.GraphRunner.no_such_method`",
+     ["sequoia.runners.hf.graphs.graph_runner.GraphRunner.no_such_method"]),
     ("write `out/retrieval.json`; SGLang's `speculative/eagle_utils.py`; ../shared/GPU.md", []),
     ("`core/verification/sampling.py`, :func:`sequoia.runtime.models.load_pair`, `drafter.py`", []),
 ])
