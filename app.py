@@ -103,7 +103,7 @@ def build_demo(pair_or_loader: ModelPair | Callable[[], ModelPair], assets_dir: 
         banner = gr.HTML(_banner(ctx))
         ready = gr.State(ctx.status.ready)  # flips once, when the models are ready; its change refreshes views
         with gr.Tabs():
-            with gr.Tab("Live decoding"):
+            with gr.Tab("Live decoding", elem_id="sq-live"):
                 live_layout.build(ctx, refresh_on=(ready.change,))
             with gr.Tab("DP explorer"):
                 dp_tab.build(ctx.lanes, ctx.assets_dir, demo)

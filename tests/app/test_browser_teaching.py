@@ -24,6 +24,12 @@ SMALLEST_FONT = """(selectors) => Object.fromEntries(selectors.map((sel) => {
       [...el.childNodes].some((n) => n.nodeType === Node.TEXT_NODE && n.textContent.trim()));
   return [sel, holders.length ? Math.min(...holders.map((el) => parseFloat(getComputedStyle(el).fontSize))) : null];
 }))"""
+#: [px, text] of every visible text outside the figures on the Live tab, the banner and the tabs' names, under 20 px.
+SMALL_PAGE_TEXTS = """() => [...document.querySelectorAll('#sq-live *, .sq-status, .sq-status *, [role=tab]')]
+  .filter((el) => !el.closest('svg') && el.getClientRects().length &&
+    [...el.childNodes].some((n) => n.nodeType === Node.TEXT_NODE && n.textContent.trim()))
+  .map((el) => [parseFloat(getComputedStyle(el).fontSize), el.textContent.trim().slice(0, 40)])
+  .filter(([px]) => px < 20)"""
 TREE_LABELS = """() => [...document.querySelectorAll('#sq-tree .textpoint text')]
   .map((t) => parseFloat(getComputedStyle(t).fontSize))"""
 #: (text, px) of every visible text of the Live tab's figures a class reads, legends aside (studio.css sizes these).
@@ -78,6 +84,12 @@ def test_the_projector_view_sets_key_texts_to_20_px_at_1280x720(page, tmp_path):
         page.wait_for_timeout(100)
         after = page.evaluate(SMALLEST_FONT, list(KEY_TEXTS))
     assert all(v is not None and v >= 20 for v in after.values()), after
+    # and every other text a class sees there: control labels, accordion titles, buttons, the banner, the tabs
+    # (buttons ease their size up: waited for, 10 s being far past the transition's fraction of a second)
+    try:
+        page.wait_for_function(f"({SMALL_PAGE_TEXTS})().length === 0", timeout=10_000)
+    except sync_api.TimeoutError:
+        pytest.fail(f"texts under 20 px in the projector view: {page.evaluate(SMALL_PAGE_TEXTS)}")
     # the tree redraws as the page settles after the run: wait for its labels rather than read a blank frame
     page.wait_for_function(f"({TREE_LABELS})().length > 0")
     labels = page.evaluate(TREE_LABELS)
