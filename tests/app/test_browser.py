@@ -492,7 +492,7 @@ _HIDDEN_ROWS_JS = """(root) => {
 }"""
 #: (plot root) -> pairs of texts of the figure (bar labels, tick labels, panel titles) whose boxes overlap.
 _OVERLAPS_JS = """(root) => {
-  const texts = [...root.querySelectorAll(".bartext, .ytick text, .xtick text, .annotation-text, .gtitle")]
+  const texts = [...root.querySelectorAll(".textpoint text, .ytick text, .xtick text, .annotation-text, .gtitle")]
     .map(e => [e.textContent, e.getBoundingClientRect()]).filter(([t, b]) => t && b.width > 0);
   const out = [];
   for (let i = 0; i < texts.length; i++)
@@ -599,7 +599,7 @@ def test_compare_full_run_reads_at_1280x720(compare_page, tmp_path):
     assert table.evaluate(_BROKEN_CELLS_JS) == []                       # "toke ns", "laten cy (s)", "53.72 5"
     assert table.evaluate(_HIDDEN_ROWS_JS) == {"hidden": [], "drawn": len(rows)}
     plot = page.locator("#sq-compare-bars")
-    assert plot.locator(".bartext").count() == 4 * len(rows)
+    assert plot.locator(".textpoint text").count() == 4 * len(rows)   # each bar's value, a text trace past its whisker
     assert plot.evaluate(_OVERLAPS_JS) == []
     _screenshot(page, tmp_path, "compare-full-1280x720")
 
