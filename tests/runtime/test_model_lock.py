@@ -213,7 +213,13 @@ def test_a_generation_owns_a_one_cache_runner_while_the_profiler_measures_in_the
     jobs += [(f"decode {i}", (lambda p=p: decode(p))) for i, p in enumerate(prompts * 2)]
     threads = [threading.Thread(target=run, args=job) for job in jobs]
     threads[0].start()
-    time.sleep(0.05)   # the profiler first, as on a fresh cache
+    # The profiler first, as on a fresh cache: the decodes start once it holds the models (waited on, not slept
+    # for: on a loaded machine a fixed 50 ms let the decodes start first and finish before it measured at all).
+    deadline, held = time.monotonic() + 60, False
+    while not held and threads[0].is_alive() and time.monotonic() < deadline:
+        held = pair.lock.owned
+        time.sleep(0 if held else 0.001)
+    assert held, "the profiler never took the models"
     for t in threads[1:]:
         t.start()
     for t in threads:
