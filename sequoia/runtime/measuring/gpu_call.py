@@ -70,8 +70,6 @@ FLAT_BASE_S, PER_TOKEN_S = 20.0, 0.15
 #: The card a call is priced on where its own has no profile: the H100's graph runner at the 1.5B shapes (the
 #: smaller target: its steps gain the least from graphs, so capturing is decided conservatively).
 PROXY = "h100-1.5b"
-PROXY_WORDS = ("the H100's measured costs at the 1.5B shapes (assets/projections/h100-1.5b.json; eager = graph "
-               f"replay x {EAGER_OVER_GRAPH})")
 
 
 def graph_profile(name: str = PROXY, assets_dir: str | Path = ASSETS) -> HardwareProfile:

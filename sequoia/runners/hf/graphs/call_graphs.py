@@ -155,7 +155,7 @@ class CallGraphs:
 
     def __init__(self, pair, capture: bool = True, reason: str = "", programs: bool = False,
                  emulate_ok: bool = True) -> None:
-        self._base, self._capture, self._reason, self._programs = pair, capture, reason, programs
+        self._base, self._reason, self._programs = pair, reason, programs
         self._emulate_ok = emulate_ok
         self._pair = None
         self.final: CallGraphsReport | None = None   # the report as the call ended (close)
