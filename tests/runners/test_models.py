@@ -7,6 +7,7 @@ word-level tokenizers built here; nothing is downloaded.
 from __future__ import annotations
 
 import hashlib
+import os
 
 import pytest
 import torch
@@ -226,6 +227,28 @@ def test_assemble_concatenates_and_checks(tmp_path):
     out = embedded.assemble(parts, tmp_path / "out" / "model.gguf", hashlib.sha256(whole).hexdigest(),
                             len(whole), progress=lambda f, d: seen.append(f))
     assert out.read_bytes() == whole and seen[-1] == 1.0
+
+
+@pytest.mark.parametrize("refuse_at", [None, 0, 2])
+def test_assemble_copies_in_the_kernel_or_falls_back_to_writes(tmp_path, monkeypatch, refuse_at):
+    """Chunks cross the parts' ends; the kernel's copy may be refused from the start or from a later part on
+    (another file system): the file is the same concatenation either way."""
+    monkeypatch.setattr(embedded, "_CHUNK", 1000)
+    chunks = [bytes(range(256)) * 9, b"beta" * 777, b"gamma" * 3]
+    whole = b"".join(chunks)
+    calls, real = [], os.copy_file_range
+
+    def copy_file_range(src, dst, count, offset_src=None, offset_dst=None):
+        calls.append(count)
+        if refuse_at is not None and len(calls) > refuse_at:
+            raise OSError(18, "Invalid cross-device link")
+        return real(src, dst, count, offset_src, offset_dst)
+
+    monkeypatch.setattr(os, "copy_file_range", copy_file_range)
+    out = embedded.assemble(_parts(tmp_path, chunks), tmp_path / "m.gguf", hashlib.sha256(whole).hexdigest(),
+                            len(whole))
+    assert out.read_bytes() == whole
+    assert len(calls) == (refuse_at + 1 if refuse_at is not None else 3 + 4 + 1)
 
 
 def test_assemble_refuses_a_wrong_sha_and_names_the_damaged_part(tmp_path):
