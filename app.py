@@ -93,9 +93,7 @@ def build_demo(pair_or_loader: ModelPair | Callable[[], ModelPair], assets_dir: 
                                          exact_loader=exact_loader, reference_loader=reference_loader,
                                          **({"status": status} if status is not None else {}),
                                          **(memory.context_fields() if memory is not None else {}))
-    ctx.hardware.runtime = runtime
-    ctx.models.why = pair_why
-    ctx.learned = learned
+    ctx.hardware.runtime, ctx.models.why, ctx.learned = runtime, pair_why, learned
     if ctx.loaded:
         ctx.find_profile()
     with gr.Blocks(title="Sequoia Studio") as demo:
@@ -381,6 +379,8 @@ def build_from_env(env: Mapping[str, str] = os.environ, lanes: WorkLanes | None 
                       memory=memory, runtime=runtime, lanes=lanes)
     if zero:
         demo.sequoia_context.hardware.stand_in = zerogpu_stand_in(chosen.target == GPU_SPACE_TARGET)
+    else:   # the Live tab's race: the pair on another runtime, loaded on its first use (components.live.race_run)
+        demo.sequoia_context.extras.race_loader = lambda b, p: load_from_env({**env, "SEQUOIA_BACKEND": b}, p)
     return demo
 
 

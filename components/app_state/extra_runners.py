@@ -1,7 +1,8 @@
 """The runners the app loads on demand beside its pair, planned against the memory budget.
 
 Exact mode (:mod:`sequoia.runtime.checks.exactness`) runs a float32 plain copy of the target; Compare's reference row
-runs the same target on llama.cpp, the runtime a CPU user would run instead.  :class:`ExtraRunners` loads each
+runs the same target on llama.cpp, the runtime a CPU user would run instead; the Live tab's race
+(:mod:`components.live.race_run`) runs the whole pair on a second runtime, where trees pay.  :class:`ExtraRunners` loads each
 on first use (blocking), keeps it until another load needs its memory, and plans every load against the
 :class:`~sequoia.runtime.memory.MemoryBudget` first.  Each extra runs in a *view* of the app state: the same
 state around another pair, with its own engine (the app state makes them: :meth:`ExtraRunners.exact` takes the
@@ -31,13 +32,20 @@ from components.app_state.pair_room import LoadedPair
 
 #: The on-demand loads by key, as messages name them.
 EXTRA_NAMES = {"reference": "the llama.cpp reference target (Compare)", "exact": "exact mode's float32 target",
-               "blocked": "the bf16 target's oneDNN-blocked weight copies (a speed cache of its weights)"}
+               "blocked": "the bf16 target's oneDNN-blocked weight copies (a speed cache of its weights)",
+               "race": "the race's second runtime (its draft and target)"}
 #: The reference's size when nobody says: the embedded target's Q4_K_M file (1.1 GB) on llama.cpp
 #: (sequoia.runtime.memory.gguf_size_bytes: 2.5 GB; measured 2.3).
 REFERENCE_BYTES = int(2.5e9)
 
+#: What the race's second pair adds, by runtime: torch's bf16 pair with the target's blocked copies (the issue's
+#: 8.3 GB resident on torch alone, less the process's own ~0.8), llama.cpp's two GGUF files (3.3 GB resident).
+RACE_BYTES = {"hf": int(7.5e9), "mixed": int(7e9), "llamacpp": int(2.5e9)}
+
 #: (pair, progress) -> a runner: how exact mode's target and the llama.cpp reference are loaded.
 ExtraLoader = Callable[[ModelPair, ProgressFn], Runner]
+#: (backend, progress) -> the served pair on that runtime: how the race's second pair is loaded.
+RaceLoader = Callable[[str, ProgressFn], ModelPair]
 
 
 class View(Protocol):
@@ -56,6 +64,10 @@ def _fp32_bytes(pair: ModelPair) -> int:
 
 def _reference_bytes(pair: ModelPair) -> int:
     return REFERENCE_BYTES
+
+
+def _race_bytes(backend: str) -> int:
+    return RACE_BYTES.get(backend, RACE_BYTES["hf"])
 
 
 def _widen_or_copy(pair: ModelPair, progress: ProgressFn) -> Runner:
@@ -77,16 +89,22 @@ class ExtraRunners(Generic[V]):
     reference_bytes: Callable[[ModelPair], int] = _reference_bytes
     memory_hints: tuple[str, ...] = ()          # what the owner could change to make room (named when refusing)
     exact_status: LoadStatus | None = None      # progress of exact mode's load; None: not started
+    # None: no race offered (ZeroGPU, tests); else loads the pair on another runtime for the Live tab's race.
+    race_loader: RaceLoader | None = None
+    race_bytes: Callable[[str], int] = _race_bytes
+    race_status: LoadStatus | None = None       # progress of the race pair's load; None: not started
     _exact: V | None = field(default=None, repr=False)
     _reference: V | None = field(default=None, repr=False)
-    _sizes: dict[str, int] = field(default_factory=dict, repr=False)   # "exact" / "reference" / "blocked" -> bytes
+    _race: tuple[str, V] | None = field(default=None, repr=False)     # (its backend, its view)
+    _sizes: dict[str, int] = field(default_factory=dict, repr=False)   # "exact" / "reference" / "race" / "blocked"
     # One lock for both loads: loading one may free the other.
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     def for_view(self, models: LoadedPair) -> ExtraRunners:
         """The extras of a view around ``models``: the same loaders and budget, nothing loaded, no reference."""
         return dataclasses.replace(self, models=models, reference_loader=None, exact_status=None, _exact=None,
-                                   _reference=None, _sizes={}, _lock=threading.RLock())
+                                   _reference=None, race_loader=None, race_status=None, _race=None, _sizes={},
+                                   _lock=threading.RLock())
 
     # ------------------------------------------------------------------ exact mode
     @property
@@ -152,6 +170,34 @@ class ExtraRunners(Generic[V]):
                 self.restore_blocked()      # exact mode may have been freed for it
         return self._reference
 
+    # ------------------------------------------------------------------ the race's second runtime
+    @property
+    def race_loaded(self) -> str | None:
+        """The runtime of the race pair held now, or None."""
+        return self._race[0] if self._race is not None else None
+
+    def race(self, backend: str, view: Callable[[ModelPair], V]) -> V:
+        """The view with the whole pair on ``backend`` (the Live tab's race), loaded on first use with progress in
+        ``race_status``; ValueError when no race is offered; NotEnoughMemory (before loading) when it would not
+        fit.  :meth:`free` ("race") unloads it: the race frees it when it ends."""
+        if self.race_loader is None:
+            raise ValueError("this server offers no race between runtimes")
+        with self._lock:
+            if self._race is not None and self._race[0] != backend:
+                self.free("race")
+            if self._race is None:
+                need = self.race_bytes(backend)
+                self._make_room("race", need)
+                status = self.race_status = LoadStatus()
+                status(0.0, f"loading {EXTRA_NAMES['race']}")
+                pair = self.race_loader(backend, status)
+                release_freed()
+                self._sizes["race"] = need
+                self._race = (backend, view(pair))
+                status(1.0, "the race's second runtime is ready")
+                status.ready = True
+        return self._race[1]
+
     # ------------------------------------------------------------------ memory
     def _target_model(self) -> torch.nn.Module | None:
         pair = self.models.current
@@ -162,7 +208,7 @@ class ExtraRunners(Generic[V]):
         nothing.  What could go is idle: every model handler runs in the one MODEL_WORK slot, the one asking
         for this load included.  The reference goes first (cheapest to load again), then the exact target, then
         (for exact mode only: the bf16 pair then verifies without them) the target's blocked weight copies."""
-        freeable = [Holding(k, EXTRA_NAMES[k], self._sizes[k]) for k in ("reference", "exact")
+        freeable = [Holding(k, EXTRA_NAMES[k], self._sizes[k]) for k in ("reference", "exact", "race")
                     if k != key and k in self._sizes]
         model = self._target_model()
         if key == "exact" and model is not None and blocked_bytes(model):
@@ -180,14 +226,17 @@ class ExtraRunners(Generic[V]):
             del self._sizes["blocked"]
 
     def free(self, key: str, restore: bool = True) -> bool:
-        """Unload the llama.cpp reference ("reference") or exact mode's target ("exact"), loaded again on its next
-        use, or drop the target's blocked weight copies ("blocked"); False when there was nothing to free.
+        """Unload the llama.cpp reference ("reference"), exact mode's target ("exact") or the race's pair ("race"),
+        loaded again on its next use, or drop the target's blocked weight copies ("blocked"); False when there was
+        nothing to free.
         ``restore``: make the blocked copies again if freeing the exact target leaves room for them."""
         with self._lock:
             if key == "blocked":
                 self._sizes["blocked"] = drop_blocked_copies(self._target_model())
                 release_freed()
                 return True
+            if key == "race":
+                return self._free_race()
             view = self._reference if key == "reference" else self._exact
             if view is None or view.extras is self:
                 return False
@@ -204,6 +253,20 @@ class ExtraRunners(Generic[V]):
             release_freed()
             if restore:
                 self.restore_blocked()
+        return True
+
+    def _free_race(self) -> bool:
+        if self._race is None:
+            return False
+        view, self._race, self.race_status = self._race[1], None, None
+        pair = view.models.current
+        for runner in (pair.draft, pair.target) if pair is not None else ():
+            close = getattr(runner, "close", None)
+            if close is not None:
+                close()            # llama.cpp frees its buffers here, not when the object is collected
+        self._sizes.pop("race", None)
+        del view, pair
+        release_freed()
         return True
 
     def memory_note(self) -> str:

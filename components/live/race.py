@@ -79,6 +79,11 @@ def verify_ratio(profile: HardwareProfile, tokens: int = SHOWN_TOKENS) -> tuple[
     return float(profile.target(n)) / float(profile.target(1)), n
 
 
+def tree_ratio(profile: HardwareProfile, acceptance: Sequence[float]) -> float:
+    """The optimizer's best tree (up to 64 tokens) over the target alone, predicted by ``profile``."""
+    return float(choose_tree(acceptance, profile, max_budget=min(64, profile.max_tokens - 1)).speedup)
+
+
 def offer(serving: str, profiles: Mapping[str, HardwareProfile], acceptance: Sequence[float]) -> Offer | None:
     """The race to offer: a runtime other than ``serving`` where the optimizer's tree is predicted at >= PAYS times
     that runtime's target alone (the best such), or None (no other runtime profiled, or no tree pays on one)."""
@@ -88,7 +93,7 @@ def offer(serving: str, profiles: Mapping[str, HardwareProfile], acceptance: Seq
     for backend, prof in profiles.items():
         if backend == serving:
             continue
-        speedup = choose_tree(acceptance, prof, max_budget=min(64, prof.max_tokens - 1)).speedup
+        speedup = tree_ratio(prof, acceptance)
         if speedup >= PAYS and (best is None or speedup > best[0]):
             best = (speedup, backend)
     if best is None:
@@ -96,6 +101,23 @@ def offer(serving: str, profiles: Mapping[str, HardwareProfile], acceptance: Seq
     ratios = {b: verify_ratio(profiles[b]) for b in (best[1], serving)}
     return Offer(best[1], serving, best[0], {b: r for b, (r, _) in ratios.items()},
                  min(n for _, n in ratios.values()))
+
+
+def no_race_line(profiles: Mapping[str, HardwareProfile], acceptance: Sequence[float],
+                 missing: Sequence[str] = ()) -> str:
+    """Where no runtime makes a tree pay: one line with each profiled runtime's arithmetic (its cost of verifying
+    SHOWN_TOKENS tokens over one, its best tree's predicted ratio) and what to look at instead (the projection);
+    ``missing``: installed runtimes with no profile here, named with the command that measures one."""
+    parts = []
+    for backend, prof in profiles.items():
+        r, n = verify_ratio(prof)
+        parts.append(f"on {display_name(backend)} verifying {n} tokens costs {r:.1f}x one, so its best tree is "
+                     f"predicted at {tree_ratio(prof, acceptance):.2f}x its target alone")
+    unmeasured = "".join(f"; {display_name(b)} is not profiled here (`python -m sequoia profile --backend {b}` "
+                         "measures it)" for b in missing)
+    return (f"No race between runtimes here: no tree pays on this CPU ({'; '.join(parts)}{unmeasured}). A tree pays "
+            "where verifying many tokens costs about one (bf16 matrix kernels, a GPU): the projection under each "
+            "Live run's summary shows what its trees would do on an H100.")
 
 
 def schedule(lanes: Sequence[Lane], rounds: int = ROUNDS) -> list[tuple[int, Lane]]:
