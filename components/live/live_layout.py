@@ -17,7 +17,7 @@ from components.app_state import serving
 from components.app_state.acceptance_choice import acceptance_catalogue, default_acceptance_label, follow_temperature
 from components.app_state.context import LIGHT_WORK, MODEL_WORK, AppContext
 from components.app_state.decode_inputs import PAGE_FIELDS, DecodeInputs, page_handler
-from components.live import live_teaching, stats_view, text_view
+from components.live import after_run, live_teaching, race_panel, stats_view, text_view
 from components.live.live_tab import (DEFAULT_BUDGET, DEFAULT_DEPTH, DEFAULT_METHOD, DEFAULT_NEW_TOKENS, GUIDED,
                                       GUIDED_LABEL, HOW_TO_READ, NO_NODE, START_HERE, LiveSession, budget_help,
                                       checked_first_frame, decode_api_fn, decode_stream, inspect_choices, inspect_node,
@@ -70,6 +70,7 @@ def build(ctx: AppContext, refresh_on=()) -> None:
         with gr.Column(scale=2):
             v = _outputs_column()
     v.stats = gr.Plot(label="Statistics", elem_id="sq-stats")
+    race_panel.build(ctx, c.stop_btn, refresh_on)   # the race between runtimes, where a tree pays on another one
     v.session = gr.State(LiveSession())
     _wire(ctx, c, v, refresh_on)
 
@@ -198,6 +199,9 @@ def _wire(ctx: AppContext, c: SimpleNamespace, v: SimpleNamespace, refresh_on=()
                            concurrency_limit=None).then(handler, with_state, outputs, api_visibility="private", **runs)
     fastest_run = live_teaching.wire(ctx, c, v, run_after, refresh_on)
     _wire_inspector(v, (event, guided_run, exact_event, fastest_run))
+    for run in (event, guided_run, fastest_run):   # the words after a run and the target alone's measurement
+        after_run.wire(lambda: ctx, run, v)
+    after_run.wire(ctx.exact_context, exact_event, v)
     gr.api(decode_api_fn(ctx), api_name="decode", **MODEL_WORK)
     follow_temperature(c.temperature, c.acceptance, ctx.assets_dir)
 

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field, replace
 
 import gradio as gr
 
-from sequoia.core.requests.request import BY_NAME, METHOD_OF_LABEL
+from sequoia.core.requests.request import BY_NAME, METHOD_OF_LABEL, DecodeRequest
 from sequoia.core.statistics.trace import StepRecord
 from sequoia.core.statistics.words import counted
-from sequoia.runtime.measuring.finder import DEFAULT_ENTRY, AcceptanceEntry, find_acceptance, list_acceptance
+from sequoia.runtime.measuring.finder import DEFAULT_ENTRY
 from sequoia.runtime.proposers.dynamic import MAX_DEPTH
 from sequoia.runtime.texts import generate_with_texts
 
@@ -32,7 +32,7 @@ from components.app_state.run_flags import RunFlags
 from components.app_state.runtimes_here import fastest_elsewhere
 from components.app_state.validation import EngineInputs
 from components.live import inspector_view, no_tree_view, stats_view, text_view
-from components.widgets import projection_view, tree_view
+from components.widgets import tree_view
 from components.widgets.frames import FRAME_S, Throttle, paced
 
 #: Long enough that the rate is the method's, not the first step's (the prompt's forward and warm caches).
@@ -84,7 +84,9 @@ class LiveSession(RunFlags):
     elsewhere: str = ""               # the fastest configuration measured here, when another one (see context)
     no_tree: str = ""                 # why this automatic method draws no tree here (components.live.no_tree_view)
     rate_key: tuple = ()              # the target alone's rate's key: this run's prompt and settings
-    projection: str = ""              # after a run: what its trees would do elsewhere (widgets.projection_view)
+    projection: str = ""              # after a run: what its trees would do elsewhere (components.live.after_run)
+    request: DecodeRequest | None = None   # the run's parsed request: what the events after it read (after_run)
+    acceptance: str = ""              # the acceptance label the run was given (its projection's vector)
     cores: target_rate.CoreWait | None = None   # after a run: how long its threads waited for a core held elsewhere
     call_graphs: str = ""             # on ZeroGPU: what the run's GPU call captured, or why it ran eagerly
 
@@ -181,6 +183,8 @@ def checked_first_frame(ctx: AppContext, inputs: DecodeInputs, session: LiveSess
         req = validation.page_request(ctx, inputs)   # remembered: the validator's and the handler's parse reuse it
     except ValueError:
         return gr.skip(), gr.skip(), gr.skip()
+    if session is not None and not session.waiting:
+        session.stopped = True   # the last run's events still queued after it (after_run) end: a new one comes
     return (*first_frame(inputs.prompt, req.method.name), LiveSession(prompt=inputs.prompt, waiting=True))
 
 
@@ -207,30 +211,6 @@ def stopped_views(session: LiveSession):
     return (text_view.html_view(recs, prompt=session.prompt, selected_step=last),
             tree_view.figure(recs[last]) if recs else None, stats_view.figure(recs), summary(session),
             _slider(len(recs)), node, inspect_fig, words)
-
-
-def _measure_alone(ctx: AppContext, req, job: EngineInputs, session: LiveSession):
-    """After a run: the target alone's rate on its prompt and settings, measured once and cached (a run of the
-    target alone is its own measurement).  Yields the summary while it measures."""
-    key = session.rate_key
-    if session.itself:
-        rate = target_rate.live_rate(session.records)
-        if rate is not None:
-            ctx.target_rates.put(key, rate)
-        return
-    if session.rate is not None and session.rate.measured or len(session.records) < 2 or session.stopped:
-        return
-    yield (gr.skip(),) * 3 + (summary(session) + "  \n*Measuring the target alone on this prompt (once)…*",
-                              gr.skip(), session)
-    alone = validation.engine_inputs(ctx, req.for_method("Target alone"))
-    rate = target_rate.probe(lambda config: run_decode(ctx, replace(alone, config=config), lambda: session.stopped),
-                             job.config)
-    if session.stopped:
-        return   # Stop drew the summary ("while measuring the target alone"): its words stay the last
-    if rate is not None:
-        ctx.target_rates.put(key, rate)
-        session.rate = rate
-    yield (gr.skip(),) * 3 + (summary(session), gr.skip(), session)
 
 
 def _slider(n_records: int) -> gr.Slider:
@@ -270,7 +250,9 @@ def decode_stream(ctx: AppContext, inputs: DecodeInputs, session: LiveSession | 
 
 def _run(ctx: AppContext, inputs: DecodeInputs, session: LiveSession):
     """The road of a Live request: the request parsed once (the validator's parse) with its proposer built once,
-    the engine's steps, and around them the page's words about the run."""
+    the engine's steps, and around them the run's own lines (why no tree, the rate it divides by, the cores'
+    sharing).  The words composed from the finished run and the target alone's measurement are events of their
+    own after it (components.live.after_run)."""
     try:
         req = validation.page_request(ctx, inputs)
         job = validation.engine_inputs(ctx, req)
@@ -279,31 +261,21 @@ def _run(ctx: AppContext, inputs: DecodeInputs, session: LiveSession):
     try:
         steps = run_decode(ctx, replace(job, inspect=True), lambda: session.stopped)   # lazy: starts when read
         _describe(ctx, req, job, session)
+        session.request, session.acceptance = req, inputs.acceptance   # what the events after the run read
         with closing(steps):
             threads, start = target_rate.thread_times(), time.perf_counter()
             yield from _stream_views(session, steps)
             cores = target_rate.core_wait(threads, target_rate.thread_times(), time.perf_counter() - start)
         session.cores = None if session.stopped else cores   # Stop's words stay the last a stopped run shows
         session.call_graphs = pair_room.line()   # in a GPU call: its captures (counted in its time)
-        if not session.stopped:   # Stop's handler drew the page; a stopped run is not projected
-            session.projection = projection_view.projection_markdown(
-                session.records, ctx, projection_entry(ctx, inputs.acceptance, req.sampling.temperature),
-                req.sampling.temperature)
-            yield (gr.skip(),) * 3 + (summary(session), gr.skip(), session)
-        yield from _measure_alone(ctx, req, job, session)
+        if not session.stopped:   # Stop's handler drew the page; the words after a run are its own events
+            yield (gr.skip(),) * 3 + (summary(session), gr.skip(), session)   # (components.live.after_run)
     except (ValueError, RuntimeError) as exc:
         # A message beside the page, not an error state on every output: the first frame's placeholder goes.
         what = "Cannot decode" if isinstance(exc, ValueError) else "Decoding failed"
         gr.Warning(f"{what}: {exc}")
         yield (text_view.html_view([], prompt=inputs.prompt), gr.skip(), gr.skip(), f"**{what}:** {exc}", gr.skip(),
                gr.skip())
-
-
-def projection_entry(ctx: AppContext, label: str, temperature: float) -> AcceptanceEntry:
-    """The measured vector that prices the tree a run without one would have drawn: the one picked on the page
-    (its acceptance label), else the one measured nearest the run's temperature (code prompts first)."""
-    picked = next((e for e in list_acceptance(ctx.assets_dir) if e.label == label), None)
-    return picked or find_acceptance("code", float(temperature), ctx.assets_dir)
 
 
 def _describe(ctx: AppContext, req, job: EngineInputs, session: LiveSession) -> None:

@@ -614,7 +614,7 @@ def test_inspector_explain_in_plain_words():
 
 
 def test_live_tab_records_checks_and_feeds_the_inspector(tiny_app_pair, tmp_path):
-    from components.live import live_tab
+    from components.live import after_run, live_tab
     from components.app_state.context import AppContext
     from components.app_state.decode_inputs import DecodeInputs
     from components.app_state.acceptance_choice import acceptance_catalogue
@@ -635,8 +635,10 @@ def test_live_tab_records_checks_and_feeds_the_inspector(tiny_app_pair, tmp_path
     assert picker.value == inspector_view.default_node(rec)
     assert text.startswith(f"**{inspector_view.heading(rec, picker.value)}**")
     assert f"step {rec.step}" in fig.layout.title.text
-    # After the run the target alone was measured on its prompt: the ratio says so, and is cached.
-    assert "the latter measured on this prompt" in outs[-1][3] and len(ctx.target_rates) == 1
+    # After the run, in an event of its own, the target alone is measured on its prompt: the ratio says so, cached.
+    assert len(ctx.target_rates) == 0 and "measured on this prompt" not in outs[-1][3]
+    measured = list(after_run.measure(ctx, session))
+    assert "the latter measured on this prompt" in measured[-1][0] and len(ctx.target_rates) == 1
     html, note = live_tab.first_frame("say <hi>")
     assert "say &lt;hi&gt;" in html and "reading the prompt" in html and "drafting" in note
     html, note = live_tab.first_frame("hi", "ar")   # the target alone drafts nothing
