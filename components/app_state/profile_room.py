@@ -18,11 +18,12 @@ from typing import TypeVar
 
 from sequoia._meta import ASSETS
 from sequoia.core.profiles.profile import HardwareProfile
-from sequoia.core.profiles.runtimes import RuntimeDecision
-from sequoia.runtime.measuring import finder
+from sequoia.core.profiles.runtimes import RuntimeDecision, TargetProbe, display_name
+from sequoia.runtime.measuring import background_probe, finder
 from sequoia.runtime.measuring.finder import ProfileChoice
 from sequoia.runtime.measuring.fingerprint import machine_fingerprint
 from sequoia.runtime.measuring.gpu_call import graph_profile
+from sequoia.runtime.measuring.target_probe import probe_key
 from sequoia.runtime.models import ModelPair
 
 from components.app_state.load_status import LoadStatus
@@ -54,6 +55,10 @@ class ProfileRoom:
     # Where no profile matches and none is measured here (ZeroGPU: no profiler outside a GPU call), the profile
     # that stands in, and why (the H100's measured graph replays at the served target's shapes).
     stand_in: ProfileChoice | None = None
+    # The runtimes the start only bounded, timed in the background after the profile (background_probe).
+    timing: LoadStatus | None = None          # progress of that timing; None: none started
+    later_probes: dict[str, TargetProbe] = field(default_factory=dict)
+    _profiler: threading.Thread | None = field(default=None, repr=False)
     _derived: dict[Hashable, object] = field(default_factory=dict, repr=False)
     _derived_for: ProfileChoice | None = field(default=None, repr=False)   # the choice _derived belongs to
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -83,6 +88,8 @@ class ProfileRoom:
             self.choice = self.stand_in
         if self.auto_profile and self.choice.profile is None:
             self.start_profiling(pair)
+        if self.auto_profile and background_probe.pending(self.runtime) and self.cache_dir is not None:
+            self.start_timing(background_probe.pending(self.runtime))
 
     def start_profiling(self, pair: ModelPair) -> threading.Thread:
         """Measure a quick profile of this machine in a daemon thread, cache it and switch to it when done;
@@ -102,15 +109,42 @@ class ProfileRoom:
                 status.error = f"{type(exc).__name__}: {exc}"
                 traceback.print_exc()
 
-        thread = threading.Thread(target=run, name="sequoia-profiler", daemon=True)
+        thread = self._profiler = threading.Thread(target=run, name="sequoia-profiler", daemon=True)
+        thread.start()
+        return thread
+
+    def start_timing(self, backends: tuple[str, ...], time_one=background_probe.time_in_child) -> threading.Thread:
+        """Time ``backends``' targets alone in a daemon thread, after the profile measurement (one piece of
+        background work at a time), each in a child process (``time_one(backend, cache_dir)``); each result is
+        kept in the cache and in ``later_probes``; ``timing`` reports the progress (the banner shows it)."""
+        status = self.timing = LoadStatus()
+        names = " and ".join(display_name(b) for b in backends)
+        status(0.0, f"timing {names}'s target alone in the background")
+        machine = self.runtime.machine if self.runtime is not None else None
+        profiler, key = self._profiler, probe_key(machine.cpu_features) if machine is not None else "unknown"
+
+        def run() -> None:
+            if profiler is not None:
+                profiler.join()
+            for i, backend in enumerate(backends):
+                try:
+                    probe = time_one(backend, self.cache_dir)
+                    background_probe.record(self.cache_dir, key, probe)
+                    self.later_probes = {**self.later_probes, backend: probe}
+                except Exception as exc:  # noqa: BLE001 - advice only: the banner says it failed
+                    status.error = f"timing {display_name(backend)} failed: {type(exc).__name__}: {exc}"
+                    traceback.print_exc()
+                status((i + 1) / len(backends), f"timed {display_name(backend)}'s target alone")
+            status.ready = True
+
+        thread = threading.Thread(target=run, name="sequoia-runtime-timing", daemon=True)
         thread.start()
         return thread
 
     @property
     def measuring(self) -> bool:
-        """A background profile measurement is running."""
-        p = self.profiling
-        return p is not None and not p.ready and p.error is None
+        """A background profile measurement, or the timing of another runtime after it, is running."""
+        return any(p is not None and not p.ready and p.error is None for p in (self.profiling, self.timing))
 
     def note(self) -> str:
         """One sentence for the Hardware tab and the live view: the profile in use and why (file names only),
@@ -123,12 +157,29 @@ class ProfileRoom:
         return f"No hardware profile: {self.choice.reason}; {UNTIL_MEASURED}.{failed}"
 
     def banner(self) -> str:
-        """HTML for the banner while the background measurement runs ("" otherwise)."""
-        if not self.measuring:
+        """HTML for the banner: the background measurement while it runs, then the other runtimes' timing
+        (while it runs, then what it found: the switch offered with both rates where another proved faster)."""
+        p = self.profiling
+        out = "" if p is None or p.ready or p.error is not None else (
+            f'<div class="sq-status sq-status-profiling"><small>Measuring this machine\'s profile: '
+            f"{p.fraction:.0%} ({html.escape(p.description)}); {UNTIL_MEASURED}.</small></div>")
+        return out + self.timing_banner()
+
+    def timing_banner(self) -> str:
+        """The other runtimes' background timing: its progress, then its outcome ("" where none ran)."""
+        t = self.timing
+        if t is None:
             return ""
-        return (f'<div class="sq-status sq-status-profiling"><small>Measuring this machine\'s profile: '
-                f"{self.profiling.fraction:.0%} ({html.escape(self.profiling.description)}); "
-                f"{UNTIL_MEASURED}.</small></div>")
+        offer = background_probe.switch_offer(self.runtime, self.later_probes) if self.runtime else None
+        if not t.ready and t.error is None:
+            text = f"{html.escape(t.description)} ({t.fraction:.0%}): it could be faster here by its bound."
+        else:
+            text = background_probe.outcome(self.runtime, self.later_probes) if self.runtime else ""
+            text = html.escape(text + "." if text else t.error or "")
+        if not text:
+            return ""
+        kind = "sq-status-switch" if offer else "sq-status-timing"
+        return f'<div class="sq-status {kind}"><small>{"<b>Switch?</b> " if offer else ""}{text}</small></div>'
 
     def derived(self, key: Hashable, compute: Callable[[], T]) -> T:
         """``compute()`` once per profile choice and ``key``: kept until the choice changes (a new object, set

@@ -27,7 +27,8 @@ def runtimes_here(ctx: AppContext, acceptance: Sequence[float], budget: int = MA
     loaded = ctx.pair().backend if ctx.loaded else None
     device = str(ctx.pair().device) if ctx.loaded else None
     vector = tuple(float(a) for a in acceptance)
-    return ctx.hardware.derived(("runtimes", loaded, vector, int(budget), int(depth)),
+    timed = tuple(sorted(ctx.hardware.later_probes))   # a runtime timed in the background since: decided anew
+    return ctx.hardware.derived(("runtimes", loaded, vector, int(budget), int(depth), timed),
                                 lambda: _decide_here(ctx.hardware, loaded, device, vector, int(budget), int(depth)))
 
 
@@ -40,6 +41,7 @@ def _decide_here(hardware: ProfileRoom, loaded: str | None, device: str | None, 
     found = profiles_here(machine, hardware.cache_dir, hardware.assets_dir, known)
     # the targets alone timed at start rank the runtimes here too, while no profile does (decide ignores them then)
     probes = {r.backend: r.probe for r in started.runtimes if r.probe is not None} if started is not None else {}
+    probes.update(hardware.later_probes)   # timed in the background since start
     decision = decide(machine, found, acceptance, budget, depth, probes=probes)
     if started is not None and started.explicit:   # SEQUOIA_BACKEND named it: say so, as the banner does
         decision = replace(decision, backend=started.backend, reason=started.reason, explicit=True)

@@ -8,9 +8,11 @@
 3. Without llama-cpp-python: ``hf``, the only runtime installed.
 4. Every installed runtime has a profile for this CPU kind: the one whose best method (the target alone or
    the optimizer's best tree, :func:`sequoia.core.trees.optimizer.choose_tree`) predicts the most tokens/s.
-5. Torch and llama.cpp are not both profiled, and their targets alone were timed here at start
+5. Torch and llama.cpp are not both profiled, and their targets alone were timed here
    (:mod:`sequoia.runtime.measuring.target_probe`, a few seconds each): the one whose target alone ran
    fastest (on the 2-vCPU Xeon with AMX, llama.cpp at 2.4-2.5x torch: docs/data/runtime-probe-xeon-amx.json).
+   At start torch gets a bound instead; a bound never outranks a timed rate (it is timed in the background
+   after the served pair is ready: :mod:`sequoia.runtime.measuring.background_probe`).
 6. Some have none, llama.cpp among them, and the CPU has no bf16 matrix kernels (no AVX-512-BF16 or AMX):
    ``llamacpp``.  There torch's bf16 target was measured at a quarter of llama.cpp's rate (docs/benchmarks.md,
    AVX2 EPYC, code prompts: 2.3 against 9.5 tokens/s end to end), and no tree paid on either runtime.
@@ -83,8 +85,9 @@ def _rule(machine: Machine, runtimes: tuple[RuntimeEstimate, ...]) -> tuple[str,
     if measured and len(measured) == len(installed):
         return measured[0].backend, _fastest_reason(measured)
     missing = " and ".join(display_name(r.backend) for r in installed if not r.measured) + " not measured here"
-    probed = sorted((r for r in installed if r.probe is not None), key=lambda r: -r.probe.tokens_per_s)
-    if len(probed) >= 2:
+    # a bound is no rate: the timed rank first, and a bound above them waits for its background timing
+    probed = sorted((r for r in installed if r.probe is not None), key=lambda r: (r.probe.bound, -r.probe.tokens_per_s))
+    if len(probed) >= 2 and not probed[0].probe.bound:
         return probed[0].backend, _probed_reason(probed)
     llamacpp_measured = any(r.backend == "llamacpp" for r in measured)
     if not machine.bf16_kernels and not llamacpp_measured:
@@ -121,8 +124,11 @@ def _probed_reason(probed: Sequence[RuntimeEstimate]) -> str:
                            f"{display_name(r.backend)}" for r in rest)
     when = "at an earlier start" if best.probe.cached else "at start"
     ratio = "" if rest[0].probe.bound else f", {best.probe.tokens_per_s / max(rest[0].probe.tokens_per_s, 1e-9):.1f}x"
+    later = [display_name(r.backend) for r in rest if r.probe.bound and r.probe.tokens_per_s >= best.probe.tokens_per_s]
+    waits = (f"; {' and '.join(later)} could be faster by that bound and is timed in the background once the "
+             f"models are ready (the banner offers it if it proves faster)") if later else ""
     return (f"its target alone decoded {best.probe.text} on one thread here against {against}{ratio} "
-            f"(timed {when}, CPU time); no profile ranks the runtimes on this CPU kind yet")
+            f"(timed {when}, CPU time){waits}; no profile ranks the runtimes on this CPU kind yet")
 
 
 def _estimate(backend: str, machine: Machine, found: FoundProfile | None, acceptance: Sequence[float],

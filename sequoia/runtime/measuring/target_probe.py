@@ -27,6 +27,7 @@ import gc
 import json
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import contextmanager
@@ -199,8 +200,8 @@ def _one_thread():
 
 
 PROBES: dict[str, Probe] = {"llamacpp": probe_llamacpp, "hf": probe_torch}
-#: backend -> a bound on its target alone's rate, tried before its probe: where the bound is under a rate
-#: measured already, the probe is skipped (torch's takes seconds to build a 3 GB model and time it).
+#: backend -> a bound on its target alone's rate, found at start instead of its probe (torch's takes seconds to
+#: build a 3 GB model and time it): the probe runs later, in the background, only where the bound could win.
 CEILINGS: dict[str, Probe] = {"hf": torch_ceiling}
 
 
@@ -223,7 +224,15 @@ def probe_runtimes(backends: Iterable[str], cache_dir: str | Path, key: str,
                    ceilings: Mapping[str, Probe] = CEILINGS) -> dict[str, TargetProbe]:
     """backend -> its target alone timed here, for each of ``backends`` with a probe: read from
     ``cache_dir/runtime-probe.json`` when it holds ``key``, else timed now (and written there).  A probe that
-    fails is left out (and logged): the choice then falls back to its rule."""
+    fails is left out (and logged): the choice then falls back to its rule.
+
+    A runtime with a bound (``ceilings``) is timed at start by none of this: where its bound is under a rate
+    measured already it cannot win, and where it is not, the bound is kept and the runtime is timed later, in
+    the background once the served pair is ready (:mod:`sequoia.runtime.measuring.background_probe`).  Why:
+    torch's probe builds a 3 GB model, 6 s of CPU on the 2-vCPU Xeon with AMX; whether it ran turned on
+    whether noise put the bound above llama.cpp's rate, and the busy starts that ran it took 29-38 s against
+    the 30 s goal (docs/data/runtime-probe-xeon-amx.json).  Torch would serve only after its minute-long
+    conversion anyway, so llama.cpp, measured and loaded without conversion, serves meanwhile."""
     cache_dir = Path(cache_dir)
     path = cache_dir / CACHE_NAME
     wanted = [b for b in backends if b in probes]
@@ -234,12 +243,12 @@ def probe_runtimes(backends: Iterable[str], cache_dir: str | Path, key: str,
     for backend in sorted(wanted, key=list(probes).index):   # the quick probes first, then the bounded ones
         try:
             if backend in ceilings and out:
-                bound = ceilings[backend](cache_dir)
-                if bound.tokens_per_s < max(p.tokens_per_s for p in out.values()):
-                    out[backend] = bound   # it cannot win: no need to time it
-                    if log:
-                        log(f"target alone on {backend}: {bound.text}, found in {bound.seconds:.1f} s")
-                    continue
+                bound = out[backend] = ceilings[backend](cache_dir)
+                if log:
+                    cannot = bound.tokens_per_s < max((p.tokens_per_s for p in out.values() if not p.bound), default=0.0)
+                    later = "" if cannot else "; timed in the background once the models are ready"
+                    log(f"target alone on {backend}: {bound.text}, found in {bound.seconds:.1f} s{later}")
+                continue
             out[backend] = probes[backend](cache_dir)
         except Exception as exc:   # noqa: BLE001 - a probe is advice; the rule still chooses without it
             if log:
@@ -270,3 +279,15 @@ def _write(path: Path, key: str, probes: Mapping[str, TargetProbe]) -> None:
         os.replace(tmp, path)
     except OSError:
         pass   # a read-only cache: the next start times again
+
+
+def main(argv: list[str]) -> None:
+    """``python -m sequoia.runtime.measuring.target_probe BACKEND CACHE_DIR``: time one runtime's target alone
+    and print it as one JSON line (the background probe runs it in a child process of its own: its 3 GB model
+    and its one torch thread never touch the server's)."""
+    backend, cache_dir = argv
+    print(json.dumps(asdict(PROBES[backend](Path(cache_dir)))), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

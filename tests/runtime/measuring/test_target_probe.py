@@ -117,7 +117,8 @@ def test_the_hardware_tab_ranks_by_the_probes_the_server_started_with(tmp_path):
 
     (tmp_path / "profiles").mkdir()
     started = decide(AMX, {}, CODE, probes={"hf": probe("hf", 8.0), "llamacpp": probe("llamacpp", 24.0)})
-    room = SimpleNamespace(runtime=started, profile=None, cache_dir=tmp_path / "cache", assets_dir=tmp_path)
+    room = SimpleNamespace(runtime=started, profile=None, cache_dir=tmp_path / "cache", assets_dir=tmp_path,
+                           later_probes={})
     found, decision = _decide_here(room, None, None, tuple(CODE), 64, 8)
     assert found == {} and decision.backend == "llamacpp" and decision.reason == started.reason
     assert decision.estimate("hf").probe.tokens_per_s == 8.0
@@ -135,8 +136,13 @@ def test_a_ceiling_under_a_measured_rate_skips_the_slow_probe(tmp_path):
     assert chosen.backend == "llamacpp" and "against at most 3.9 tokens/s (3.1 GB of bf16 weights" in chosen.reason
     assert "copies here) on Hugging Face (torch) (timed at start" in chosen.reason   # no ratio to a bound
     high = {"hf": lambda d: TargetProbe("hf", 9.0, 9.0, 9.0, 0, 0.4, "at most: a bound above")}
-    again = probe_runtimes(("hf", "llamacpp"), tmp_path / "b", "k", fakes, ceilings=high)
-    assert calls == ["llamacpp", "llamacpp", "hf"] and not again["hf"].bound      # could win: timed
+    lines = []
+    again = probe_runtimes(("hf", "llamacpp"), tmp_path / "b", "k", fakes, ceilings=high, log=lines.append)
+    # could win: not timed at start (6 s of CPU there), but later, in the background; the timed rate serves
+    assert calls == ["llamacpp", "llamacpp"] and again["hf"].bound and "in the background" in lines[-1]
+    waits = decide(AMX, {}, CODE, probes=again)
+    assert waits.backend == "llamacpp" and "could be faster by that bound and is timed in the background" in \
+        waits.reason
 
 
 def test_weight_bytes_of_the_embedded_target_shape():

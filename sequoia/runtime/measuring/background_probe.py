@@ -1,0 +1,99 @@
+"""The runtimes the start could only bound, timed in the background once the served pair is ready.
+
+At start (:func:`sequoia.runtime.measuring.target_probe.probe_runtimes`) llama.cpp's target alone is timed and
+torch's only bounded (its probe builds a 3 GB model); where the bound could beat llama.cpp's rate, torch is
+timed here afterwards, in a child process of its own at the lowest priority: its 3 GB placeholder model is
+freed when the child exits, its one torch thread never changes the server's, and the server's decodes go
+first for the cores.  The rate is CPU time of one thread, so sharing the cores slows the probe's wall time, not
+its figure.  The result joins the cache's ``runtime-probe.json``, so a later start chooses by it, and
+:func:`switch_offer` says whether another runtime proved faster than the one serving.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from ...core.profiles.runtimes import RuntimeDecision, TargetProbe, display_name
+from .target_probe import CACHE_NAME, _read, _write
+
+#: Seconds a child probe may take (the 2-vCPU Xeon with AMX: 6 s of CPU; busy, 10-20 s of wall time).
+CHILD_TIMEOUT_S = 600.0
+
+
+def pending(decision: RuntimeDecision | None) -> tuple[str, ...]:
+    """The installed runtimes besides the served one whose target alone the start only bounded, at or above
+    the served one's timed rate (the ones that could prove faster); empty where the start timed no probe."""
+    if decision is None or decision.explicit:
+        return ()
+    served = decision.estimate(decision.backend)
+    if served is None or served.probe is None or served.probe.bound:
+        return ()
+    return tuple(r.backend for r in decision.runtimes
+                 if r.installed and r.backend != decision.backend and r.probe is not None and r.probe.bound
+                 and r.probe.tokens_per_s >= served.probe.tokens_per_s)
+
+
+def time_in_child(backend: str, cache_dir: str | Path, timeout_s: float = CHILD_TIMEOUT_S) -> TargetProbe:
+    """``backend``'s target alone timed by ``python -m sequoia.runtime.measuring.target_probe`` in a child
+    process at the lowest priority (RuntimeError naming its last output when it fails)."""
+    nice = ["nice", "-n", "19"] if shutil.which("nice") else []
+    cmd = nice + [sys.executable, "-m", "sequoia.runtime.measuring.target_probe", backend, str(cache_dir)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+                          cwd=Path(__file__).resolve().parents[3])
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"the {backend} probe exited with {done.returncode}: {tail[0]}")
+    return TargetProbe(**json.loads(lines[-1]))
+
+
+def record(cache_dir: str | Path, key: str, probe: TargetProbe) -> None:
+    """Put ``probe`` into the cache's probes under ``key`` (the start's own, so a later start reads it)."""
+    path = Path(cache_dir) / CACHE_NAME
+    kept = {b: replace(p, cached=False) for b, p in _read(path, key).items()}
+    _write(path, key, {**kept, probe.backend: probe})
+
+
+def with_probes(decision: RuntimeDecision, probes: dict[str, TargetProbe]) -> RuntimeDecision:
+    """``decision`` with ``probes`` in place of the start's for the same runtimes (its choice and reason kept)."""
+    runtimes = tuple(replace(r, probe=probes.get(r.backend, r.probe)) for r in decision.runtimes)
+    return replace(decision, runtimes=runtimes)
+
+
+def switch_offer(decision: RuntimeDecision, probes: dict[str, TargetProbe]) -> tuple[str, str] | None:
+    """(backend, sentence) where a runtime timed in the background decoded its target alone faster than the
+    served one's did at start; None where none did.  The sentence gives both rates, their ratio and how."""
+    served = decision.estimate(decision.backend)
+    if served is None or served.probe is None or served.probe.bound:
+        return None
+    timed = sorted((p for b, p in probes.items() if b != decision.backend and not p.bound),
+                   key=lambda p: -p.tokens_per_s)
+    if not timed or timed[0].tokens_per_s <= served.probe.tokens_per_s:
+        return None
+    best, mine = timed[0], served.probe
+    return best.backend, (
+        f"{display_name(best.backend)} proved faster here: its target alone decoded {best.text} on one thread "
+        f"against {display_name(decision.backend)}'s {mine.text}, {best.tokens_per_s / mine.tokens_per_s:.1f}x "
+        f"(CPU time, timed in the background after start). Serve it: restart with "
+        f"SEQUOIA_BACKEND={best.backend} python app.py, or just restart: the next start reads this result and "
+        f"chooses it")
+
+
+def outcome(decision: RuntimeDecision, probes: dict[str, TargetProbe]) -> str:
+    """One sentence on what the background timing found (the switch offer, or why the served runtime stays)."""
+    offer = switch_offer(decision, probes)
+    if offer is not None:
+        return offer[1]
+    served = decision.estimate(decision.backend)
+    timed = [p for b, p in probes.items() if b != decision.backend and not p.bound]
+    if not timed or served is None or served.probe is None:
+        return ""
+    others = " and ".join(f"{display_name(p.backend)}'s {p.text}" for p in timed)
+    return (f"Timed in the background since start: {others} against {display_name(decision.backend)}'s "
+            f"{served.probe.text} (one thread, CPU time): {display_name(decision.backend)} stays the faster")
+

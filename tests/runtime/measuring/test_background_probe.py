@@ -1,0 +1,91 @@
+"""The runtimes the start only bounded, timed in the background: which are pending, the result kept in the
+cache for the next start, the banner's switch offer with both rates (fake probes, no models), and the child
+process's failure said plainly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sequoia.runtime.measuring import background_probe as bp
+from sequoia.runtime.measuring.runtime_choice import Machine, TargetProbe, decide
+from sequoia.runtime.measuring.target_probe import CACHE_NAME, probe_runtimes
+
+from components.app_state.profile_room import ProfileRoom
+
+AMX = Machine("cpu", ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"), llamacpp_installed=True)
+CODE = (0.92, 0.05, 0.01)
+
+
+def timed(backend: str, rate: float) -> TargetProbe:
+    return TargetProbe(backend, rate, rate * 0.9, rate * 1.1, 5, 2.0, "fake")
+
+
+def bound(rate: float) -> TargetProbe:
+    return TargetProbe("hf", rate, rate, rate, 0, 0.5, "at most: 3.1 GB of bf16 weights a token")
+
+
+def started(hf: TargetProbe, llamacpp: float = 6.2):
+    return decide(AMX, {}, CODE, probes={"hf": hf, "llamacpp": timed("llamacpp", llamacpp)})
+
+
+def test_pending_are_the_bounds_that_could_win():
+    assert started(bound(9.0)).backend == "llamacpp"
+    assert bp.pending(started(bound(9.0))) == ("hf",)
+    assert bp.pending(started(bound(3.0))) == ()            # cannot win: never timed
+    assert bp.pending(started(timed("hf", 2.6))) == ()      # timed already
+    assert bp.pending(None) == ()
+    assert bp.pending(started(bound(9.0)).overridden("hf", "SEQUOIA_BACKEND")) == ()
+
+
+def test_the_offer_names_both_rates_and_how_to_switch():
+    start = started(bound(9.0))
+    backend, words = bp.switch_offer(start, {"hf": timed("hf", 8.0)})
+    assert backend == "hf"
+    assert words.startswith("Hugging Face (torch) proved faster here: its target alone decoded 8.0 tokens/s "
+                            "(7.2-8.8 over 5 steps) on one thread against llama.cpp's 6.2 tokens/s")
+    assert "1.3x" in words and "SEQUOIA_BACKEND=hf" in words
+    assert bp.switch_offer(start, {"hf": timed("hf", 2.6)}) is None
+    stays = bp.outcome(start, {"hf": timed("hf", 2.6)})
+    assert "Hugging Face (torch)'s 2.6 tokens/s" in stays and "llama.cpp stays the faster" in stays
+
+
+def test_a_recorded_probe_decides_the_next_start(tmp_path):
+    fakes = {"llamacpp": lambda d: timed("llamacpp", 6.2), "hf": lambda d: pytest.fail("timed at start")}
+    first = probe_runtimes(("hf", "llamacpp"), tmp_path, "k", fakes, ceilings={"hf": lambda d: bound(9.0)})
+    assert first["hf"].bound
+    bp.record(tmp_path, "k", timed("hf", 8.0))
+    kept = json.loads((tmp_path / CACHE_NAME).read_text())
+    assert kept["key"] == "k" and kept["probes"]["hf"]["steps"] == 5 and kept["probes"]["llamacpp"]["steps"] == 5
+    again = probe_runtimes(("hf", "llamacpp"), tmp_path, "k", fakes, ceilings={"hf": lambda d: bound(9.0)})
+    chosen = decide(AMX, {}, CODE, probes=again)
+    assert chosen.backend == "hf" and "timed at an earlier start" in chosen.reason
+
+
+def test_the_room_times_after_the_profile_and_the_banner_offers_the_switch(tmp_path):
+    room = ProfileRoom(cache_dir=tmp_path, auto_profile=True)
+    room.runtime = started(bound(9.0))
+    thread = room.start_timing(("hf",), time_one=lambda backend, cache: timed(backend, 8.0))
+    thread.join(timeout=60)   # a fake probe: microseconds; 60 s only bounds a hang
+    assert not thread.is_alive() and not room.measuring and room.later_probes["hf"].tokens_per_s == 8.0
+    html = room.banner()
+    assert "sq-status-switch" in html and "<b>Switch?</b>" in html and "8.0 tokens/s" in html and "6.2" in html
+    assert json.loads((tmp_path / CACHE_NAME).read_text())["probes"]["hf"]["tokens_per_s"] == 8.0
+
+    slower = ProfileRoom(cache_dir=tmp_path / "b", auto_profile=True)
+    slower.runtime = started(bound(9.0))
+    slower.start_timing(("hf",), time_one=lambda backend, cache: timed(backend, 2.6)).join(timeout=60)
+    assert "stays the faster" in slower.banner() and "Switch?" not in slower.banner()
+
+    def broken(backend, cache):
+        raise RuntimeError("the hf probe exited with 1: MemoryError")
+    failed = ProfileRoom(cache_dir=tmp_path / "c", auto_profile=True)
+    failed.runtime = started(bound(9.0))
+    failed.start_timing(("hf",), time_one=broken).join(timeout=60)
+    assert "MemoryError" in failed.banner() and not failed.measuring
+
+
+def test_a_failing_child_probe_says_why(tmp_path):
+    with pytest.raises(RuntimeError, match="exited with 1: KeyError"):
+        bp.time_in_child("no-such-runtime", tmp_path, timeout_s=300)   # bounds a hang, far over its ~5 s
