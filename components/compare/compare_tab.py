@@ -339,18 +339,20 @@ def _wire(ctx: AppContext, c: SimpleNamespace, outputs: list) -> None:
     exact_handler = compare_handler(functools.partial(on_compare, ctx, exact=True), method, extra)
     full_handler = compare_handler(functools.partial(on_compare, ctx, rounds=FULL_ROUNDS), method, extra)
     # Each click first leaves a fresh session in the state (light: it never waits behind a run), then the run
-    # follows it (``then``) and gets that very session, which Stop flags (stop_comparison).
+    # follows it (``then``) and gets that very session, which Stop flags (stop_comparison).  A click while the
+    # stopped run still finishes its step: the page defers its run to that run's end ("always_last"; Gradio's
+    # default "once" dropped it, issue 59).
     light = dict(api_visibility="private", show_progress="hidden", concurrency_limit=None)
+    run = dict(api_visibility="private", trigger_mode="always_last", **MODEL_WORK)
     begin = compare_handler(functools.partial(begin_comparison, ctx), method, extra)
 
     def begun(trigger):
         return trigger(begin, inputs, session, **light)
 
     begun(c.run_btn.click).then(serving.on_gpu(handler, _gpu_seconds(ctx, DEFAULT_ROUNDS)), inputs, outputs,
-                                api_name="compare_stream", api_visibility="private",
-                                **MODEL_WORK)  # the name: components.app_state.validation finds it
+                                api_name="compare_stream", **run)  # the name: validation finds it
     begun(c.exact_btn.click).then(serving.on_gpu(exact_handler, _gpu_seconds(ctx, DEFAULT_ROUNDS + 1)), inputs, outputs,
-                                  api_visibility="private", **MODEL_WORK)
+                                  **run)
     # The full run: tick every method and set the tokens where the visitor sees them, then run as Run does.  The
     # choices are set with the ticks: both read this server's methods now, so the ticks are always among them
     # (issue 42: a tick missing from choices fixed before the pair loaded was refused with HTTP 400).
@@ -359,7 +361,7 @@ def _wire(ctx: AppContext, c: SimpleNamespace, outputs: list) -> None:
         lambda: (gr.update(choices=offered(ctx), value=ticked(ctx, full=True)), full_tokens), None,
         [c.methods, c.max_new_tokens], queue=False, api_visibility="private")
     full = begun(ticks.then).then(serving.on_gpu(full_handler, _gpu_seconds(ctx, FULL_ROUNDS)), inputs, outputs,
-                                  api_name="compare_full", api_visibility="private", **MODEL_WORK)
+                                  api_name="compare_full", **run)
     # ...and the default ticks and tokens back after it (stopped or not), so the next Run comparison is the short
     # default again, not the full set.
     full.then(lambda: (gr.update(value=ticked(ctx)), DEFAULT_TOKENS), None, [c.methods, c.max_new_tokens],

@@ -194,8 +194,10 @@ def build(models: LoadedPair, limits: Limits = Limits()) -> None:
 
     inputs = [prompt, temperature, top_p, trials, children, seed, chat, session]
     light = dict(api_visibility="private", show_progress="hidden", concurrency_limit=None)
-    # The click leaves a fresh session (light: never behind a run); the check follows it and reads its flag.
+    # The click leaves a fresh session (light: never behind a run); the check follows it and reads its flag.  A
+    # click while a stopped check ends its chunk: its check runs after that one ("always_last"; Gradio's default
+    # "once" dropped it, issue 59).
     run_btn.click(functools.partial(begin_check, limits=limits), inputs, session, **light).then(
-        handler, inputs, [plot, verdicts], api_visibility="private",
+        handler, inputs, [plot, verdicts], api_visibility="private", trigger_mode="always_last",
         validator=functools.partial(validator, limits=limits), **MODEL_WORK)
     stop_btn.click(stop_check, session, [plot, verdicts], **light)
