@@ -27,6 +27,9 @@ from components.widgets import tree_view
 from components.widgets.frames import FRAME_S, Throttle, paced
 
 RACE_LABEL = "🏁 Race the runtimes"
+#: The page's race: timed rounds and new tokens a run (None: the guided example's); read at each click, so a
+#: test may make it short (the product's stays race.ROUNDS of the guided example's 48 tokens).
+PAGE_RACE = {"rounds": race.ROUNDS, "max_new_tokens": None}
 #: How often the tree run's tree is redrawn while it runs.
 _TREE_EVERY_S = 0.5
 _LANE_STYLE = ("display:flex;gap:8px;align-items:stretch", "flex:1;min-width:0;border:1px solid #ccc;border-radius:6px;"
@@ -100,16 +103,19 @@ def first_frame(ctx: AppContext, session: RaceState | None):
     if offer is None:
         return gr.skip(), gr.skip(), "*No race is offered on this server now.*", RaceState(), gr.skip()
     state = RaceState(offer=offer, waiting=True)
-    state.line = "waiting for the models (another visitor's run first)"
+    state.line = "queued for the models (a run already on them goes first)"
     return lanes_html(state), gr.skip(), words(state), state, gr.Column(visible=True)
 
 
-def race_stream(ctx: AppContext, state: RaceState, rounds: int = race.ROUNDS, max_new_tokens: int | None = None):
-    """The race's handler: yields (lanes, bars, tree, words, session) as it goes."""
+def race_stream(ctx: AppContext, state: RaceState, rounds: int | None = None, max_new_tokens: int | None = None):
+    """The race's handler: yields (lanes, bars, tree, words, session) as it goes (``rounds``, ``max_new_tokens``:
+    None, the page's: PAGE_RACE)."""
     if state is None or state.offer is None or (state.waiting and state.stopped):
         yield (gr.skip(),) * 5
         return
-    state.waiting, state.running, state.rounds = False, True, int(rounds)
+    state.waiting, state.running = False, True
+    state.rounds = int(rounds or PAGE_RACE["rounds"])
+    max_new_tokens = max_new_tokens or PAGE_RACE["max_new_tokens"]
     tree = Throttle(_TREE_EVERY_S)
     try:
         for frame in paced(race_run.iter_race(ctx, state, race_run.guided_inputs(max_new_tokens)), FRAME_S):

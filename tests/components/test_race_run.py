@@ -98,7 +98,7 @@ def test_the_panel_offers_the_race_or_says_why_not(race_ctx, monkeypatch):
 
 def test_the_panel_streams_the_race_and_stop_settles_it(race_ctx):
     lanes, _, words, state, column = race_panel.first_frame(race_ctx, None)
-    assert state.waiting and 'data-lane="serving"' in lanes and "waiting" in words
+    assert state.waiting and 'data-lane="serving"' in lanes and "queued" in words
     frames = list(race_panel.race_stream(race_ctx, state, rounds=1, max_new_tokens=3))
     lanes, bars, tree, words, state = frames[-1]
     assert "decoded" in words and "Resident memory with both runtimes loaded" in words

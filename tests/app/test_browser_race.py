@@ -1,0 +1,95 @@
+"""The race between runtimes on the page as ``python app.py`` serves it (its default runtime, the embedded pair):
+the button, the second runtime's pair loading, the three lanes side by side, the sentence, the pair freed after,
+and the Live tab's Stop stopping a race.
+
+The offer is made to appear on any CPU: this machine's profiles are replaced by test_race's hand-made ones (a
+tree pays on the runtime the server does not serve); the race itself loads and runs the real second pair.
+One timed round of 4 tokens a run (the product's race is race.ROUNDS rounds of the guided example's 48).
+
+    python -m pytest -q tests/app/test_browser_race.py       # loads both runtimes' pairs: ~12 GB
+"""
+
+import os
+import time
+from types import SimpleNamespace
+
+import pytest
+
+import app
+from components.live import race_panel, race_run
+from test_browser import _free_port, browser_context, sync_api
+from test_race import LLAMA, TORCH
+
+pytestmark = [pytest.mark.browser, pytest.mark.embedded, pytest.mark.slow,
+              pytest.mark.skipif(not os.path.exists("/usr/bin/chromium"), reason="no /usr/bin/chromium")]
+__all__ = ["browser_context"]
+
+
+@pytest.fixture(scope="module")
+def race_server(lanes):
+    """The app from this environment with its models loaded; the other runtime made to pay by hand-made profiles."""
+    with pytest.MonkeyPatch.context() as mp:
+        demo = app.build_from_env(dict(os.environ), lanes=lanes)
+        ctx = demo.sequoia_context
+        if ctx.extras.race_loader is None:
+            pytest.skip("this server offers no race (no second runtime to load)")
+        ctx.models.start_loading()
+        deadline = time.monotonic() + 900
+        while not ctx.status.ready:     # the pair loads before the page: its profiles decide the offer
+            assert not ctx.status.error, ctx.status.error
+            assert time.monotonic() < deadline, "the models were not ready after 900 s"
+            time.sleep(0.2)
+        serving = ctx.pair().backend
+        other = "hf" if serving != "hf" else "llamacpp"
+        mp.setattr(race_run, "race_profiles", lambda c, acceptance: {serving: LLAMA, other: TORCH})
+        mp.setitem(race_panel.PAGE_RACE, "rounds", 1)
+        mp.setitem(race_panel.PAGE_RACE, "max_new_tokens", 4)
+        _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True,
+                                quiet=True, css_paths=[app.CSS_PATH])
+        yield SimpleNamespace(url=url, ctx=ctx, other=other)
+        demo.close()
+
+
+@pytest.fixture()
+def page(race_server, browser_context):
+    page = browser_context.new_page()
+    page.set_viewport_size({"width": 1280, "height": 720})
+    page.goto(race_server.url, wait_until="domcontentloaded")
+    page.locator("#sq-prompt textarea").wait_for()
+    yield page
+    page.close()
+
+
+def _freed(ctx, timeout_s: float = 120.0) -> None:
+    """Wait until the race's second pair is freed (the handler's last act); fails after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while ctx.extras.race_loaded is not None:
+        assert time.monotonic() < deadline, "the race's second runtime was not freed"
+        time.sleep(0.1)
+
+
+def test_the_race_button_runs_three_lanes_and_frees_the_second_runtime(page, race_server):
+    offer = page.locator("#sq-race-offer")
+    sync_api.expect(offer).to_contain_text("A tree pays one runtime away", timeout=60_000)
+    page.locator("#sq-race-btn").click()
+    words = page.locator("#sq-race-words")
+    sync_api.expect(words).to_contain_text("loading", timeout=60_000)           # says so while loading
+    sync_api.expect(words).to_contain_text("fastest here", timeout=600_000)      # the sentence, at the end
+    text = words.text_content()
+    assert "decoded" in text and "over 1 rounds" in text and "Resident memory with both runtimes loaded" in text
+    lanes = page.locator("#sq-race-lanes .sq-race-lane")
+    assert lanes.count() == 3
+    for i in range(3):
+        assert len(lanes.nth(i).text_content()) > 60     # label, rate and the run's text
+    sync_api.expect(page.locator("#sq-race-bars .bars, #sq-race-bars .point")).not_to_have_count(0)
+    _freed(race_server.ctx)
+
+
+def test_stop_stops_the_race(page, race_server):
+    page.locator("#sq-race-btn").click()
+    words = page.locator("#sq-race-words")
+    sync_api.expect(words).to_contain_text("loading", timeout=60_000)
+    page.get_by_role("button", name="Stop", exact=True).click()
+    sync_api.expect(words).to_contain_text("Stopped", timeout=30_000)
+    _freed(race_server.ctx, timeout_s=600)      # the load in flight finishes first, then the pair goes
+    assert "fastest here" not in words.text_content()
