@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -289,16 +290,22 @@ def _load_llamacpp_pair(draft: str, target: str, cache_dir, progress: ProgressFn
     options = llamacpp.LlamaCppOptions(n_threads=threads)
     if (draft == EMBEDDED_NAME) != (target == EMBEDDED_NAME):
         raise ValueError("on the llamacpp backend give both models as .gguf paths, or neither (the embedded pair)")
-    if target == EMBEDDED_NAME:
-        runners = llamacpp.load_embedded_llamacpp(cache, options, progress=lambda f, d: report(0.7 * f, d))
-        gguf = runners["target"].path
-    else:
-        runners = {role: llamacpp.load_llamacpp_runner(path, options)
-                   for role, path in (("draft", draft), ("target", target))}
-        gguf = Path(target)
-    report(0.75, "loading the tokenizer")
-    tok = gguf_tokenizer(gguf, cache, converted=converted_dir(EMBEDDED["target"], cache)
-                         if target == EMBEDDED_NAME and is_converted(EMBEDDED["target"], cache) else None)
+    embedded = target == EMBEDDED_NAME
+    gguf = ensure_gguf(EMBEDDED["target"], cache, lambda f, d: report(0.35 * f, d)) if embedded else Path(target)
+    converted = converted_dir(EMBEDDED["target"], cache) if embedded and is_converted(EMBEDDED["target"], cache) \
+        else None
+    # The tokenizer is read from the target's GGUF while llama.cpp loads the models: on a busy 2-vCPU Xeon the
+    # two took 5 s each one after the other (a fresh cache, load average 10), and two threads get more of
+    # the shared cores than one.
+    with ThreadPoolExecutor(1, thread_name_prefix="sequoia-tokenizer") as pool:
+        reading = pool.submit(gguf_tokenizer, gguf, cache, converted)
+        if embedded:
+            runners = llamacpp.load_embedded_llamacpp(cache, options, progress=lambda f, d: report(0.7 * f, d))
+        else:
+            runners = {role: llamacpp.load_llamacpp_runner(path, options)
+                       for role, path in (("draft", draft), ("target", target))}
+        report(0.75, "loading the tokenizer")
+        tok = reading.result()
     check_tokenizers_match(tok, tok, runners["draft"], runners["target"])
     if runners["draft"].vocab_size != runners["target"].vocab_size:
         raise ValueError(f"draft and target GGUF vocabularies differ ({runners['draft'].vocab_size} vs "

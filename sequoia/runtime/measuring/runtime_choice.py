@@ -45,7 +45,7 @@ from ...runners.hf.kernels import default_draft_scheme
 from ...runners.hf.loading import EMBEDDED_NAME, resolve_device, resolve_dtype
 from .finder import find_acceptance, find_profile
 from .fingerprint import expected_fingerprint
-from .target_probe import PROBED, probe_key, probe_runtimes
+from .target_probe import PROBED, assemble_draft, probe_key, probe_runtimes
 
 #: The largest tree and depth the choice considers (the Hardware tab's defaults).
 MAX_BUDGET, MAX_DEPTH = 128, 12
@@ -224,7 +224,8 @@ def choose_runtime(device: str | None = None, draft: str = EMBEDDED_NAME, target
         acceptance = find_acceptance("code", 0.0, assets_dir).values
     profiles = profiles_here(machine, cache_dir, assets_dir, known)
     wanted = needs_probes(machine, profiles) if probe and cache_dir is not None else ()
-    probes = probe_runtimes(wanted, cache_dir, probe_key(machine.cpu_features), log=log) if wanted else {}
+    probes = probe_runtimes(wanted, cache_dir, probe_key(machine.cpu_features), log=log,
+                            meanwhile=assemble_draft if draft == EMBEDDED_NAME else None) if wanted else {}
     return decide(machine, profiles, acceptance, probes=probes)
 
 

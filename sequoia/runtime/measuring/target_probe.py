@@ -28,6 +28,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import contextmanager
@@ -37,7 +38,7 @@ from pathlib import Path
 import torch
 
 from ...core.profiles.runtimes import TargetProbe
-from ...runners.embedded import TARGET, ensure_gguf
+from ...runners.embedded import EMBEDDED, TARGET, ensure_gguf
 
 #: Tokens of the timed prompt, one-token steps not timed, timed steps.
 PROMPT_TOKENS, WARMUP, STEPS = 32, 1, 5
@@ -221,10 +222,12 @@ def probe_key(cpu_features: Iterable[str]) -> str:
 
 def probe_runtimes(backends: Iterable[str], cache_dir: str | Path, key: str,
                    probes: Mapping[str, Probe] = PROBES, log: Callable[[str], None] | None = None,
-                   ceilings: Mapping[str, Probe] = CEILINGS) -> dict[str, TargetProbe]:
+                   ceilings: Mapping[str, Probe] = CEILINGS,
+                   meanwhile: Callable[[Path], None] | None = None) -> dict[str, TargetProbe]:
     """backend -> its target alone timed here, for each of ``backends`` with a probe: read from
     ``cache_dir/runtime-probe.json`` when it holds ``key``, else timed now (and written there).  A probe that
-    fails is left out (and logged): the choice then falls back to its rule.
+    fails is left out (and logged): the choice then falls back to its rule.  ``meanwhile(cache_dir)`` runs
+    in a thread of its own while they are timed (e.g. :func:`assemble_draft`).
 
     A runtime with a bound (``ceilings``) is timed at start by none of this: where its bound is under a rate
     measured already it cannot win, and where it is not, the bound is kept and the runtime is timed later, in
@@ -239,6 +242,8 @@ def probe_runtimes(backends: Iterable[str], cache_dir: str | Path, key: str,
     cached = _read(path, key)
     if all(b in cached for b in wanted):
         return {b: cached[b] for b in wanted}
+    if meanwhile is not None:   # work the start needs whichever runtime wins, in a thread of its own
+        threading.Thread(target=meanwhile, args=(cache_dir,), name="sequoia-meanwhile", daemon=True).start()
     out: dict[str, TargetProbe] = {}
     for backend in sorted(wanted, key=list(probes).index):   # the quick probes first, then the bounded ones
         try:
@@ -259,6 +264,17 @@ def probe_runtimes(backends: Iterable[str], cache_dir: str | Path, key: str,
     if out:
         _write(path, key, out)
     return out
+
+
+def assemble_draft(cache_dir: Path) -> None:
+    """The draft's GGUF assembled and kept (both runtimes load or convert it), for ``probe_runtimes``'
+    ``meanwhile``: while the probes time one thread, a busy machine's cores serve two threads of this start
+    rather than one (its time is not the probe's: each probe reads its own thread's CPU time).  A failure
+    is left to the loader, which assembles it again and says what failed."""
+    try:
+        ensure_gguf(EMBEDDED["draft"], cache_dir)
+    except Exception:   # noqa: BLE001 - see above
+        pass
 
 
 def _read(path: Path, key: str) -> dict[str, TargetProbe]:

@@ -89,3 +89,18 @@ def test_the_room_times_after_the_profile_and_the_banner_offers_the_switch(tmp_p
 def test_a_failing_child_probe_says_why(tmp_path):
     with pytest.raises(RuntimeError, match="exited with 1: KeyError"):
         bp.time_in_child("no-such-runtime", tmp_path, timeout_s=300)   # bounds a hang, far over its ~5 s
+
+
+def test_the_start_assembles_meanwhile_only_when_it_times(tmp_path):
+    import threading
+
+    beside = threading.Event()
+
+    def llamacpp(cache_dir):   # returns only once the work meanwhile ran beside it (60 s bounds a hang)
+        assert beside.wait(60)
+        return timed("llamacpp", 6.2)
+    got = probe_runtimes(("llamacpp",), tmp_path, "k", {"llamacpp": llamacpp}, meanwhile=lambda d: beside.set())
+    assert got["llamacpp"].tokens_per_s == 6.2
+    again = probe_runtimes(("llamacpp",), tmp_path, "k", {"llamacpp": llamacpp},
+                           meanwhile=lambda d: pytest.fail("a cached probe needs nothing meanwhile"))
+    assert again["llamacpp"].cached

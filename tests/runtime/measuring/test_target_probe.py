@@ -89,7 +89,7 @@ def test_choose_runtime_probes_only_when_asked_and_needed(tmp_path, monkeypatch)
     fakes = {"hf": lambda d: probe("hf", 8.0), "llamacpp": lambda d: probe("llamacpp", 24.0)}
     monkeypatch.setattr(target_probe, "PROBES", fakes)
     monkeypatch.setattr(runtime_choice, "probe_runtimes",
-                        lambda b, c, k, log=None: probe_runtimes(b, c, k, fakes, log, ceilings={}))
+                        lambda b, c, k, log=None, meanwhile=None: probe_runtimes(b, c, k, fakes, log, ceilings={}))
     empty = tmp_path / "assets"
     (empty / "profiles").mkdir(parents=True)
     (empty / "acceptance").mkdir()
