@@ -4,8 +4,9 @@ Two events follow every Live run (:func:`wire`), each its own, so the run's hand
 (:func:`components.live.live_tab.decode_stream`) ends with its last step and its own lines (the cores' sharing,
 a GPU call's captures):
 
-* :func:`words`, light work: what the run's trees would do on other hardware (:mod:`components.widgets.projection_view`),
-  and a run of the target alone kept as the drawn condition's measurement (:func:`target_rate.live_rate`);
+* :func:`words`, light work: what the run's trees would do on other hardware
+  (:mod:`components.widgets.projection_view`), and a run of the target alone kept as the drawn condition's
+  measurement (:func:`target_rate.live_rate`);
 * :func:`measure`, model work: the target alone on the run's prompt and settings, measured once in the server
   and not drawn (:func:`target_rate.probe`), where no rate was measured yet; the summary then divides by it.
 

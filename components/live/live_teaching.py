@@ -25,9 +25,10 @@ from components.live.live_tab import LiveSession, show_step
 #: The figures a class reads (assets/studio.css sizes their other texts).
 PROJECTOR_FIGURES = "#sq-tree, #sq-step-plot, #sq-inspect-plot, #sq-worked-plot, #sq-stats"
 #: Runs in the browser when the projector box changes: the page's CSS (assets/studio.css) keys on the body's class.
-#: Legends are the one text CSS cannot enlarge (Plotly places their items for its own font size, so larger text
-#: ran into the next item): Plotly relays them out at 20 px, and every half second re-applies that to figures a
-#: new step or run redrew, until the box is unticked (then back to Plotly's size).
+#: Two texts CSS cannot enlarge alone, as Plotly places them for its own font size: legends (larger text ran into
+#: the next item) and the labels of text traces (a tree's token under its node: larger text grew up under the
+#: marker).  Plotly lays both out at 20 px, and every half second re-applies that to figures a new step or run
+#: redrew, until the box is unticked (then back to Plotly's size: the traces it set, marked on the figure).
 PROJECTOR_JS = ("""(on) => {
   document.body.classList.toggle('sq-projector', !!on);
   const legends = () => {
@@ -36,6 +37,16 @@ PROJECTOR_JS = ("""(on) => {
       const shown = gd._fullLayout && gd._fullLayout.showlegend && gd._fullLayout.legend;
       const ours = gd.layout && gd.layout.legend && gd.layout.legend.font && gd.layout.legend.font.size === 20;
       if (on ? shown && shown.font.size < 20 : ours) window.Plotly.relayout(gd, {'legend.font.size': on ? 20 : null});
+      const small = (gd.data || []).map((t, i) => (String(t.mode || '').includes('text') &&
+        !(t.textfont && t.textfont.size >= 20)) ? i : -1).filter((i) => i >= 0);
+      if (on && small.length) {
+        gd.sqLabels = small;
+        window.Plotly.restyle(gd, {'textfont.size': 20}, small);
+      } else if (!on && gd.sqLabels) {
+        const set = gd.sqLabels.filter((i) => i < (gd.data || []).length);
+        delete gd.sqLabels;
+        if (set.length) window.Plotly.restyle(gd, {'textfont.size': null}, set);
+      }
     });
   };
   clearInterval(window.sqProjectorLegends);

@@ -111,10 +111,12 @@ def _tokens_panels(fig: go.Figure, s: RunStats, steps: list[int]) -> None:
                          hovertemplate="%{hovertext}<extra></extra>"), row=1, col=1)
     fig.add_trace(go.Scatter(x=steps, y=list(s.series_new), mode="lines+markers", name="tokens/step",
                              line=dict(color=COLORS["accepted"]), showlegend=False), row=1, col=2)
-    # The mean in the panel's title: written on the plot, its label sat on the line and the axis' ticks.
+    # The mean in the panel's title: written on the plot, its label sat on the line and the axis' ticks.  One line
+    # at the title's size: a smaller second line was 14 px in the projector view, and a second line of any size
+    # ran into the first there (the page's CSS enlarges what Plotly spaced for its own size).
     fig.add_hline(y=s.tokens_per_step, line_dash="dot", line_color="#555", row=1, col=2)
-    fig.update_annotations(selector=dict(text=_TITLES[1]),
-                           text=f"{_TITLES[1]}<br><sup>mean {s.tokens_per_step:.2f} (dotted)</sup>")
+    fig.update_annotations(selector=dict(text=_TITLES[1]), text=f"each step's tokens · mean {s.tokens_per_step:.2f} "
+                                                                "(dotted)")
     fig.update_xaxes(title_text="tokens committed", dtick=1, row=1, col=1)
     fig.update_xaxes(title_text="step", row=1, col=2)
 

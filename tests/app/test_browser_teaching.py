@@ -32,11 +32,25 @@ SMALL_PAGE_TEXTS = """() => [...document.querySelectorAll('#sq-live *, .sq-statu
   .filter(([px]) => px < 20)"""
 TREE_LABELS = """() => [...document.querySelectorAll('#sq-tree .textpoint text')]
   .map((t) => parseFloat(getComputedStyle(t).fontSize))"""
-#: (text, px) of every visible text of the Live tab's figures a class reads, legends aside (studio.css sizes these).
+#: (text, px) of every visible text of the Live tab's figures a class reads, legends aside (studio.css sizes these):
+#: each text, and each piece Plotly sized apart (a <sup> line: the statistics' "mean 4.00 (dotted)" was one, 14 px).
 FIGURE_TEXTS = """() => [...document.querySelectorAll(
-    ':is(#sq-tree, #sq-step-plot, #sq-inspect-plot, #sq-stats) svg text')]
+    ':is(#sq-tree, #sq-step-plot, #sq-inspect-plot, #sq-stats) svg :is(text, tspan[style*="font-size"])')]
   .filter((t) => !t.closest('.legend') && t.textContent.trim() && t.getClientRects().length)
   .map((t) => [t.textContent.trim().slice(0, 30), parseFloat(getComputedStyle(t).fontSize)])"""
+#: The tree's token labels that a node marker covers: [label, how many px of it the marker covers], each label
+#: against every marker drawn (its own node's sits just above it).  A text's box starts above its glyphs (the
+#: font's ascent: ~3 px at 20 px over a digit's top), and a diamond's box is square: up to 3 px is no glyph under
+#: a marker.  Before Plotly laid the labels out at 20 px, markers covered 6-8 px of them.
+MARKERS_OVER_LABELS = """() => {
+  const marks = [...document.querySelectorAll('#sq-tree .scatterlayer .points path')]
+    .map((p) => p.getBoundingClientRect()).filter((b) => b.width > 0);
+  return [...document.querySelectorAll('#sq-tree .textpoint text')].filter((t) => t.textContent.trim())
+    .flatMap((t) => { const a = t.getBoundingClientRect();
+      return marks.map((b) => [Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top),
+                               Math.min(a.right, b.right) - Math.max(a.left, b.left)])
+        .filter(([high, wide]) => high > 3 && wide > 1).map(([high]) => [t.textContent.trim(), Math.round(high)]); });
+}"""
 #: The legends of those figures (Plotly relays them out: live_teaching.PROJECTOR_JS): each legend item's text and
 #: px, and whether any two items of one legend overlap on the screen.
 LEGENDS = """() => {
@@ -94,6 +108,11 @@ def test_the_projector_view_sets_key_texts_to_20_px_at_1280x720(page, tmp_path):
     page.wait_for_function(f"({TREE_LABELS})().length > 0")
     labels = page.evaluate(TREE_LABELS)
     assert labels and min(labels) >= 20, labels                    # the tree's token labels
+    # below their nodes, none under a marker (Plotly places them for the size it draws: PROJECTOR_JS relays it)
+    try:
+        page.wait_for_function(f"({MARKERS_OVER_LABELS})().length === 0", timeout=10_000)
+    except sync_api.TimeoutError:
+        pytest.fail(f"tree labels under a node marker: {page.evaluate(MARKERS_OVER_LABELS)}")
     figures = page.evaluate(FIGURE_TEXTS)                          # titles, axes and annotations of every figure
     assert figures and min(size for _, size in figures) >= 20, [f for f in figures if f[1] < 20]
     legends = _legends(page, lambda px: px >= 20)                  # Plotly's relayout: polled, it is async

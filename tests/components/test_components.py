@@ -167,6 +167,8 @@ def test_stats_mean_sits_in_the_title_and_a_target_alone_run_says_why_acceptance
     fig = stats_view.figure(_run())
     texts = [a.text for a in fig.layout.annotations]
     assert not any(t.startswith("mean") for t in texts) and any("mean 2.67 (dotted)" in t for t in texts)
+    # one line at the title's size (issue 58: a <sup> second line was 14 px in the projector view)
+    assert not any("<sup>" in t or "<br>" in t for t in texts if "mean" in t)
     assert stats_view.NOTHING_DRAFTED not in texts
     alone = [replace(StepRecord.fake(Tree((-1,)), (0,), step=i), method="ar") for i in range(4)]
     notes = [a for a in stats_view.figure(alone).layout.annotations if a.text == stats_view.NOTHING_DRAFTED]
