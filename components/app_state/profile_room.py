@@ -121,7 +121,9 @@ class ProfileRoom:
         names = " and ".join(display_name(b) for b in backends)
         status(0.0, f"timing {names}'s target alone in the background")
         machine = self.runtime.machine if self.runtime is not None else None
-        profiler, key = self._profiler, probe_key(machine.cpu_features) if machine is not None else "unknown"
+        key = probe_key(machine.cpu_features) if machine is not None else "unknown"
+        profiler, key = self._profiler, background_probe.start_key(self.cache_dir, self.runtime, key) \
+            if self.runtime is not None else key
 
         def run() -> None:
             if profiler is not None:

@@ -59,6 +59,20 @@ def record(cache_dir: str | Path, key: str, probe: TargetProbe) -> None:
     _write(path, key, {**kept, probe.backend: probe})
 
 
+def start_key(cache_dir: str | Path, decision: RuntimeDecision, fallback: str) -> str:
+    """The key the start kept its probes under, where the cache still holds the served runtime's probe as the
+    decision read it (the server's torch threads may have changed since, and with them a key built now);
+    ``fallback`` otherwise."""
+    served = decision.estimate(decision.backend)
+    try:
+        data = json.loads((Path(cache_dir) / CACHE_NAME).read_text())
+        kept = data["probes"][decision.backend]["tokens_per_s"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return fallback
+    same = served is not None and served.probe is not None and kept == served.probe.tokens_per_s
+    return data.get("key", fallback) if same else fallback
+
+
 def with_probes(decision: RuntimeDecision, probes: dict[str, TargetProbe]) -> RuntimeDecision:
     """``decision`` with ``probes`` in place of the start's for the same runtimes (its choice and reason kept)."""
     runtimes = tuple(replace(r, probe=probes.get(r.backend, r.probe)) for r in decision.runtimes)

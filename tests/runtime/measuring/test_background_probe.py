@@ -104,3 +104,11 @@ def test_the_start_assembles_meanwhile_only_when_it_times(tmp_path):
     again = probe_runtimes(("llamacpp",), tmp_path, "k", {"llamacpp": llamacpp},
                            meanwhile=lambda d: pytest.fail("a cached probe needs nothing meanwhile"))
     assert again["llamacpp"].cached
+
+
+def test_the_background_result_joins_the_starts_own_key(tmp_path):
+    fakes = {"llamacpp": lambda d: timed("llamacpp", 6.2)}
+    start = probe_runtimes(("hf", "llamacpp"), tmp_path, "key at start", fakes, ceilings={"hf": lambda d: bound(9.0)})
+    decision = decide(AMX, {}, CODE, probes=start)
+    assert bp.start_key(tmp_path, decision, "key built later") == "key at start"
+    assert bp.start_key(tmp_path / "none", decision, "key built later") == "key built later"
