@@ -14,8 +14,8 @@ runners" sets the two runners' measured costs side by side where this machine
 has profiles of both (on a CPU only the eager one applies).
 """
 
-import os
 import tempfile
+import time
 from dataclasses import dataclass, field, replace
 from functools import partial
 
@@ -59,7 +59,7 @@ PROFILE_NOW_DISABLED = ("Profile now changes the profile for every visitor, so i
 @dataclass
 class HardwareSession:
     measured: dict[str, tuple[float, ...]] = field(default_factory=dict)  # label -> decode ms/token, each round
-    load: float | None = None          # the OS 1-minute load average after Measure's runs (None: not read)
+    cores: hardware_view.CoresWait | None = None   # how long Measure's threads waited for a core held elsewhere
 
 
 def _measured(label: str, label_ms: dict[str, tuple[float, ...]]) -> dict:
@@ -107,7 +107,7 @@ def views(ctx: AppContext, acceptance_name, budget, depth, session: HardwareSess
                 *runner_views(ctx))
     choice, rows = predictions(ctx, acc, budget, depth, (session or HardwareSession()).measured)
     md = hardware_view.choice_markdown(choice, acceptance_name) + f"\n\n{ctx.profile_note()}"
-    measured = hardware_view.measured_markdown(rows, MEASURE_TOKENS, load=(session or HardwareSession()).load,
+    measured = hardware_view.measured_markdown(rows, MEASURE_TOKENS, cores=(session or HardwareSession()).cores,
                                                profile_note=ctx.profile_note())
     md += f"\n\n{measured}" if measured else ""
     grid = dp_view.heatmap(choice.grid, selected=(choice.budget, choice.depth) if choice.budget else None,
@@ -307,16 +307,12 @@ def _on_measure(ctx: AppContext, name, b, d, s, progress=gr.Progress()):
         ctx.pair()  # ModelsNotReady while loading: say so rather than "no profile"
         if ctx.profile is None:
             raise ValueError(ctx.profile_note())
+        threads, start = target_rate.thread_times(), time.perf_counter()
         measured = measure(ctx, int(b), int(d), acceptance_catalogue(ctx.assets_dir).get(name),
                            progress=lambda fraction, words: progress(fraction, desc=words))
+        cores = target_rate.core_wait(threads, target_rate.thread_times(), time.perf_counter() - start)
     except ValueError as exc:
         raise gr.Error(str(exc)) from None
-    s = HardwareSession(measured, load=_load())
+    s = HardwareSession(measured, cores=cores and hardware_view.CoresWait(cores.waited, cores.wait_s,
+                                                                          target_rate.SHARED_ABOVE))
     return (*views(ctx, name, b, d, s), s)
-
-
-def _load() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return None

@@ -17,7 +17,6 @@ reads them off a :class:`sequoia.core.profiles.profile.HardwareProfile`, and
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -124,11 +123,12 @@ def prediction_figure(rows: Sequence[PredictionRow]) -> go.Figure:
     return fig
 
 
-def measured_markdown(rows: Sequence[PredictionRow], tokens: int, load: float | None = None,
+def measured_markdown(rows: Sequence[PredictionRow], tokens: int, cores: CoresWait | None = None,
                       profile_note: str = "") -> str:
     """One line on what Measure timed ("" before it ran): each measured row's median decode ms/token with its
     range and how far the prediction was from it; past 10% off, by how much and the likely why (another program
-    on the cores, read from the load average, or a profile measured under other conditions)."""
+    on the cores, from the kernel's accounting of the runs' threads, or a profile measured under other
+    conditions)."""
     done = [r for r in rows if r.measured_ms is not None]
     if not done:
         return ""
@@ -144,24 +144,35 @@ def measured_markdown(rows: Sequence[PredictionRow], tokens: int, load: float | 
     text = (f"**Measured here** (median of {rounds_} interleaved rounds of {tokens} tokens; ms per token after the "
             f"prompt's forward, the decode rate the profile predicts; range in brackets): " + "; ".join(parts) + ".")
     if far:
-        cores = os.cpu_count() or 1
-        busy = load_words(load, cores)
+        busy = cores_words(cores)
         why = "; ".join(w for w in (busy, "the profile in use was measured under other conditions"
                                     + (f" ({profile_note.rstrip('.')})" if profile_note else "")) if w)
         text += f" More than 10% off the prediction: {', '.join(far)}. Likely why: {why}."
     return text
 
 
-def load_words(load: float | None, cores: int) -> str:
-    """What the 1-minute load average after Measure's runs says about the cores ("" when not read).  A load of
-    the cores' count or more means every core had work queued: another program (a browser on this machine
-    counts) then took time the runs waited for; below it, a core was idle at times, so sharing was not the why."""
-    if load is None:
+@dataclass(frozen=True)
+class CoresWait:
+    """How Measure's threads spent its rounds, from the kernel's per-thread accounting (read by the Hardware tab:
+    components.app_state.target_rate.core_wait): the part of their busy time spent ready to compute but waiting
+    for a core another program held, and those seconds."""
+
+    waited: float        # 0..1
+    wait_s: float
+    shared_above: float = 0.10   # above this part the cores are said to have been shared
+
+
+def cores_words(cores: CoresWait | None) -> str:
+    """What the kernel's accounting says of the cores during Measure's rounds ("" when not read).  Unlike the
+    load average, which counts the runs' own threads (a 2-thread decode alone on 2 cores reads 2), this counts only
+    the time they waited for a core another program held (a browser on this machine counts)."""
+    if cores is None:
         return ""
-    if load >= cores:
-        return (f"the load average was {load:.1f} on {cores} cores, at or above their count: other programs "
-                "shared them, and the runs waited for the cores (a browser on this machine counts)")
-    return f"the load average was {load:.1f} on {cores} cores, below their count: the cores were not shared much"
+    figure = (f"the runs' threads waited for a core another program held {100 * cores.waited:.0f}% of their busy "
+              f"time ({cores.wait_s:.1f} s, the kernel's accounting)")
+    if cores.waited > cores.shared_above:
+        return f"other programs shared the cores: {figure}"
+    return f"the cores were not shared much: {figure}"
 
 
 def cost_series(profile) -> CostSeries:

@@ -498,6 +498,9 @@ def test_hardware_tab_with_hand_made_profile(ctx, monkeypatch):
         assert [t.name for t in pred.data] == ["predicted", "measured (median, range over rounds)"]
         alone = statistics.median(measured["target only"])   # the bar: the median, the whisker the range
         assert pred.data[1].y[0] == alone and pred.data[1].error_y.array[0] == max(measured["target only"]) - alone
+        # Measure's button: the cores' sharing read from the kernel's accounting of its threads (issue 58)
+        *_, session = hardware_tab._on_measure(ctx, CODE, 16, 4, None, progress=lambda *a, **k: None)
+        assert set(session.measured) == set(measured) and 0.0 <= session.cores.waited <= 1.0
     finally:
         ctx.profile = None
 
