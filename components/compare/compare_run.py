@@ -61,6 +61,7 @@ class CompareState:
     runs: int = 0                                               # timed runs finished so far
     plan: list = field(default_factory=list, repr=False)        # (method, context, engine inputs), warmed up
     shared: str = ""                                            # how long other programs held the cores meanwhile
+    alone_decode: str = ""                                      # the target alone's decode rate in these rounds
 
     @property
     def fraction(self) -> float:
@@ -205,6 +206,17 @@ def _remember_target_rate(state: CompareState, alone: list[RunResult] | None) ->
                                    f"measured by Compare ({len(alone)} rounds of {state.max_tokens} tokens, not drawn)")
     if rate is not None:
         run_ctx.target_rates.put(target_rate.rate_key(run_ctx.pair(), req.prompt_ids, req.config), rate)
+        state.alone_decode = decode_note(rate, statistics.median(r.tokens_per_s for r in alone))
+
+
+def decode_note(rate: target_rate.TargetRate, end_to_end: float) -> str:
+    """The target alone's decode rate in Compare's rounds beside its end-to-end rate in the table: the figure of
+    the definition the Live tab's ratio and the Hardware tab's Measure use, and what the gap between them is."""
+    gap = f", {rate.tokens_per_s / end_to_end:.2f}× its end-to-end {end_to_end:.1f} tokens/s in the table" \
+        if end_to_end > 0 else ""
+    return (f"The target alone's decode rate in these rounds, after the prompt's forward (as the Live tab's ratio and "
+            f"the Hardware tab's Measure time it): **{rate.band_text()}**{gap}: the difference is the prompt's "
+            "forward, alike for every method.")
 
 
 def _hf_run(state: CompareState, ctx: AppContext, m: CompareMethod, req) -> RunResult | None:

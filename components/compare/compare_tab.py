@@ -92,10 +92,12 @@ ROUNDS_NOTE = ("Timed in {rounds} interleaved rounds after an untimed warm-up ro
                "made one token.")
 
 
-def _notes_markdown(rows, notes, temperature, checked: bool = True, stopped: bool = False, shared: str = "") -> str:
+def _notes_markdown(rows, notes, temperature, checked: bool = True, stopped: bool = False, shared: str = "",
+                    alone: str = "") -> str:
     """The notes under the table; ``checked=False``: the differing rows are not yet checked for near-ties
     (``stopped``: and never will be, Stop ended the run); ``shared``: how long other programs held the cores
-    during the timed rounds (after the words on how they were timed)."""
+    during the timed rounds, ``alone``: the target alone's decode rate in them (both after the words on how the
+    rounds were timed)."""
     lines = list(notes)
     if float(temperature) == 0:
         unchecked = [r.method for r in rows if r.identical is False and r.near_tie_at is None]
@@ -108,6 +110,7 @@ def _notes_markdown(rows, notes, temperature, checked: bool = True, stopped: boo
     most = max((len(r.rates) for r in rows), default=0)
     if most > 1:
         lines.append(ROUNDS_NOTE.format(rounds=most))
+    lines.append(alone)
     lines.append(shared)
     lines.append(compare_view.outlier_note(rows))
     lines.append(compare_view.reference_work_note(rows))
@@ -155,7 +158,7 @@ def stopped_views(session: CompareSession) -> tuple:
     md = stopped_line(state)
     if rows:
         md += "\n\n" + _notes_markdown(rows, state.notes, session.temperature, checked=False, stopped=True,
-                                        shared=state.shared)
+                                        shared=state.shared, alone=state.alone_decode)
     return (compare_view.figure(rows), compare_view.table(rows), md) if rows else (gr.skip(), gr.skip(), md)
 
 
@@ -208,7 +211,8 @@ def _compare(ctx: AppContext, inputs: DecodeInputs, methods: list[str], session:
                 continue  # only the "n tokens so far" line would change: at most once a frame
             grew, seen = now[0] != seen[0], now
             md = state.line() if state.running else _notes_markdown(state.rows, state.notes, temperature,
-                                                                    checked=False, shared=state.shared)
+                                                                    checked=False, shared=state.shared,
+                                                                    alone=state.alone_decode)
             if grew:   # a run finished: the bars and the table show it at once
                 yield compare_view.figure(state.rows), compare_view.table(state.rows, checking=checking), md
             else:
@@ -216,7 +220,8 @@ def _compare(ctx: AppContext, inputs: DecodeInputs, methods: list[str], session:
         # Then, at T=0, where outputs part (replays of the prefix): Stop ends that too.
         after = () if session.stopped else after_comparison(
             run_ctx, inputs.prompt, inputs.chat, state.rows, temperature, exact,
-            lambda rows: _notes_markdown(rows, state.notes, temperature, shared=state.shared))
+            lambda rows: _notes_markdown(rows, state.notes, temperature, shared=state.shared,
+                                         alone=state.alone_decode))
         for out in after:
             if session.stopped:
                 break

@@ -121,6 +121,16 @@ def test_rows_stream_as_each_run_of_each_round_finishes(ctx):
     assert [len(t) for t in tables] == [0, 1, 2, 2, 2]    # cleared, round 1 row by row, round 2 updates them
     assert all("(" in t[0][4] for t in tables[3:])       # two rounds: tokens/s with its range
     assert "Identical at T=0" in outs[-1][2]
+    # Beside the table's end-to-end rates, the target alone's decode rate in the same rounds, the definition the
+    # Live tab and Measure use, with the gap between the two named (issue 58)
+    assert "The target alone's decode rate in these rounds, after the prompt's forward" in outs[-1][2]
+    assert "its end-to-end" in outs[-1][2] and "the difference is the prompt's forward" in outs[-1][2]
+
+
+def test_the_target_alones_decode_rate_beside_its_end_to_end_rate():
+    note = compare_run.decode_note(target_rate.TargetRate(20.1, True, "measured by Compare", 19.5, 20.6), 16.8)
+    assert "**20.1 tokens/s (19.5–20.6)**, 1.20× its end-to-end 16.8 tokens/s in the table" in note
+    assert "its end-to-end" not in compare_run.decode_note(target_rate.TargetRate(20.1, True, "x"), 0.0)
 
 
 def test_the_compare_api_returns_bands_from_rounds(ctx):
