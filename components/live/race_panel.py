@@ -54,9 +54,10 @@ def offer_markdown(ctx: AppContext, offer: race.Offer | None) -> str:
         return race.no_race_line(profiles, acceptance, missing)
     t, s, n = display_name(offer.tree_backend), display_name(offer.serving_backend), offer.shown_tokens
     size = human(ctx.extras.race_bytes(offer.tree_backend))
-    return (f"**A tree pays one runtime away:** verifying {n} tokens costs {offer.verify_ratio[offer.tree_backend]:.1f}x "
-            f"one token on {t} against {offer.verify_ratio[offer.serving_backend]:.1f}x on {s} (serving; this "
-            f"machine's profiles), so Sequoia (auto) is predicted at {offer.predicted_ratio:.1f}x {t}'s target alone. "
+    vt, vs = offer.verify_ratio[offer.tree_backend], offer.verify_ratio[offer.serving_backend]
+    return (f"**A tree pays one runtime away:** verifying {n} tokens costs {vt:.1f}x one token on {t} against "
+            f"{vs:.1f}x on {s} (serving; this machine's profiles), so Sequoia (auto) is predicted at "
+            f"{offer.predicted_ratio:.1f}x {t}'s target alone. "
             f"**{RACE_LABEL}** runs the guided example's prompt by Sequoia (auto) on {t}, by {t}'s target alone and "
             f"by {s}'s target alone, in {race.ROUNDS} interleaved rounds; it loads {t}'s pair first (about {size}) "
             "and frees it after.")
