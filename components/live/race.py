@@ -20,6 +20,7 @@ import plotly.graph_objects as go
 
 from sequoia.core.profiles.profile import HardwareProfile
 from sequoia.core.profiles.runtimes import display_name
+from sequoia.core.statistics.words import counted
 from sequoia.core.trees.optimizer import choose_tree
 
 #: Tokens whose verification the sentence prices against one token's (the profile's largest measured, if fewer).
@@ -70,7 +71,7 @@ class Band:
 
     @property
     def text(self) -> str:
-        return f"{self.median:.1f} tokens/s ({self.low:.1f}-{self.high:.1f} over {self.rounds} rounds)"
+        return f"{self.median:.1f} tokens/s ({self.low:.1f}-{self.high:.1f} over {counted(self.rounds, 'round')})"
 
 
 def verify_ratio(profile: HardwareProfile, tokens: int = SHOWN_TOKENS) -> tuple[float, int]:

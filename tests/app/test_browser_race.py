@@ -10,6 +10,7 @@ One timed round of 4 tokens a run (the product's race is race.ROUNDS rounds of t
 """
 
 import os
+import re
 import time
 from types import SimpleNamespace
 
@@ -68,15 +69,24 @@ def _freed(ctx, timeout_s: float = 120.0) -> None:
         time.sleep(0.1)
 
 
+def _loading_or_refused(words, race_server) -> None:
+    """Wait until the panel says the second pair loads; skip where the budget refused it for want of memory
+    (other programs hold it now: the refusal, drawn with its reason and nothing loaded, is the page's answer)."""
+    sync_api.expect(words).to_contain_text(re.compile("loading|not enough memory"), timeout=60_000)
+    if "not enough memory" in words.text_content():
+        assert race_server.ctx.extras.race_loaded is None
+        pytest.skip("the machine's free memory was under the race's estimate (the refusal was drawn)")
+
+
 def test_the_race_button_runs_three_lanes_and_frees_the_second_runtime(page, race_server):
     offer = page.locator("#sq-race-offer")
     sync_api.expect(offer).to_contain_text("A tree pays one runtime away", timeout=60_000)
     page.locator("#sq-race-btn").click()
     words = page.locator("#sq-race-words")
-    sync_api.expect(words).to_contain_text("loading", timeout=60_000)           # says so while loading
+    _loading_or_refused(words, race_server)                                     # says so while loading
     sync_api.expect(words).to_contain_text("fastest here", timeout=600_000)      # the sentence, at the end
     text = words.text_content()
-    assert "decoded" in text and "over 1 rounds" in text and "Resident memory with both runtimes loaded" in text
+    assert "decoded" in text and "over 1 round)" in text and "Resident memory with both runtimes loaded" in text
     lanes = page.locator("#sq-race-lanes .sq-race-lane")
     assert lanes.count() == 3
     for i in range(3):
@@ -88,7 +98,7 @@ def test_the_race_button_runs_three_lanes_and_frees_the_second_runtime(page, rac
 def test_stop_stops_the_race(page, race_server):
     page.locator("#sq-race-btn").click()
     words = page.locator("#sq-race-words")
-    sync_api.expect(words).to_contain_text("loading", timeout=60_000)
+    _loading_or_refused(words, race_server)
     page.get_by_role("button", name="Stop", exact=True).click()
     sync_api.expect(words).to_contain_text("Stopped", timeout=30_000)
     _freed(race_server.ctx, timeout_s=600)      # the load in flight finishes first, then the pair goes
