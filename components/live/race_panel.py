@@ -10,6 +10,7 @@ stops it (its own handler on the same button reads this panel's session).
 
 import functools
 import html
+import importlib.util
 import time
 from types import SimpleNamespace
 
@@ -18,7 +19,6 @@ import gradio as gr
 from sequoia.core.profiles.runtimes import display_name
 from sequoia.core.statistics.words import counted
 from sequoia.runtime.memory import human
-from sequoia.runtime.models import BACKENDS
 
 from components.app_state.context import LIGHT_WORK, MODEL_WORK, AppContext
 from components.live import race, race_run
@@ -40,7 +40,7 @@ _LANE_STYLE = ("display:flex;gap:8px;align-items:stretch", "flex:1;min-width:0;b
 def offer_markdown(ctx: AppContext, offer: race.Offer | None) -> str:
     """The panel's line: what the race shows and costs, or why there is none here ("" where nothing is known:
     the pair loading, no profile, no second runtime to load)."""
-    if not ctx.loaded or ctx.extras.race_loader is None:
+    if not race_run.on_cpu(ctx):
         return ""
     acceptance = race_run.race_acceptance(race_run.guided_inputs())
     try:
@@ -50,7 +50,8 @@ def offer_markdown(ctx: AppContext, offer: race.Offer | None) -> str:
     if offer is None:
         if not profiles:
             return ""
-        missing = [b for b in BACKENDS if b not in profiles and b != "mixed"]
+        installed = ("hf", "llamacpp") if importlib.util.find_spec("llama_cpp") else ("hf",)
+        missing = [b for b in installed if b not in profiles]
         return race.no_race_line(profiles, acceptance, missing)
     t, s, n = display_name(offer.tree_backend), display_name(offer.serving_backend), offer.shown_tokens
     size = human(ctx.extras.race_bytes(offer.tree_backend))

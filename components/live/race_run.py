@@ -66,9 +66,15 @@ def race_profiles(ctx: AppContext, acceptance: Sequence[float]) -> dict[str, Har
 def race_offer(ctx: AppContext, acceptance: Sequence[float]) -> race.Offer | None:
     """The race this server offers: None while the pair loads, where no second runtime can be loaded (ZeroGPU,
     a GPU, tests) or where no other runtime's profile predicts a tree paying (race.offer)."""
-    if ctx.extras.race_loader is None or not ctx.loaded:
+    if not on_cpu(ctx):
         return None
     return race.offer(ctx.pair().backend, race_profiles(ctx, acceptance), acceptance)
+
+
+def on_cpu(ctx: AppContext) -> bool:
+    """A race can run here: a loader for a second runtime, the pair loaded, on a CPU (on a GPU one runtime
+    serves, the graph runner's: no CPU runtime races it)."""
+    return ctx.extras.race_loader is not None and ctx.loaded and ctx.pair().device.type == "cpu"
 
 
 def race_view(ctx: AppContext, pair: ModelPair, profile: HardwareProfile) -> AppContext:
