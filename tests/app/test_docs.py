@@ -260,10 +260,33 @@ def _stale_refs(text: str) -> list[str]:
     return [ref for ref in _REF.findall(text) if not _resolves(ref)]
 
 
+_CONST = re.compile(r"`((?!SEQUOIA_)[A-Z][A-Z0-9_]{2,})`")       # a module's constant (SEQUOIA_*: variables)
+_PY = re.compile(r"`((?:[\w.-]+/)*[\w-]+\.py)`")
+_SENTENCE = re.compile(r"\.\s+|\n\s*\n|\n\s*(?:\d+\.|[-*])\s")   # a sentence, a paragraph, a list item
+
+
+def _defines(path: Path) -> set[str]:
+    """The names a module defines itself (imports re-export a name; they do not say where to change it)."""
+    return {n for node in ast.parse(path.read_text()).body if not isinstance(node, (ast.Import, ast.ImportFrom))
+            for n in _bound(node)}
+
+
+def _misplaced_constants(text: str) -> list[str]:
+    """Backticked constants a sentence places in the backticked files it names, defined in none of them
+    (architecture.md once sent readers to `sequoia/runtime/models.py` to add a name to `BACKENDS`, which that
+    module only imports)."""
+    out = []
+    for sentence in _SENTENCE.split(text):
+        names, files = _CONST.findall(sentence), [ROOT / p for cited in _PY.findall(sentence) for p in TREE
+                                                   if p == cited or p.endswith("/" + cited)]
+        out += [name for name in names if files and not any(name in _defines(f) for f in files)]
+    return out
+
+
 @pytest.mark.parametrize("source", PAGES + PRODUCT, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_path_and_module_name_resolves_against_the_tree(source):
     text = _prose(source)
-    stale = _stale_paths(text) + _stale_refs(text)
+    stale = _stale_paths(text) + _stale_refs(text) + _misplaced_constants(text)
     assert not stale, f"{source.relative_to(ROOT)} names what the tree does not hold: {sorted(set(stale))}"
 
 
@@ -278,11 +301,14 @@ def test_every_path_and_module_name_resolves_against_the_tree(source):
      ["sequoia.runners.hf.graphs.graph_runner.GraphRunner.no_such_method"]),
     ("write `out/retrieval.json`; SGLang's `speculative/eagle_utils.py`; ../shared/GPU.md", []),
     ("`core/verification/sampling.py`, :func:`sequoia.runtime.models.load_pair`, `drafter.py`", []),
+    ("2. Make it loadable (`sequoia/runtime/models.py`: add its name to `BACKENDS` and\n   a branch to `load_pair`)",
+     ["BACKENDS"]),
+    ("add its name to `BACKENDS` in\n   `sequoia/core/profiles/runtimes.py` and a branch to `load_pair`", []),
 ])
 def test_the_reference_check_catches_what_went_stale(text, stale):
     """The check has power: the stale references issue 59 found, put back, are caught; the present ones and the
     reader's own paths are not."""
-    assert _stale_paths(text) + _stale_refs(text) == stale
+    assert _stale_paths(text) + _stale_refs(text) + _misplaced_constants(text) == stale
 
 
 # ------------------------------------------------------------------ the scripts the docs tell readers to run
