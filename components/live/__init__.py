@@ -1,3 +1,3 @@
-"""The Live tab: layout and events, the decode handler, step mode, the worked example and the projector view.
-Imports components.app_state and components.widgets; never another tab.
+"""The Live tab: layout and events, the decode handler and the events after a run, step mode, the worked example
+and the projector view.  Imports components.app_state and components.widgets; never another tab.
 """
