@@ -227,9 +227,23 @@ def reconcile_markdown(predicted_: TargetRate | None, measured: TargetRate | Non
         parts.append(f"measured **{measured.band_text()}** ({measured.source}; decode after the prompt's forward)")
     else:
         parts.append("measured: not yet (a Live run or a Compare run measures it)")
-    gap = (f" The measurement is {measured.tokens_per_s / predicted_.tokens_per_s:.2f}× the prediction: the step's "
-           "own overhead and a busy machine show there, not in the profile." if predicted_ and measured else "")
-    return "**The target alone here**: " + "; ".join(parts) + "." + gap
+    return "**The target alone here**: " + "; ".join(parts) + "." + _gap_words(predicted_, measured)
+
+
+def _gap_words(predicted_: TargetRate | None, measured: TargetRate | None) -> str:
+    """Why a measurement is off its prediction, by which side it falls ("" within 10%, or without both): slower,
+    the step's own overhead and a busy machine, which the profile leaves out; faster, a profile measured while the
+    machine was busier (its note on the Hardware tab says how it was measured)."""
+    if predicted_ is None or measured is None:
+        return ""
+    ratio = measured.tokens_per_s / predicted_.tokens_per_s
+    if abs(ratio - 1) <= 0.10:
+        return f" The measurement is {ratio:.2f}× the prediction: within 10%."
+    if ratio < 1:
+        return (f" The measurement is {ratio:.2f}× the prediction: the step's own overhead and a busy machine show "
+                "there, not in the profile.")
+    return (f" The measurement is {ratio:.2f}× the prediction, faster than it: the profile was measured under other "
+            "conditions (a busier machine, other threads; its note says how).")
 
 
 def predicted(choice) -> TargetRate | None:

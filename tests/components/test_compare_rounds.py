@@ -154,6 +154,18 @@ def test_compare_measures_the_target_rate_the_hardware_tab_shows(ctx):
     assert "predicted **25.6 tokens/s**" in md and f"measured **{rate.band_text()}**" in md
 
 
+def test_the_gap_to_the_prediction_is_explained_by_the_side_it_falls():
+    """Issue 58: a measurement 8x faster than a profile measured on a busy machine read "the step's own overhead
+    and a busy machine show there", reasons that only ever make a measurement slower."""
+    predicted = target_rate.TargetRate(10.0, False, "predicted (profile: cached)")
+    words = {r: target_rate.reconcile_markdown(predicted, target_rate.TargetRate(r, True, "measured by Compare"))
+             for r in (4.0, 10.5, 81.2)}
+    assert "0.40× the prediction: the step's own overhead and a busy machine" in words[4.0]
+    assert "1.05× the prediction: within 10%" in words[10.5]
+    assert "8.12× the prediction, faster than it: the profile was measured under other conditions" in words[81.2]
+    assert all("overhead" not in words[r].split("no step overhead")[1] for r in (10.5, 81.2))
+
+
 def test_the_target_rate_probe_measures_in_rounds():
     calls = []
 
