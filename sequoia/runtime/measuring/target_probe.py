@@ -250,7 +250,8 @@ def probe_runtimes(backends: Iterable[str], cache_dir: str | Path, key: str,
             if backend in ceilings and out:
                 bound = out[backend] = ceilings[backend](cache_dir)
                 if log:
-                    cannot = bound.tokens_per_s < max((p.tokens_per_s for p in out.values() if not p.bound), default=0.0)
+                    rates = [p.tokens_per_s for p in out.values() if not p.bound]
+                    cannot = bound.tokens_per_s < max(rates, default=0.0)
                     later = "" if cannot else "; timed in the background once the models are ready"
                     log(f"target alone on {backend}: {bound.text}, found in {bound.seconds:.1f} s{later}")
                 continue
