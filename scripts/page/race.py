@@ -8,6 +8,9 @@ The app is built as ``python app.py`` builds it (the same environment: SEQUOIA_B
 pair loaded, the offer read from this machine's profiles (none: the script says the page's line and stops); then
 :func:`components.live.race_panel.first_frame` and :func:`~components.live.race_panel.race_stream` run as the
 button's two events do (the guided example, race.ROUNDS interleaved rounds unless ``--rounds``).
+``--profile BACKEND=PATH`` prices that runtime with a profile file instead of the one found here (a profile of
+this CPU kind measured on a quieter hour: a busy shared machine's wall-clock profile is noise), as the page
+would with that file in its cache; the JSON names the files used.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import app  # noqa: E402
 from components.live import race, race_panel, race_run  # noqa: E402
+from sequoia.core.profiles.profile import HardwareProfile  # noqa: E402
 from sequoia.runners.hf.cpu import cpu_facts  # noqa: E402
 from sequoia.runtime.memory import GB, resident_bytes  # noqa: E402
 
@@ -38,7 +42,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, help="where to write the result")
     ap.add_argument("--rounds", type=int, default=race.ROUNDS)
+    ap.add_argument("--profile", action="append", default=[], metavar="BACKEND=PATH",
+                    help="price BACKEND with this profile file (repeatable)")
     args = ap.parse_args()
+    given = {b: HardwareProfile.load(Path(path)) for b, path in (item.split("=", 1) for item in args.profile)}
+    if given:
+        found = race_run.race_profiles
+        race_run.race_profiles = lambda ctx, acceptance: {**found(ctx, acceptance), **given}
     demo = app.build_from_env()
     ctx = demo.sequoia_context
     t0 = time.perf_counter()
@@ -50,6 +60,7 @@ def main() -> None:
     out = {"cpu": f"{model} ({', '.join(features)}), {os.cpu_count()} vCPUs", "serving": ctx.pair().backend,
            "serving_load_s": load_s, "resident_serving_gb": resident_bytes() / GB,
            "offer_line": race_panel.offer_markdown(ctx, offer)}
+    out["profiles_given"] = dict(item.split("=", 1) for item in args.profile)
     print(out["offer_line"], flush=True)
     if offer is not None:
         out.update(_race(ctx, offer, args.rounds))

@@ -80,7 +80,7 @@ def _loading_or_refused(words, race_server) -> None:
 
 def test_the_race_button_runs_three_lanes_and_frees_the_second_runtime(page, race_server):
     offer = page.locator("#sq-race-offer")
-    sync_api.expect(offer).to_contain_text("A tree pays one runtime away", timeout=60_000)
+    sync_api.expect(offer).to_contain_text("A tree pays one runtime away", timeout=120_000)
     page.locator("#sq-race-btn").click()
     words = page.locator("#sq-race-words")
     _loading_or_refused(words, race_server)                                     # says so while loading
@@ -96,6 +96,7 @@ def test_the_race_button_runs_three_lanes_and_frees_the_second_runtime(page, rac
 
 
 def test_stop_stops_the_race(page, race_server):
+    sync_api.expect(page.locator("#sq-race-btn")).to_be_visible(timeout=120_000)   # once the offer is read
     page.locator("#sq-race-btn").click()
     words = page.locator("#sq-race-words")
     _loading_or_refused(words, race_server)
