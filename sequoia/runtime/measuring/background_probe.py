@@ -27,15 +27,17 @@ CHILD_TIMEOUT_S = 600.0
 
 def pending(decision: RuntimeDecision | None) -> tuple[str, ...]:
     """The installed runtimes besides the served one whose target alone the start only bounded, at or above
-    the served one's timed rate (the ones that could prove faster); empty where the start timed no probe."""
+    the served one's timed rate (the ones that could prove faster), then the served one again, to be compared
+    with them in the same hour; empty where the start timed no probe or none could prove faster."""
     if decision is None or decision.explicit:
         return ()
     served = decision.estimate(decision.backend)
     if served is None or served.probe is None or served.probe.bound:
         return ()
-    return tuple(r.backend for r in decision.runtimes
-                 if r.installed and r.backend != decision.backend and r.probe is not None and r.probe.bound
-                 and r.probe.tokens_per_s >= served.probe.tokens_per_s)
+    others = tuple(r.backend for r in decision.runtimes
+                   if r.installed and r.backend != decision.backend and r.probe is not None and r.probe.bound
+                   and r.probe.tokens_per_s >= served.probe.tokens_per_s)
+    return others + (decision.backend,) if others else ()
 
 
 def time_in_child(backend: str, cache_dir: str | Path, timeout_s: float = CHILD_TIMEOUT_S) -> TargetProbe:
@@ -79,17 +81,28 @@ def with_probes(decision: RuntimeDecision, probes: dict[str, TargetProbe]) -> Ru
     return replace(decision, runtimes=runtimes)
 
 
+def served_probe(decision: RuntimeDecision, probes: dict[str, TargetProbe]) -> TargetProbe | None:
+    """The served runtime's target alone: as re-timed in the background beside the others where it was, else as
+    timed at start (None where neither timed it)."""
+    served = decision.estimate(decision.backend)
+    mine = probes.get(decision.backend) or (served.probe if served is not None else None)
+    return None if mine is None or mine.bound else mine
+
+
 def switch_offer(decision: RuntimeDecision, probes: dict[str, TargetProbe]) -> tuple[str, str] | None:
     """(backend, sentence) where a runtime timed in the background decoded its target alone faster than the
-    served one's did at start; None where none did.  The sentence gives both rates, their ratio and how."""
-    served = decision.estimate(decision.backend)
-    if served is None or served.probe is None or served.probe.bound:
+    served one, every step of it: its slowest step's rate above the served one's fastest (the bands apart, not
+    only the medians: on the busy Xeon a start's llama.cpp probe once spread 0.1-5.6 tokens/s, median 1.6,
+    under memory pressure, and torch's 1.9 would have been offered); None where none did.  The sentence gives
+    both rates, their ratio and how."""
+    mine = served_probe(decision, probes)
+    if mine is None:
         return None
     timed = sorted((p for b, p in probes.items() if b != decision.backend and not p.bound),
                    key=lambda p: -p.tokens_per_s)
-    if not timed or timed[0].tokens_per_s <= served.probe.tokens_per_s:
+    if not timed or timed[0].low <= mine.high:
         return None
-    best, mine = timed[0], served.probe
+    best = timed[0]
     return best.backend, (
         f"{display_name(best.backend)} proved faster here: its target alone decoded {best.text} on one thread "
         f"against {display_name(decision.backend)}'s {mine.text}, {best.tokens_per_s / mine.tokens_per_s:.1f}x "
@@ -103,11 +116,14 @@ def outcome(decision: RuntimeDecision, probes: dict[str, TargetProbe]) -> str:
     offer = switch_offer(decision, probes)
     if offer is not None:
         return offer[1]
-    served = decision.estimate(decision.backend)
+    mine = served_probe(decision, probes)
     timed = [p for b, p in probes.items() if b != decision.backend and not p.bound]
-    if not timed or served is None or served.probe is None:
+    if not timed or mine is None:
         return ""
     others = " and ".join(f"{display_name(p.backend)}'s {p.text}" for p in timed)
-    return (f"Timed in the background since start: {others} against {display_name(decision.backend)}'s "
-            f"{served.probe.text} (one thread, CPU time): {display_name(decision.backend)} stays the faster")
+    name = display_name(decision.backend)
+    verdict = f"{name} stays the faster" if all(p.high < mine.low for p in timed) else \
+        f"the same within noise (their steps' rates overlap), so {name} stays"
+    return (f"Timed in the background since start: {others} against {name}'s {mine.text} (one thread, CPU "
+            f"time): {verdict}")
 

@@ -32,7 +32,7 @@ def started(hf: TargetProbe, llamacpp: float = 6.2):
 
 def test_pending_are_the_bounds_that_could_win():
     assert started(bound(9.0)).backend == "llamacpp"
-    assert bp.pending(started(bound(9.0))) == ("hf",)
+    assert bp.pending(started(bound(9.0))) == ("hf", "llamacpp")   # the served one re-timed beside it
     assert bp.pending(started(bound(3.0))) == ()            # cannot win: never timed
     assert bp.pending(started(timed("hf", 2.6))) == ()      # timed already
     assert bp.pending(None) == ()
@@ -49,6 +49,21 @@ def test_the_offer_names_both_rates_and_how_to_switch():
     assert bp.switch_offer(start, {"hf": timed("hf", 2.6)}) is None
     stays = bp.outcome(start, {"hf": timed("hf", 2.6)})
     assert "Hugging Face (torch)'s 2.6 tokens/s" in stays and "llama.cpp stays the faster" in stays
+    # the served one re-timed in the background is the one compared; bands that overlap offer nothing
+    assert bp.switch_offer(start, {"hf": timed("hf", 8.0), "llamacpp": timed("llamacpp", 8.5)}) is None
+    noisy = bp.outcome(start, {"hf": timed("hf", 8.0), "llamacpp": timed("llamacpp", 8.5)})
+    assert "llama.cpp's 8.5 tokens/s" in noisy and "the same within noise" in noisy
+
+
+def test_a_probe_spread_by_a_busy_hour_offers_no_switch():
+    # measured on the busy Xeon: llama.cpp's start probe 1.6 (0.1-5.6) under memory pressure, torch's 1.9-2.1
+    spread = TargetProbe("llamacpp", 1.6, 0.1, 5.6, 5, 26.0, "fake")
+    start = decide(AMX, {}, CODE, probes={"hf": bound(5.8), "llamacpp": spread})
+    assert start.backend == "llamacpp"
+    torch = TargetProbe("hf", 1.9, 1.9, 2.1, 5, 400.0, "fake")
+    assert bp.switch_offer(start, {"hf": torch}) is None
+    assert bp.switch_offer(start, {"hf": torch, "llamacpp": timed("llamacpp", 6.0)}) is None
+    assert "stays the faster" in bp.outcome(start, {"hf": torch, "llamacpp": timed("llamacpp", 6.0)})
 
 
 def test_a_recorded_probe_decides_the_next_start(tmp_path):
