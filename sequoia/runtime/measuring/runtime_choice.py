@@ -88,7 +88,10 @@ def _rule(machine: Machine, runtimes: tuple[RuntimeEstimate, ...]) -> tuple[str,
     # a bound is no rate: the timed rank first, and a bound above them waits for its background timing
     probed = sorted((r for r in installed if r.probe is not None), key=lambda r: (r.probe.bound, -r.probe.tokens_per_s))
     if len(probed) >= 2 and not probed[0].probe.bound:
-        return probed[0].backend, _probed_reason(probed)
+        best, plain = probed[0], next((r for r in probed if r.backend == "llamacpp" and not r.probe.bound), None)
+        if best.backend != "llamacpp" and plain is not None and best.probe.low <= plain.probe.high:
+            return "llamacpp", _tied_reason(best, plain)   # not proven faster: no conversion for noise
+        return best.backend, _probed_reason(probed)
     llamacpp_measured = any(r.backend == "llamacpp" for r in measured)
     if not machine.bf16_kernels and not llamacpp_measured:
         return "llamacpp", (f"this CPU has no bf16 matrix kernels (no AVX-512-BF16 or AMX), where torch's bf16 "
@@ -129,6 +132,15 @@ def _probed_reason(probed: Sequence[RuntimeEstimate]) -> str:
              f"models are ready (the banner offers it if it proves faster)") if later else ""
     return (f"its target alone decoded {best.probe.text} on one thread here against {against}{ratio} "
             f"(timed {when}, CPU time){waits}; no profile ranks the runtimes on this CPU kind yet")
+
+
+def _tied_reason(best: RuntimeEstimate, plain: RuntimeEstimate) -> str:
+    """llama.cpp kept where another's median is higher but the steps' rates overlap (the background timing's
+    banner says the same): a switch to torch costs its bf16 conversion, a minute or more."""
+    when = "at an earlier start" if plain.probe.cached else "at start"
+    return (f"its target alone decoded {plain.probe.text} on one thread here against {best.probe.text} on "
+            f"{display_name(best.backend)}: the same within noise (their steps' rates overlap), and llama.cpp loads "
+            f"without a conversion (timed {when}, CPU time); no profile ranks the runtimes on this CPU kind yet")
 
 
 def _estimate(backend: str, machine: Machine, found: FoundProfile | None, acceptance: Sequence[float],

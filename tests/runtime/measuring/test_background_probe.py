@@ -127,3 +127,11 @@ def test_the_background_result_joins_the_starts_own_key(tmp_path):
     decision = decide(AMX, {}, CODE, probes=start)
     assert bp.start_key(tmp_path, decision, "key built later") == "key at start"
     assert bp.start_key(tmp_path / "none", decision, "key built later") == "key built later"
+
+
+def test_the_next_start_keeps_llamacpp_where_the_bands_overlap():
+    tied = decide(AMX, {}, CODE, probes={"hf": timed("hf", 6.5), "llamacpp": timed("llamacpp", 6.2)})
+    assert tied.backend == "llamacpp" and "the same within noise" in tied.reason and "6.5 tokens/s" in tied.reason
+    assert "llama.cpp loads without a conversion" in tied.reason
+    proven = decide(AMX, {}, CODE, probes={"hf": timed("hf", 8.0), "llamacpp": timed("llamacpp", 6.2)})
+    assert proven.backend == "hf"
