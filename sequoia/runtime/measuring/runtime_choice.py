@@ -10,7 +10,8 @@
    the optimizer's best tree, :func:`sequoia.core.trees.optimizer.choose_tree`) predicts the most tokens/s.
 5. Torch and llama.cpp are not both profiled, and their targets alone were timed here
    (:mod:`sequoia.runtime.measuring.target_probe`, a few seconds each): the one whose target alone ran
-   fastest (on the 2-vCPU Xeon with AMX, llama.cpp at 2.4-2.5x torch: docs/data/runtime-probe-xeon-amx.json).
+   fastest (on the 2-vCPU Xeon with AMX, llama.cpp at 2.4-2.5x torch: docs/data/runtime-probe-xeon-amx.json);
+   another than llama.cpp only where its slowest step beats llama.cpp's fastest (else the same within noise).
    At start torch gets a bound instead; a bound never outranks a timed rate (it is timed in the background
    after the served pair is ready: :mod:`sequoia.runtime.measuring.background_probe`).
 6. Some have none, llama.cpp among them, and the CPU has no bf16 matrix kernels (no AVX-512-BF16 or AMX):
