@@ -19,10 +19,21 @@ from dataclasses import replace
 from pathlib import Path
 
 from ...core.profiles.runtimes import RuntimeDecision, TargetProbe, display_name
+from ..memory import cgroup_available_bytes, machine_available_bytes
 from .target_probe import CACHE_NAME, _read, _write
 
-#: Seconds a child probe may take (the 2-vCPU Xeon with AMX: 6 s of CPU; busy, 10-20 s of wall time).
-CHILD_TIMEOUT_S = 600.0
+#: Seconds a child probe may take (the 2-vCPU Xeon with AMX: 11 s of CPU; at the lowest priority beside other
+#: processes' load of 11-19, 410 s of wall time).
+CHILD_TIMEOUT_S = 900.0
+#: Memory a child probe needs free, by runtime: torch's held 3.8 GB resident on the Xeon with AMX (its 3.1 GB
+#: placeholder model, torch, transformers), llama.cpp's about 1 GB (the mapped Q4_K_M target); with a margin.
+CHILD_NEED_BYTES = {"hf": 4_500_000_000, "llamacpp": 1_500_000_000}
+
+
+def free_bytes() -> int | None:
+    """What this machine or container can still give (the smaller where both say; None where neither does)."""
+    known = [b for b in (machine_available_bytes(), cgroup_available_bytes()) if b is not None]
+    return min(known) if known else None
 
 
 def pending(decision: RuntimeDecision | None) -> tuple[str, ...]:
@@ -40,9 +51,15 @@ def pending(decision: RuntimeDecision | None) -> tuple[str, ...]:
     return others + (decision.backend,) if others else ()
 
 
-def time_in_child(backend: str, cache_dir: str | Path, timeout_s: float = CHILD_TIMEOUT_S) -> TargetProbe:
+def time_in_child(backend: str, cache_dir: str | Path, timeout_s: float = CHILD_TIMEOUT_S,
+                  free=free_bytes) -> TargetProbe:
     """``backend``'s target alone timed by ``python -m sequoia.runtime.measuring.target_probe`` in a child
-    process at the lowest priority (RuntimeError naming its last output when it fails)."""
+    process at the lowest priority (RuntimeError naming its last output when it fails).  Not started where
+    ``free()`` says the memory it needs is not there (RuntimeError saying so): a child the kernel kills for
+    memory might take the server with it."""
+    need, have = CHILD_NEED_BYTES.get(backend, 0), free()
+    if have is not None and have < need:
+        raise RuntimeError(f"not timed: it needs about {need / 1e9:.1f} GB free and {have / 1e9:.1f} GB are")
     nice = ["nice", "-n", "19"] if shutil.which("nice") else []
     cmd = nice + [sys.executable, "-m", "sequoia.runtime.measuring.target_probe", backend, str(cache_dir)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,

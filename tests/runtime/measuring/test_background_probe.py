@@ -135,3 +135,8 @@ def test_the_next_start_keeps_llamacpp_where_the_bands_overlap():
     assert "llama.cpp loads without a conversion" in tied.reason
     proven = decide(AMX, {}, CODE, probes={"hf": timed("hf", 8.0), "llamacpp": timed("llamacpp", 6.2)})
     assert proven.backend == "hf"
+
+
+def test_a_child_probe_needs_its_memory_free(tmp_path):
+    with pytest.raises(RuntimeError, match="needs about 4.5 GB free and 2.0 GB are"):
+        bp.time_in_child("hf", tmp_path, free=lambda: 2_000_000_000)
