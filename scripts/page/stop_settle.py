@@ -1,0 +1,186 @@
+"""How soon a click's first frame shows and a Stop settles the page, timed in headless Chromium with their spread.
+
+    python scripts/page/stop_settle.py --json out.json      # the page as `python app.py` serves it (~3 min, 2 cores)
+    python scripts/page/stop_settle.py --tries 20           # 20 tries of each (default 5)
+
+The page promises a first frame at once after a click and a Stop that settles within about 2 s, whatever the step
+in flight; the tests bound these only against a hang (10x the medians this prints), so they are measured here.
+Serves the app from this environment in this process (the embedded pair, the runtime the app chooses unless
+SEQUOIA_BACKEND names one), opens it at 1280x720 and, per try, interleaved (A B C D, A B C D, ...):
+
+* ``live_forward``: Decode clicked (``first_frame_s``: until the prompt is drawn, before any step), then Stop at
+  once, inside the prompt's forward;
+* ``live_decode``: Stop after the run's first step is drawn;
+* ``compare``: Stop in a comparison's warm-up round;
+* ``check``: Stop while the distribution check runs.
+
+For each Stop: ``settle_s``, from the click until the output says "Stopped" and no output shows Gradio's
+progress, and ``free_s``, until the stopped run's event is over (its step in flight ended: a new Run starts at
+once).  Prints the median, min and max of each, with the load average before and after (a busy machine
+stretches both).  Needs `apt-get install chromium`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+CHROMIUM = "/usr/bin/chromium"
+KINDS = ("live_forward", "live_decode", "compare", "check")
+#: About 120 tokens of code: its forward takes a second or more on a 2-core CPU, so Stop lands inside it.
+PROMPT = "Explain, line by line, what this Python code does:\n" + "\n".join(
+    f"def step_{i}(values, factor={i}):\n    return [v * factor + {i} for v in values if v % {i + 2}]"
+    for i in range(3))
+_BUSY = """sel => [...document.querySelectorAll(sel)].some(e => e.matches('.pending, .generating')
+    || e.querySelector('.pending, .generating, .eta-bar, .progress-text') !== null)"""
+_ANY_BUSY = "() => document.querySelectorAll('.pending, .generating').length > 0"
+
+
+def _until(condition, timeout_s: float, what: str) -> float:
+    """Seconds until ``condition()`` holds (polled every 20 ms); SystemExit naming ``what`` past ``timeout_s``."""
+    t0 = time.monotonic()
+    while not condition():
+        if time.monotonic() - t0 > timeout_s:
+            raise SystemExit(f"{what}: not after {timeout_s:.0f} s")
+        time.sleep(0.02)
+    return time.monotonic() - t0
+
+
+def _stopped(page, selector: str):
+    """``selector``'s output says Stopped and no output of the page shows progress."""
+    return lambda: "Stopped" in page.locator(selector).inner_text() and not page.evaluate(_BUSY, "[id^=sq-]")
+
+
+def _event_over(page, timeout_s: float = 600.0) -> None:
+    """No output of the page shows progress for 0.3 s (an event's chained events start within milliseconds)."""
+    since = None
+    deadline = time.monotonic() + timeout_s
+    while since is None or time.monotonic() - since < 0.3:
+        since = None if page.evaluate(_ANY_BUSY) else (since or time.monotonic())
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the page was still busy after {timeout_s:.0f} s")
+        time.sleep(0.02)
+
+
+def _stop(page, stop, said: str) -> dict:
+    """Stop (a locator) clicked; the seconds until ``said`` (a selector) settles and until the run's event ends."""
+    clicked = time.monotonic()
+    stop.click()
+    settle = _until(_stopped(page, said), 60, "Stop settling")
+    words = next(line for line in page.locator(said).inner_text().splitlines() if "Stopped" in line).strip()[:80]
+    _event_over(page)
+    return {"settle_s": settle, "free_s": time.monotonic() - clicked, "said": words}
+
+
+def _live(page, attempt: int, kind: str, max_new: int) -> dict:
+    page.get_by_role("tab", name="Live decoding", exact=True).click()
+    prompt = f"# try {attempt} ({kind})\n{PROMPT}"          # new text: no cached prefix
+    page.locator("#sq-prompt textarea").fill(prompt)
+    box = page.locator(".sq-max-new input").first
+    box.fill(str(max_new))
+    box.press("Enter")
+    _event_over(page)                                        # the fields' own events first, as a visitor's click
+    clicked = time.monotonic()
+    page.get_by_role("button", name="Decode", exact=True).click()
+    text = page.locator("#sq-text")
+    first = _until(lambda: f"# try {attempt} ({kind})" in text.inner_text(), 60, "the first frame")
+    if kind == "live_decode":
+        summary = page.locator("#sq-summary")
+        _until(lambda: re.search(r"\d+ tokens? in", summary.inner_text()), 600, "the first step")
+    out = _stop(page, page.get_by_role("button", name="Stop", exact=True).filter(visible=True).first, "#sq-summary")
+    return {**out, "first_frame_s": first} if kind == "live_forward" else out
+
+
+def _tab(page, tab: str, run: str, phase: str, stop: str, said: str) -> dict:
+    page.get_by_role("tab", name=tab, exact=True).click()
+    page.get_by_role("button", name=run, exact=True).click()
+    _until(lambda: re.search(phase, page.locator(said).inner_text()), 600, f"{tab} running")
+    return _stop(page, page.locator(stop), said)
+
+
+def visit(url: str, tries: int, max_new: int) -> dict:
+    from playwright.sync_api import sync_playwright
+
+    out = {kind: [] for kind in KINDS}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1280, "height": 720})
+        page.goto(url, wait_until="domcontentloaded")
+        page.locator("#sq-prompt textarea").wait_for(timeout=60_000)
+        for attempt in range(tries):
+            for kind in KINDS:
+                if kind.startswith("live"):
+                    row = _live(page, attempt, kind, max_new)
+                elif kind == "compare":
+                    row = _tab(page, "Compare", "Run comparison", "Warm-up round|Round 1 of", "#sq-compare-stop",
+                               "#sq-compare-notes")
+                else:
+                    row = _tab(page, "Distribution check", "Run the check", "Forwarding|Running", "#sq-check-stop",
+                               "#sq-check-verdicts")
+                out[kind].append(row)
+                print(f"try {attempt} {kind}: " + ", ".join(f"{k} {v:.2f} s" for k, v in row.items()
+                                                             if k.endswith("_s")) + f"  {row['said'][:50]!r}",
+                      flush=True)
+        browser.close()
+    return out
+
+
+def spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tries", type=int, default=5)
+    ap.add_argument("--max-new-tokens", type=int, default=64, help="the Live runs' length (Stop comes first)")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args(argv)
+    if not os.path.exists(CHROMIUM):
+        raise SystemExit("no /usr/bin/chromium: apt-get install chromium")
+    import app
+    from components.app_state.lanes import WorkLanes
+
+    demo = app.build_from_env(dict(os.environ), lanes=WorkLanes())
+    ctx = demo.sequoia_context
+    ctx.models.start_loading()
+    with socket.socket() as sock:            # a free port
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
+                            css_paths=[app.CSS_PATH])
+    try:
+        _until(lambda: ctx.status.ready or ctx.status.error, 900, "the models loading")
+        if ctx.status.error:
+            raise SystemExit(f"loading failed: {ctx.status.error}")
+        load_before = os.getloadavg()[0]
+        rows = visit(url, args.tries, args.max_new_tokens)
+    finally:
+        demo.close()
+    result = {"machine": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+              "backend": ctx.pair().backend, "load_before": load_before, "load_after": os.getloadavg()[0],
+              "tries": rows}
+    for kind, runs in rows.items():
+        for key in ("first_frame_s", "settle_s", "free_s"):
+            values = [r[key] for r in runs if key in r]
+            if values:
+                result[f"{kind}.{key}"] = s = spread(values)
+                print(f"{kind:>12} {key:>13}: median {s['median']:.2f} s ({s['min']:.2f}-{s['max']:.2f}, n={s['n']})")
+    print(f"{result['backend']}, {result['cores']} cores, load {load_before:.1f} -> {result['load_after']:.1f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
