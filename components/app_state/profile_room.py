@@ -119,7 +119,7 @@ class ProfileRoom:
         kept in the cache and in ``later_probes``; ``timing`` reports the progress (the banner shows it)."""
         status = self.timing = LoadStatus()
         names = " and ".join(display_name(b) for b in backends)
-        status(0.0, f"timing {names}'s target alone in the background")
+        status(0.0, f"timing the target alone on {names} in the background")
         machine = self.runtime.machine if self.runtime is not None else None
         key = probe_key(machine.cpu_features) if machine is not None else "unknown"
         profiler, key = self._profiler, background_probe.start_key(self.cache_dir, self.runtime, key) \
@@ -136,7 +136,7 @@ class ProfileRoom:
                 except Exception as exc:  # noqa: BLE001 - advice only: the banner says it failed
                     status.error = f"timing {display_name(backend)} failed: {type(exc).__name__}: {exc}"
                     traceback.print_exc()
-                status((i + 1) / len(backends), f"timed {display_name(backend)}'s target alone")
+                status((i + 1) / len(backends), f"timed the target alone on {display_name(backend)}")
             status.ready = True
 
         thread = threading.Thread(target=run, name="sequoia-runtime-timing", daemon=True)
@@ -174,7 +174,8 @@ class ProfileRoom:
             return ""
         offer = background_probe.switch_offer(self.runtime, self.later_probes) if self.runtime else None
         if not t.ready and t.error is None:
-            text = f"{html.escape(t.description)} ({t.fraction:.0%}): it could be faster here by its bound."
+            text = (f"{html.escape(t.description)} ({t.fraction:.0%}), one thread, CPU time: no profile ranks the "
+                    f"runtimes on this CPU kind yet; this line says which is faster, with both rates, when done.")
         else:
             text = background_probe.outcome(self.runtime, self.later_probes) if self.runtime else ""
             text = html.escape(text + "." if text else t.error or "")

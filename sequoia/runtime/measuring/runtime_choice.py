@@ -227,17 +227,20 @@ def choose_runtime(device: str | None = None, draft: str = EMBEDDED_NAME, target
                    cache_dir: str | Path | None = None, assets_dir: str | Path = ASSETS,
                    acceptance: Sequence[float] | None = None,
                    known: Mapping[str, FoundProfile] | None = None, probe: bool = False,
-                   log: Callable[[str], None] | None = None) -> RuntimeDecision:
+                   log: Callable[[str], None] | None = None, time_now: bool = False) -> RuntimeDecision:
     """:func:`decide` with this machine's facts and profiles; ``acceptance`` defaults to the code prompts'
     greedy vector (the Hardware tab's default), so the page's "fastest" line and this choice agree.
-    ``probe``: where the profiles do not rank torch and llama.cpp, time each one's target alone first (a few
-    seconds each, kept in ``cache_dir``; :mod:`sequoia.runtime.measuring.target_probe`)."""
+    ``probe``: where the profiles do not rank torch and llama.cpp, rank them by each one's target alone as
+    timed here (kept in ``cache_dir``; :mod:`sequoia.runtime.measuring.target_probe`): read from the cache, and
+    with ``time_now`` timed first where it holds none (a few seconds each).  The app's start does not time
+    them: its background work does, once the models are ready (:mod:`.background_probe`), and a start
+    at a load of 24 on the 2-vCPU Xeon took 41 s with them timed against 23 s without."""
     machine = machine_here(device, draft, target)
     if acceptance is None:
         acceptance = find_acceptance("code", 0.0, assets_dir).values
     profiles = profiles_here(machine, cache_dir, assets_dir, known)
     wanted = needs_probes(machine, profiles) if probe and cache_dir is not None else ()
-    probes = probe_runtimes(wanted, cache_dir, probe_key(machine.cpu_features), log=log,
+    probes = probe_runtimes(wanted, cache_dir, probe_key(machine.cpu_features), log=log, time_now=time_now,
                             meanwhile=assemble_draft if draft == EMBEDDED_NAME else None) if wanted else {}
     return decide(machine, profiles, acceptance, probes=probes)
 

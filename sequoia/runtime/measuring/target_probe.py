@@ -223,25 +223,24 @@ def probe_key(cpu_features: Iterable[str]) -> str:
 def probe_runtimes(backends: Iterable[str], cache_dir: str | Path, key: str,
                    probes: Mapping[str, Probe] = PROBES, log: Callable[[str], None] | None = None,
                    ceilings: Mapping[str, Probe] = CEILINGS,
-                   meanwhile: Callable[[Path], None] | None = None) -> dict[str, TargetProbe]:
+                   meanwhile: Callable[[Path], None] | None = None,
+                   time_now: bool = True) -> dict[str, TargetProbe]:
     """backend -> its target alone timed here, for each of ``backends`` with a probe: read from
     ``cache_dir/runtime-probe.json`` when it holds ``key``, else timed now (and written there).  A probe that
     fails is left out (and logged): the choice then falls back to its rule.  ``meanwhile(cache_dir)`` runs
-    in a thread of its own while they are timed (e.g. :func:`assemble_draft`).
+    in a thread of its own while they are timed (e.g. :func:`assemble_draft`).  ``time_now=False``: only what
+    the cache holds (the app's start: it times them in the background instead, see below).
 
-    A runtime with a bound (``ceilings``) is timed at start by none of this: where its bound is under a rate
-    measured already it cannot win, and where it is not, the bound is kept and the runtime is timed later, in
-    the background once the served pair is ready (:mod:`sequoia.runtime.measuring.background_probe`).  Why:
-    torch's probe builds a 3 GB model, 6 s of CPU on the 2-vCPU Xeon with AMX; whether it ran turned on
-    whether noise put the bound above llama.cpp's rate, and the busy starts that ran it took 29-38 s against
-    the 30 s goal (docs/data/runtime-probe-xeon-amx.json).  Torch would serve only after its minute-long
-    conversion anyway, so llama.cpp, measured and loaded without conversion, serves meanwhile."""
+    A runtime with a bound (``ceilings``) is not timed where its bound is under a rate timed already (it
+    cannot win); where it is not, the bound is kept and the runtime is timed later, in the background
+    (:mod:`sequoia.runtime.measuring.background_probe`).  Why: torch's probe builds a 3 GB model, 6-11 s of CPU
+    on the 2-vCPU Xeon with AMX, and torch would serve only after its minute-long conversion anyway."""
     cache_dir = Path(cache_dir)
     path = cache_dir / CACHE_NAME
     wanted = [b for b in backends if b in probes]
     cached = _read(path, key)
-    if all(b in cached for b in wanted):
-        return {b: cached[b] for b in wanted}
+    if all(b in cached for b in wanted) or not time_now:
+        return {b: cached[b] for b in wanted if b in cached}
     if meanwhile is not None:   # work the start needs whichever runtime wins, in a thread of its own
         threading.Thread(target=meanwhile, args=(cache_dir,), name="sequoia-meanwhile", daemon=True).start()
     out: dict[str, TargetProbe] = {}

@@ -30,13 +30,15 @@ def started(hf: TargetProbe, llamacpp: float = 6.2):
     return decide(AMX, {}, CODE, probes={"hf": hf, "llamacpp": timed("llamacpp", llamacpp)})
 
 
-def test_pending_are_the_bounds_that_could_win():
-    assert started(bound(9.0)).backend == "llamacpp"
-    assert bp.pending(started(bound(9.0))) == ("hf", "llamacpp")   # the served one re-timed beside it
-    assert bp.pending(started(bound(3.0))) == ()            # cannot win: never timed
-    assert bp.pending(started(timed("hf", 2.6))) == ()      # timed already
+def test_pending_are_both_runtimes_until_both_are_timed_here():
+    fresh = decide(AMX, {}, CODE)   # the app's start on a fresh cache: the rule, nothing timed
+    assert fresh.backend == "llamacpp" and bp.pending(fresh) == ("llamacpp", "hf")   # the served one first
+    assert bp.pending(started(bound(9.0))) == ("llamacpp", "hf")   # an older cache's bound: timed now
+    assert bp.pending(started(timed("hf", 2.6))) == ()      # both timed at an earlier start
     assert bp.pending(None) == ()
-    assert bp.pending(started(bound(9.0)).overridden("hf", "SEQUOIA_BACKEND")) == ()
+    assert bp.pending(fresh.overridden("hf", "SEQUOIA_BACKEND")) == ()
+    assert bp.pending(decide(Machine("cpu", AMX.cpu_features, llamacpp_installed=False), {}, CODE)) == ()
+    assert bp.pending(decide(Machine("cuda", (), llamacpp_installed=True), {}, CODE)) == ()
 
 
 def test_the_offer_names_both_rates_and_how_to_switch():
