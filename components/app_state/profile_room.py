@@ -55,7 +55,7 @@ class ProfileRoom:
     # Where no profile matches and none is measured here (ZeroGPU: no profiler outside a GPU call), the profile
     # that stands in, and why (the H100's measured graph replays at the served target's shapes).
     stand_in: ProfileChoice | None = None
-    # The runtimes the start only bounded, timed in the background after the profile (background_probe).
+    # Where no profile ranks torch and llama.cpp: their targets alone, timed after the profile (background_probe).
     timing: LoadStatus | None = None          # progress of that timing; None: none started
     later_probes: dict[str, TargetProbe] = field(default_factory=dict)
     _profiler: threading.Thread | None = field(default=None, repr=False)
@@ -120,23 +120,24 @@ class ProfileRoom:
         status = self.timing = LoadStatus()
         names = " and ".join(display_name(b) for b in backends)
         status(0.0, f"timing the target alone on {names} in the background")
-        machine = self.runtime.machine if self.runtime is not None else None
-        key = probe_key(machine.cpu_features) if machine is not None else "unknown"
-        profiler, key = self._profiler, background_probe.start_key(self.cache_dir, self.runtime, key) \
-            if self.runtime is not None else key
+        runtime, profiler = self.runtime, self._profiler
+        key = probe_key(runtime.machine.cpu_features) if runtime and runtime.machine else "unknown"
+        key = background_probe.start_key(self.cache_dir, runtime, key) if runtime else key
 
         def run() -> None:
             if profiler is not None:
                 profiler.join()
+            failed = []
             for i, backend in enumerate(backends):
                 try:
                     probe = time_one(backend, self.cache_dir)
                     background_probe.record(self.cache_dir, key, probe)
                     self.later_probes = {**self.later_probes, backend: probe}
                 except Exception as exc:  # noqa: BLE001 - advice only: the banner says it failed
-                    status.error = f"timing {display_name(backend)} failed: {type(exc).__name__}: {exc}"
+                    failed.append(f"timing {display_name(backend)} failed: {type(exc).__name__}: {exc}")
                     traceback.print_exc()
                 status((i + 1) / len(backends), f"timed the target alone on {display_name(backend)}")
+            status.error = "; ".join(failed) or None   # set once all ran: an error ends the banner's polling
             status.ready = True
 
         thread = threading.Thread(target=run, name="sequoia-runtime-timing", daemon=True)
