@@ -635,7 +635,7 @@ def test_stop_in_the_first_step_settles_every_output_before_the_step_ends(page, 
         sync_api.expect(summary).to_contain_text("reads the prompt" if method == "Target alone" else "first step")
         if method == "Target alone":   # it drafts nothing, and its first frame says nothing of drafting
             assert "draft" not in summary.text_content().lower()
-        time.sleep(0.5)
+        _wait_for(lambda: runs.running == 1)   # the run's handler is in its first step (not queued behind it)
         page.get_by_role("button", name="Stop", exact=True).click()
         _settles_within(page, STOP_SETTLE_BOUND_S)
         sync_api.expect(summary).to_contain_text("Stopped before the first step finished")
@@ -755,50 +755,3 @@ def test_exact_mode_shows_its_first_frame_and_decodes(page):
     sync_api.expect(page.locator("#sq-text")).to_contain_text("def exact():")
     sync_api.expect(page.locator("#sq-summary")).to_contain_text("6 tokens", timeout=60_000)
     _wait_for(lambda: not _unsettled(page), 5)   # the inspector follows the run's end (a light event)
-
-
-# ------------------------------------------------------------------ issue 42: the page on its default runtime
-@pytest.fixture(scope="module")
-def default_server(lanes):
-    """The page as ``python app.py`` serves it: the runtime this machine runs fastest (llama.cpp on a CPU without
-    AMX), the embedded pair loading in the background while the page is already up (its choices fixed then)."""
-    pytest.importorskip("llama_cpp")
-    env = {k: v for k, v in os.environ.items() if k != "SEQUOIA_BACKEND"}
-    demo = app.build_from_env(env, lanes=lanes)
-    demo.sequoia_context.models.start_loading()
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True,
-                            quiet=True, css_paths=[app.CSS_PATH])
-    yield SimpleNamespace(url=url, ctx=demo.sequoia_context)
-    demo.close()
-
-
-@pytest.mark.embedded
-@pytest.mark.slow
-def test_full_comparison_runs_on_the_default_runtime_with_the_embedded_pair(default_server, browser_context,
-                                                                            tmp_path):
-    """Issue 42: on the default runtime Full comparison failed at once (HTTP 400, "Value: 'Sequoia (auto)'"): the
-    full list named a method the checkboxes, fixed before the pair loaded, did not offer.  Clicked as a visitor
-    does, once the models are ready: every method of the full list is ticked and the run starts (its warm-up round),
-    with no error anywhere; Stop then ends it.  (The whole run is minutes on a CPU: timed apart, not here.)"""
-    ctx = default_server.ctx
-    page = browser_context.new_page()
-    page.set_viewport_size(COMPARE_VIEWPORT)
-    try:
-        page.goto(default_server.url, wait_until="domcontentloaded")
-        _wait_for(lambda: ctx.status.ready or ctx.status.error, timeout_s=600)
-        assert ctx.status.ready, ctx.status.error
-        page.get_by_role("tab", name="Compare").click()
-        page.get_by_role("button", name=re.compile("^Full comparison")).click()
-        notes = page.locator("#sq-compare-notes")
-        sync_api.expect(notes).to_contain_text("Warm-up round", timeout=120_000)   # the request was accepted
-        boxes = page.locator("#sq-compare-methods label")
-        ticked = [boxes.nth(i).text_content().strip() for i in range(boxes.count())
-                  if boxes.nth(i).locator("input").is_checked()]
-        assert ticked == compare_tab.ticked(ctx, full=True) and "Sequoia (auto)" in ticked
-        assert page.locator(".toast-body").count() == 0                      # no error toast
-        assert page.get_by_text("Error", exact=True).count() == 0            # no red Error badge
-        _screenshot(page, tmp_path, "compare-full-default-runtime")
-        page.locator("#sq-compare-stop").click()   # the rest of the run is minutes of two busy cores
-        _wait_for(lambda: page.locator("#sq-compare-notes .pending, #sq-compare-notes .generating").count() == 0, 60)
-    finally:
-        page.close()

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 import app
+from components.compare import compare_tab
 from components.live import live_tab, live_teaching
 from components.widgets import runtime_view
 from sequoia.core.requests.request import METHOD_OF_LABEL
@@ -537,3 +538,25 @@ def test_a_walk_of_every_other_control_shows_no_error_badge(page, default_server
     assert seen == [], seen
     if not_walked:   # said, not passed over: the rest was walked without an error badge
         pytest.skip("not walked here: " + "; ".join(not_walked))
+
+
+def test_full_comparison_starts_on_the_default_runtime_with_every_method_ticked(page, default_server, tmp_path):
+    """Issue 42: on the default runtime Full comparison failed at once (HTTP 400, "Value: 'Sequoia (auto)'"): the
+    full list named a method the checkboxes, fixed before the pair loaded, did not offer.  Clicked as a visitor
+    does, once the models are ready: every method of the full list is ticked and the run starts (its warm-up round),
+    with no error anywhere; Stop then ends it.  (The whole run is minutes on a CPU: timed apart, not here.)  This
+    module's server, loaded before the first test (tests/app/test_browser.py once loaded a second one for this)."""
+    ctx = default_server.ctx
+    page.get_by_role("tab", name="Compare", exact=True).click()
+    page.get_by_role("button", name=re.compile("^Full comparison")).click()
+    notes = page.locator("#sq-compare-notes")
+    sync_api.expect(notes).to_contain_text("Warm-up round", timeout=120_000)   # the request was accepted
+    boxes = page.locator("#sq-compare-methods label")
+    ticked = [boxes.nth(i).text_content().strip() for i in range(boxes.count())
+              if boxes.nth(i).locator("input").is_checked()]
+    assert ticked == compare_tab.ticked(ctx, full=True) and "Sequoia (auto)" in ticked
+    assert _errors(page) == [] and page.get_by_text("Error", exact=True).count() == 0   # no toast, no red badge
+    _screenshot(page, tmp_path, "compare-full-default-runtime")
+    page.locator("#sq-compare-stop").click()   # the rest of the run is minutes of two busy cores
+    sync_api.expect(notes).to_contain_text("Stopped", timeout=60_000)
+    _run_over(page, ctx)
