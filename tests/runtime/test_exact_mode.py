@@ -16,10 +16,12 @@ from components.distribution import distribution_tab, distribution_view
 from components.widgets import divergence_view
 from sequoia.core.config import GenerationConfig, SamplingConfig
 from sequoia.core.verification.distribution import RULES, check_rule
+from sequoia.runners.hf.attention import use_few_query_attention
 from sequoia.runners.hf.loading import wrap_model
 from sequoia.runtime.checks.distribution_check import root_distributions, run_check
 from sequoia.runtime.checks.divergence import explain, explain_all, first_divergence, kernel_views
-from sequoia.runtime.checks.exactness import certify, exact_copy, exact_pair, is_exact, kernel_gap, load_exact_pair
+from sequoia.runtime.checks.exactness import (certify, exact_copy, exact_pair, exact_runner, is_exact, kernel_gap,
+                                               load_exact_pair)
 from sequoia.runtime.engine import SpeculativeEngine
 from sequoia.runtime.measuring.timing import run_method
 from sequoia.runtime.methods import make_method
@@ -232,14 +234,35 @@ def test_cli_exact_flag_loads_the_exact_pair(monkeypatch):
 
 
 # ------------------------------------------------------------------ the embedded pair
+def test_load_exact_pair_loads_a_float32_unquantized_target_behind_the_plain_runner(monkeypatch):
+    """What the CLI's ``--exact`` loads (the load itself is load_pair's, tested in tests/runners/test_models.py)."""
+    from sequoia.runtime.checks import exactness
+
+    seen, low = {}, tiny_model(0)
+    low_pair = app_pair(low, wrap_model(copy.deepcopy(low), "tiny-target", "target", plain=False))
+    monkeypatch.setattr(exactness, "load_pair", lambda *a, **k: seen.update(k) or low_pair)
+    pair = load_exact_pair("d", "t", device="cpu")
+    assert seen["dtype"] == "fp32" and seen["target_quant"] == "none" and seen["blocked_weights"]
+    assert is_exact(pair) and pair.draft is low_pair.draft and pair.target.model is low_pair.target.model
+
+
 @pytest.mark.embedded
 @pytest.mark.slow
-def test_exact_mode_on_the_embedded_pair(full_threads):
-    """Two prompts, 16 tokens: chain, SpecInfer and Sequoia print the float32 target alone's greedy text."""
-    pair = load_exact_pair()
-    assert is_exact(pair)
-    for prompt in ("Write a Python function that reverses a list.", "What is the capital of France?"):
-        ids = pair.encode_prompt(prompt)
-        ref = _greedy(pair, "ar", ids, 16)
-        for method in ("chain", "specinfer", "sequoia"):
-            assert _greedy(pair, method, ids, 16) == ref, (prompt, method)
+def test_exact_mode_on_the_embedded_pair(embedded_pair_fp32, full_threads):
+    """Two prompts, 16 tokens: chain, SpecInfer and Sequoia print the float32 target alone's greedy text.
+
+    The session's float32 pair (conftest), its target behind exact mode's plain runner as :func:`load_exact_pair`
+    puts it (a second 6 GB float32 load held beside the session's peaked the suite's memory); its own
+    attention back after."""
+    model = embedded_pair_fp32.target.model
+    pair = exact_pair(embedded_pair_fp32, exact_runner(model, embedded_pair_fp32.target.name))
+    try:
+        assert is_exact(pair)
+        for prompt in ("Write a Python function that reverses a list.", "What is the capital of France?"):
+            ids = pair.encode_prompt(prompt)
+            ref = _greedy(pair, "ar", ids, 16)
+            for method in ("chain", "specinfer", "sequoia"):
+                assert _greedy(pair, method, ids, 16) == ref, (prompt, method)
+    finally:
+        use_few_query_attention(model)
+        assert not is_exact(embedded_pair_fp32)   # the session's pair runs its own kernels again
