@@ -14,9 +14,9 @@ SEQUOIA_BACKEND names one), opens it at 1280x720 and, per try, interleaved (A B 
 * ``compare``: Stop in a comparison's warm-up round;
 * ``check``: Stop while the distribution check runs.
 
-For each Stop: ``settle_s``, from the click until the output says "Stopped" and no output shows Gradio's
-progress, and ``free_s``, until the stopped run's event is over (its step in flight ended: a new Run starts at
-once).  Prints the median, min and max of each, with the load average before and after (a busy machine
+For each Stop: ``said_s``, from the click until the output says "Stopped", ``settle_s``, until it does and none
+of the tab's outputs shows Gradio's progress, and ``free_s``, until the models are free and the page quiet (the step in flight ended: a new
+Run starts at once).  Prints the median, min and max of each, with the load average before and after (a busy machine
 stretches both).  Needs `apt-get install chromium`.
 """
 
@@ -57,9 +57,15 @@ def _until(condition, timeout_s: float, what: str) -> float:
     return time.monotonic() - t0
 
 
-def _stopped(page, selector: str):
-    """``selector``'s output says Stopped and no output of the page shows progress."""
-    return lambda: "Stopped" in page.locator(selector).inner_text() and not page.evaluate(_BUSY, "[id^=sq-]")
+#: The outputs a Stop must leave settled, per tab (the first says Stopped).
+OUTPUTS = {"live": "#sq-summary, #sq-text, #sq-tree, #sq-stats, #sq-inspect-text, #sq-inspect-plot",
+           "compare": "#sq-compare-notes, #sq-compare-table, #sq-compare-bars",
+           "check": "#sq-check-verdicts"}
+
+
+def _stopped(page, said: str, outputs: str):
+    """``said`` says Stopped and none of ``outputs`` shows Gradio's progress."""
+    return lambda: "Stopped" in page.locator(said).inner_text() and not page.evaluate(_BUSY, outputs)
 
 
 def _event_over(page, timeout_s: float = 600.0) -> None:
@@ -73,17 +79,21 @@ def _event_over(page, timeout_s: float = 600.0) -> None:
         time.sleep(0.02)
 
 
-def _stop(page, stop, said: str) -> dict:
-    """Stop (a locator) clicked; the seconds until ``said`` (a selector) settles and until the run's event ends."""
+def _stop(page, stop, tab: str, lease) -> dict:
+    """Stop (a locator) clicked; the seconds until the tab's outputs settle, and until the models' ``lease`` is
+    free and the page quiet (the stopped step ended: a Run clicked before then waits for it)."""
+    said = OUTPUTS[tab].split(",")[0]
     clicked = time.monotonic()
     stop.click()
-    settle = _until(_stopped(page, said), 60, "Stop settling")
+    shown = _until(lambda: "Stopped" in page.locator(said).inner_text(), 60, "Stop's words")
+    settle = _until(_stopped(page, said, OUTPUTS[tab]), 60, "Stop settling") + shown
     words = next(line for line in page.locator(said).inner_text().splitlines() if "Stopped" in line).strip()[:80]
+    _until(lambda: not lease.owned, 600, "the stopped run's step")
     _event_over(page)
-    return {"settle_s": settle, "free_s": time.monotonic() - clicked, "said": words}
+    return {"said_s": shown, "settle_s": settle, "free_s": time.monotonic() - clicked, "said": words}
 
 
-def _live(page, attempt: int, kind: str, max_new: int) -> dict:
+def _live(page, lease, attempt: int, kind: str, max_new: int) -> dict:
     page.get_by_role("tab", name="Live decoding", exact=True).click()
     prompt = f"# try {attempt} ({kind})\n{PROMPT}"          # new text: no cached prefix
     page.locator("#sq-prompt textarea").fill(prompt)
@@ -98,18 +108,20 @@ def _live(page, attempt: int, kind: str, max_new: int) -> dict:
     if kind == "live_decode":
         summary = page.locator("#sq-summary")
         _until(lambda: re.search(r"\d+ tokens? in", summary.inner_text()), 600, "the first step")
-    out = _stop(page, page.get_by_role("button", name="Stop", exact=True).filter(visible=True).first, "#sq-summary")
+    out = _stop(page, page.get_by_role("button", name="Stop", exact=True).filter(visible=True).first, "live", lease)
     return {**out, "first_frame_s": first} if kind == "live_forward" else out
 
 
-def _tab(page, tab: str, run: str, phase: str, stop: str, said: str) -> dict:
+def _tab(page, lease, tab: str, run: str, phase: str, stop: str, kind: str) -> dict:
     page.get_by_role("tab", name=tab, exact=True).click()
     page.get_by_role("button", name=run, exact=True).click()
+    said = OUTPUTS[kind].split(",")[0]
     _until(lambda: re.search(phase, page.locator(said).inner_text()), 600, f"{tab} running")
-    return _stop(page, page.locator(stop), said)
+    return _stop(page, page.locator(stop), kind, lease)
 
 
-def visit(url: str, tries: int, max_new: int) -> dict:
+def visit(url: str, lease, tries: int, max_new: int) -> dict:
+    """``lease``: the models' (``owned`` while a run holds them)."""
     from playwright.sync_api import sync_playwright
 
     out = {kind: [] for kind in KINDS}
@@ -121,13 +133,13 @@ def visit(url: str, tries: int, max_new: int) -> dict:
         for attempt in range(tries):
             for kind in KINDS:
                 if kind.startswith("live"):
-                    row = _live(page, attempt, kind, max_new)
+                    row = _live(page, lease, attempt, kind, max_new)
                 elif kind == "compare":
-                    row = _tab(page, "Compare", "Run comparison", "Warm-up round|Round 1 of", "#sq-compare-stop",
-                               "#sq-compare-notes")
+                    row = _tab(page, lease, "Compare", "Run comparison", "Warm-up round|Round 1 of",
+                               "#sq-compare-stop", "compare")
                 else:
-                    row = _tab(page, "Distribution check", "Run the check", "Forwarding|Running", "#sq-check-stop",
-                               "#sq-check-verdicts")
+                    row = _tab(page, lease, "Distribution check", "Run the check", "Forwarding|Running",
+                               "#sq-check-stop", "check")
                 out[kind].append(row)
                 print(f"try {attempt} {kind}: " + ", ".join(f"{k} {v:.2f} s" for k, v in row.items()
                                                              if k.endswith("_s")) + f"  {row['said'][:50]!r}",
@@ -164,14 +176,14 @@ def main(argv=None) -> int:
         if ctx.status.error:
             raise SystemExit(f"loading failed: {ctx.status.error}")
         load_before = os.getloadavg()[0]
-        rows = visit(url, args.tries, args.max_new_tokens)
+        rows = visit(url, ctx.pair().lock, args.tries, args.max_new_tokens)
     finally:
         demo.close()
     result = {"machine": platform.processor() or platform.machine(), "cores": os.cpu_count(),
               "backend": ctx.pair().backend, "load_before": load_before, "load_after": os.getloadavg()[0],
               "tries": rows}
     for kind, runs in rows.items():
-        for key in ("first_frame_s", "settle_s", "free_s"):
+        for key in ("first_frame_s", "said_s", "settle_s", "free_s"):
             values = [r[key] for r in runs if key in r]
             if values:
                 result[f"{kind}.{key}"] = s = spread(values)
