@@ -15,9 +15,9 @@ SEQUOIA_BACKEND names one), opens it at 1280x720 and, per try, interleaved (A B 
 * ``check``: Stop while the distribution check runs.
 
 For each Stop: ``said_s``, from the click until the output says "Stopped", ``settle_s``, until it does and none
-of the tab's outputs shows Gradio's progress, and ``free_s``, until the models are free and the page quiet (the step in flight ended: a new
-Run starts at once).  Prints the median, min and max of each, with the load average before and after (a busy machine
-stretches both).  Needs `apt-get install chromium`.
+of the tab's outputs shows Gradio's progress, and ``free_s``, until the models are free and the page quiet (the
+step in flight ended: a new Run starts at once).  Prints the median, min and max of each, with the load average
+before and after (a busy machine stretches them all).  Needs `apt-get install chromium`.
 """
 
 from __future__ import annotations
