@@ -126,7 +126,7 @@ def _probed_reason(probed: Sequence[RuntimeEstimate]) -> str:
     against = " and ".join(f"{r.probe.text} on {display_name(r.backend)}" if r.probe.bound else
                            f"{r.probe.tokens_per_s:.1f} ({r.probe.low:.1f}-{r.probe.high:.1f}) on "
                            f"{display_name(r.backend)}" for r in rest)
-    when = "at an earlier start" if best.probe.cached else "at start"
+    when = "at an earlier start or in its background" if best.probe.cached else "at start"
     ratio = "" if rest[0].probe.bound else f", {best.probe.tokens_per_s / max(rest[0].probe.tokens_per_s, 1e-9):.1f}x"
     later = [display_name(r.backend) for r in rest if r.probe.bound and r.probe.tokens_per_s >= best.probe.tokens_per_s]
     waits = (f"; {' and '.join(later)} could be faster by that bound and is timed in the background once the "
@@ -138,7 +138,7 @@ def _probed_reason(probed: Sequence[RuntimeEstimate]) -> str:
 def _tied_reason(best: RuntimeEstimate, plain: RuntimeEstimate) -> str:
     """llama.cpp kept where another's median is higher but the steps' rates overlap (the background timing's
     banner says the same): a switch to torch costs its bf16 conversion, a minute or more."""
-    when = "at an earlier start" if plain.probe.cached else "at start"
+    when = "at an earlier start or in its background" if plain.probe.cached else "at start"
     return (f"its target alone decoded {plain.probe.text} on one thread here against {best.probe.text} on "
             f"{display_name(best.backend)}: the same within noise (their steps' rates overlap), and llama.cpp loads "
             f"without a conversion (timed {when}, CPU time); no profile ranks the runtimes on this CPU kind yet")
