@@ -64,7 +64,7 @@ def _finished(page, before: str = "", until: str = "finished:", timeout_s: float
     deadline = time.monotonic() + timeout_s
     while until not in (now := summary.inner_text()) or (before and now == before):
         if time.monotonic() > deadline:
-            raise SystemExit(f"the run did not finish in {timeout_s:.0f} s: {summary.inner_text()[:200]}")
+            raise TimeoutError(f"the run did not finish in {timeout_s:.0f} s: {summary.inner_text()[:200]}")
         time.sleep(0.5)
     return _settled(summary)
 
@@ -138,7 +138,7 @@ def visit(url: str, measures: int, out: dict) -> None:
                 if line and (line not in before) and "ms/token" in line:
                     break
                 if time.monotonic() > deadline:
-                    raise SystemExit("Measure gave no line in 600 s")
+                    raise TimeoutError("Measure gave no line in 600 s")
             line = next(ln for ln in _settled(body).splitlines() if "Measured here" in ln)
             rows = [{"label": r[1].strip(), "ms": float(r[2]), "lo": float(r[3]) if r[3] else None,
                      "hi": float(r[4]) if r[4] else None, "vs_predicted_pct": int(r[5]) if r[5] else None}
@@ -163,7 +163,7 @@ def _compare(page, figures: list) -> None:
     deadline = time.monotonic() + 900
     while "interleaved rounds" not in notes.inner_text():
         if time.monotonic() > deadline:
-            raise SystemExit("Compare gave no rounds' note in 900 s")
+            raise TimeoutError("Compare gave no rounds' note in 900 s")
         time.sleep(1.0)
     rows = page.locator("#sq-compare-table").evaluate(   # each cell's text is a span.text in Gradio's table
         "root => [...root.querySelectorAll('.virtual-row')].map(r => [...r.querySelectorAll('span.text')]"
