@@ -152,8 +152,9 @@ class ProfileRoom:
     def note(self) -> str:
         """One sentence for the Hardware tab and the live view: the profile in use and why (file names only),
         or what Sequoia does until one is measured."""
-        if self.measuring:
-            return f"Measuring this machine's profile ({self.profiling.fraction:.0%}); {UNTIL_MEASURED}."
+        p = self.profiling
+        if p is not None and not p.ready and p.error is None:
+            return f"Measuring this machine's profile ({p.fraction:.0%}); {UNTIL_MEASURED}."
         if self.choice.profile is not None:
             return f"Hardware profile ({self.choice.source}): {self.choice.reason}."
         failed = f" Measuring one failed: {self.profiling.error}." if self.profiling and self.profiling.error else ""

@@ -5,6 +5,7 @@ process's failure said plainly."""
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 
@@ -142,3 +143,23 @@ def test_the_next_start_keeps_llamacpp_where_the_bands_overlap():
 def test_a_child_probe_needs_its_memory_free(tmp_path):
     with pytest.raises(RuntimeError, match="needs about 4.5 GB free and 2.0 GB are"):
         bp.time_in_child("hf", tmp_path, free=lambda: 2_000_000_000)
+
+
+def test_the_note_reads_while_only_the_timing_runs(tmp_path):
+    """The Hardware tab's note while the background timing runs and no profile measurement does (it once read
+    the profile measurement's progress, None there, and the tab's views failed)."""
+    room = ProfileRoom(cache_dir=tmp_path, auto_profile=True)
+    room.runtime = started(bound(9.0))
+    release = threading.Event()
+
+    def held(backend, cache):
+        release.wait(60)   # bounds a hang only: released just below
+        return timed(backend, 8.0)
+    thread = room.start_timing(("hf",), time_one=held)
+    try:
+        assert room.profiling is None and room.measuring
+        assert "No hardware profile" in room.note() or "Hardware profile" in room.note()
+    finally:
+        release.set()
+        thread.join(timeout=60)
+    assert not thread.is_alive()
