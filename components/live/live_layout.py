@@ -181,7 +181,9 @@ def _wire(ctx: AppContext, c: SimpleNamespace, v: SimpleNamespace, refresh_on=()
     # frame's answer cannot land after a refusal and clear the validator's message from the fields.
     # No progress overlay on the outputs: the first frame says what the run does, and after Stop the outputs
     # must read as settled while the step in flight ends (it cannot be cut).
-    runs = dict(show_progress="hidden", **MODEL_WORK)
+    # A click while a stopped run still ends its step: its run follows that one ("always_last"; Gradio's default
+    # "once" dropped it while the stopped run's event was pending on the page).
+    runs = dict(show_progress="hidden", trigger_mode="always_last", **MODEL_WORK)
     event = c.go_btn.click(frame, with_state, first, api_visibility="private", show_progress="hidden",
                            concurrency_limit=None).then(handler, with_state, outputs, api_name="decode_stream", **runs)
     guided_run = _wire_guided(ctx, c, v, frame, handler, with_state, outputs)
@@ -219,7 +221,8 @@ def _wire_guided(ctx, c, v, frame, handler, with_state, outputs):
                                 None, fields, api_visibility="private", concurrency_limit=None)
     guided = guided.then(frame, with_state, [v.text, v.summary_md, v.session], api_visibility="private",
                          show_progress="hidden", concurrency_limit=None)
-    return guided.then(handler, with_state, outputs, api_visibility="private", show_progress="hidden", **MODEL_WORK)
+    return guided.then(handler, with_state, outputs, api_visibility="private", show_progress="hidden",
+                       trigger_mode="always_last", **MODEL_WORK)
 
 
 def _wire_inspector(v, runs) -> None:

@@ -127,8 +127,8 @@ def _watch_for(page, words: str) -> None:
 
 
 def _run_over(page, ctx) -> None:
-    """Once a stopped run is over: its last step done and the models free (the lease), and the page quiet.  A click
-    before then is dropped by Gradio (the run's event is still pending on the page), as a visitor's would be."""
+    """Once a stopped run is over: its last step done and the models free (the lease), and the page quiet, so the
+    next run's timings start from a quiet machine (a click before then runs after the stopped one)."""
     lease = ctx.pair().lock
     _wait_for(lambda: not lease.owned, 300)
     _event_ended(page)

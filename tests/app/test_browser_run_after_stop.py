@@ -1,5 +1,5 @@
 """Run clicked right after Stop, while the stopped run's step is still in flight (issue 59): the new run starts
-once that step ends, in Compare and in the Distribution check; headless Debian Chromium on the tiny pair.
+once that step ends, in Live, Compare and the Distribution check; headless Debian Chromium on the tiny pair.
 
 The page's Run is two events: a light one that leaves a fresh session, then the run itself.  Gradio skips a
 click's event while that same event is still pending on the page (its ``trigger_mode="once"``), so the run of a
@@ -13,7 +13,8 @@ import pytest
 
 from components.compare import compare_tab
 from components.distribution import distribution_tab
-from test_browser import _wait_for, browser_context, server, sync_api
+from components.live import live_tab
+from test_browser import _click_decode, _wait_for, browser_context, server, sync_api
 
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(not __import__("os").path.exists("/usr/bin/chromium"),
                                                       reason="no /usr/bin/chromium")]
@@ -105,3 +106,26 @@ def test_the_distribution_check_runs_a_click_made_right_after_stop(page, monkeyp
                    page.locator("#sq-check-stop"), verdicts)
     sync_api.expect(verdicts).to_contain_text("Finished in", timeout=120_000)   # the second check, to its end
     assert len(release.calls) == 2 and "Stopped" not in verdicts.text_content()
+
+
+def test_live_decodes_a_click_made_right_after_stop(page, monkeypatch):
+    release = _first_run_held(monkeypatch, live_tab, "run_decode")
+    page.locator("#sq-prompt textarea").fill("def again():")
+    box = page.get_by_label(__import__("re").compile(r"^max new tokens"))
+    box.fill("6")
+    box.press("Enter")
+    _click_decode(page)   # the fields' own events answered first, as test_browser's visitor
+    summary = page.locator("#sq-summary")
+    decode = page.get_by_role("button", name="Decode", exact=True)
+    try:
+        _wait_for(release.holding.is_set, 60)
+        page.get_by_role("button", name="Stop", exact=True).click()
+        sync_api.expect(summary).to_contain_text("Stopped")
+        completed = page.evaluate("window.sqCompleted")
+        decode.click()                            # the stopped run's event is still pending on the page
+        page.wait_for_function("n => window.sqCompleted > n", arg=completed)
+        page.evaluate("() => new Promise(done => setTimeout(done, 100))")
+    finally:
+        release.set()
+    sync_api.expect(summary).to_contain_text("6 tokens", timeout=120_000)   # the second run, to its end
+    assert len(release.calls) == 2 and "Stopped" not in summary.text_content()
