@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import gradio as gr
@@ -208,9 +208,9 @@ def runtime_from_env(env: Mapping[str, str] = os.environ) -> RuntimeDecision:
     SEQUOIA_PROBE=0 skips it: llama.cpp then, the faster target alone on every CPU kind measured)."""
     named = (env.get("SEQUOIA_BACKEND") or "").strip()
     probe = not named and env.get("SEQUOIA_PROBE", "1").strip().lower() not in ("0", "false", "no", "off")
-    return decision_from(named, "SEQUOIA_BACKEND", device=env.get("SEQUOIA_DEVICE") or None,
-                         draft=env.get("SEQUOIA_DRAFT") or "embedded", target=env.get("SEQUOIA_TARGET") or "embedded",
-                         cache_dir=default_cache_dir(env), probe=probe, log=_probe_log)
+    pair = dict(draft=env.get("SEQUOIA_DRAFT") or "embedded", target=env.get("SEQUOIA_TARGET") or "embedded")
+    return replace(decision_from(named, "SEQUOIA_BACKEND", device=env.get("SEQUOIA_DEVICE") or None, **pair,
+                                 cache_dir=default_cache_dir(env), probe=probe, log=_probe_log), timed_later=probe)
 
 
 def _probe_log(line: str) -> None:

@@ -45,7 +45,9 @@ LONG_PROMPT = "Explain, line by line, what this Python code does:\n" + "\n".join
 @pytest.fixture(scope="module")
 def default_server(lanes):
     """The app from this environment, as ``python app.py`` builds it, its models loaded before the first test."""
-    demo = app.build_from_env(dict(os.environ), lanes=lanes)
+    # no background timing of the runtimes (its children load the targets again, niced, and outlive the
+    # module; test_browser_fresh keeps it): the background profile still measures beside the visits
+    demo = app.build_from_env({**os.environ, "SEQUOIA_PROBE": "0"}, lanes=lanes)
     ctx = demo.sequoia_context
     ctx.models.start_loading()
     _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True,

@@ -30,7 +30,9 @@ __all__ = ["browser_context"]
 def race_server(lanes):
     """The app from this environment with its models loaded; the other runtime made to pay by hand-made profiles."""
     with pytest.MonkeyPatch.context() as mp:
-        demo = app.build_from_env(dict(os.environ), lanes=lanes)
+        # no background timing of the runtimes (its children load the targets again, niced, and outlive the
+        # module; test_browser_fresh keeps it): the background profile still measures beside the visits
+        demo = app.build_from_env({**os.environ, "SEQUOIA_PROBE": "0"}, lanes=lanes)
         ctx = demo.sequoia_context
         if ctx.extras.race_loader is None:
             pytest.skip("this server offers no race (no second runtime to load)")

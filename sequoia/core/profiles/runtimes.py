@@ -99,6 +99,7 @@ class RuntimeDecision:
     runtimes: tuple[RuntimeEstimate, ...]
     explicit: bool = False               # named by SEQUOIA_BACKEND / --backend rather than chosen
     machine: Machine | None = None       # what it was decided for (None: built by hand)
+    timed_later: bool = True             # the background may time the runtimes no profile ranks (SEQUOIA_PROBE)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

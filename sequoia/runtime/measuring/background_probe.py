@@ -41,10 +41,11 @@ def free_bytes() -> int | None:
 def pending(decision: RuntimeDecision | None) -> tuple[str, ...]:
     """The runtimes to time in the background, the served one first: every installed one of torch and
     llama.cpp, where no profile ranks them and the start had no timed probe of each (from an earlier
-    start's cache); empty otherwise (a GPU, models that fix the runtime, a runtime named, both ranked)."""
+    start's cache); empty otherwise (a GPU, models that fix the runtime, a runtime named, both ranked, the
+    timing switched off: SEQUOIA_PROBE=0)."""
     m = decision.machine if decision is not None else None
-    if decision is None or decision.explicit or m is None or m.device_kind != "cpu" or m.fixed_by_models \
-            or not m.llamacpp_installed:
+    if decision is None or decision.explicit or not decision.timed_later or m is None or m.device_kind != "cpu" \
+            or m.fixed_by_models or not m.llamacpp_installed:
         return ()
     ours = [r for r in decision.runtimes if r.backend in PROBED and r.installed]
     if all(r.measured for r in ours) or all(r.probe is not None and not r.probe.bound for r in ours):

@@ -163,3 +163,14 @@ def test_the_note_reads_while_only_the_timing_runs(tmp_path):
         release.set()
         thread.join(timeout=60)
     assert not thread.is_alive()
+
+
+def test_probe_0_switches_the_background_timing_off():
+    """SEQUOIA_PROBE=0 skips the timing, as docs/configuration.md says: the start serves llama.cpp by the rule and
+    nothing is timed in the background either."""
+    import app
+    from dataclasses import replace
+
+    decision = started(bound(9.0))
+    assert bp.pending(decision) and not bp.pending(replace(decision, timed_later=False))
+    assert app.runtime_from_env({"SEQUOIA_BACKEND": "", "SEQUOIA_PROBE": "0"}).timed_later is False
