@@ -30,7 +30,7 @@ from ...core.profiles.acceptance import AcceptanceVector
 from ...core.profiles.calibration import Calibration
 from ...core.profiles.fingerprint import Fingerprint
 from ...core.profiles.profile import HardwareProfile
-from ...runners.embedded import default_cache_dir
+from ...runners.embedded import DRAFT, TARGET, default_cache_dir
 from ..methods import DEFAULT_ACCEPTANCE
 from .fingerprint import machine_fingerprint
 from .profiling import measure_profile
@@ -72,6 +72,8 @@ def find_profile(fingerprint: Fingerprint, explicit: str | Path | None = None, c
         return _given(Path(explicit), fingerprint)
     cached = profile_cache_path(fingerprint, cache_dir)
     prof = _read_profile(cached)
+    if prof is None and not fingerprint.pair:
+        cached, prof = _cached_embedded(fingerprint, cache_dir)
     if prof is not None and prof.matches(fingerprint):
         return ProfileChoice(prof, "cached", cached,
                              f"cached {cached.name} was measured on this machine ({_when(prof)})")
@@ -130,6 +132,24 @@ def _given(path: Path, fingerprint: Fingerprint) -> ProfileChoice:
         note = f"WARNING: it was measured on another machine ({'; '.join(diff)})" if diff else \
             "it was measured on a machine like this one"
     return ProfileChoice(prof, "given", path, f"{path.name} was given explicitly; {note}")
+
+
+def _cached_embedded(fingerprint: Fingerprint, cache_dir: str | Path | None) -> tuple[Path, HardwareProfile | None]:
+    """The newest cached profile of the embedded pair matching ``fingerprint``, which names no pair (a runtime's
+    expected fingerprint, its pair not loaded): a profile is cached under its pair's key (the loaded pair's
+    name is in it: ``python -m sequoia profile --backend hf``, the app's profiler), which such a lookup cannot
+    compute.  Only the embedded pair's profiles stand in (another pair of the same weight types costs more)."""
+    folder = profile_cache_path(fingerprint, cache_dir).parent
+    found: list[tuple[str, Path, HardwareProfile]] = []
+    for path in sorted(folder.glob("*.json")):
+        prof = _read_profile(path)
+        pair = prof.fingerprint.pair if prof is not None and prof.fingerprint is not None else ""
+        if pair.startswith(DRAFT.name) and f"+{TARGET.name}" in pair and prof.matches(fingerprint):
+            found.append((prof.date or "", path, prof))
+    if not found:
+        return profile_cache_path(fingerprint, cache_dir), None
+    _, path, prof = max(found, key=lambda item: item[0])
+    return path, prof
 
 
 def _read_profile(path: Path) -> HardwareProfile | None:

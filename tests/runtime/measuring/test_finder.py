@@ -73,6 +73,27 @@ def test_cache_round_trip_beats_shipped(tmp_path):
         cache_profile(_profile(None), cache)
 
 
+def test_a_runtimes_expected_fingerprint_finds_the_embedded_pairs_profile_cached_under_its_pairs_key(tmp_path):
+    # `python -m sequoia profile --backend hf` caches under the loaded pair's key (its name is in it); the page
+    # looks the runtimes it has not loaded up by a fingerprint naming no pair: it must still find that profile
+    cache = tmp_path / "cache"
+    embedded = replace(AVX512, pair="Qwen2.5-Coder-0.5B-Instruct (int4)+Qwen2.5-Coder-1.5B-Instruct")
+    older = replace(_profile(embedded, 300.0), date="2026-10-01T00:00:00+00:00")
+    (cache / "profiles").mkdir(parents=True)
+    older.save(cache / "profiles" / "older.json")
+    path = cache_profile(_profile(embedded, 120.0), cache)
+    cache_profile(_profile(replace(AVX512, pair="some-draft+some-target"), 50.0), cache)   # another pair
+    unnamed = replace(AVX512, pair="")
+    assert path != profile_cache_path(unnamed, cache)
+    choice = find_profile(unnamed, cache_dir=cache, assets_dir=tmp_path / "assets")
+    assert choice.source == "cached" and choice.path == path and choice.profile.target(1) == 121.0   # the newest
+    # another pair's profile never stands in for the embedded pair's, nor another machine's
+    path.unlink(), (cache / "profiles" / "older.json").unlink()
+    assert find_profile(unnamed, cache_dir=cache, assets_dir=tmp_path / "assets").source == "none"
+    cache_profile(_profile(embedded, 120.0), cache)
+    assert find_profile(replace(AVX2, pair=""), cache_dir=cache, assets_dir=tmp_path / "assets").source == "none"
+
+
 def test_explicit_profile_wins_and_warns_when_foreign(tmp_path):
     _ship(tmp_path, "cpu-avx2.json", _profile(AVX2))
     mine = tmp_path / "mine.json"
