@@ -92,7 +92,7 @@ def offer(serving: str, profiles: Mapping[str, HardwareProfile], acceptance: Seq
         return None
     best: tuple[float, str] | None = None
     for backend, prof in profiles.items():
-        if backend == serving:
+        if backend == serving or same_target(backend, serving):
             continue
         speedup = tree_ratio(prof, acceptance)
         if speedup >= PAYS and (best is None or speedup > best[0]):
@@ -102,6 +102,26 @@ def offer(serving: str, profiles: Mapping[str, HardwareProfile], acceptance: Seq
     ratios = {b: verify_ratio(profiles[b]) for b in (best[1], serving)}
     return Offer(best[1], serving, best[0], {b: r for b, (r, _) in ratios.items()},
                  min(n for _, n in ratios.values()))
+
+
+def same_target(a: str, b: str) -> bool:
+    """Two runtimes running one target (torch's: the Hugging Face runtime and the mixed one, whose draft alone is
+    on llama.cpp): racing them races one target alone against itself, and a tree there shows on the page as it
+    serves, with no race."""
+    return {a, b} == {"hf", "mixed"}
+
+
+def serving_pays_line(serving: str, profile: HardwareProfile, acceptance: Sequence[float]) -> str:
+    """Where the runtime serving makes a tree pay itself (torch on AMX): no race is needed, the Live tab's own runs
+    show it; one line with its arithmetic ("" where no tree pays on it)."""
+    ratio = tree_ratio(profile, acceptance)
+    if ratio < PAYS:
+        return ""
+    r, n = verify_ratio(profile)
+    name = display_name(serving)
+    return (f"**A tree pays on the runtime serving:** verifying {n} tokens costs {r:.1f}x one token on {name} "
+            f"(this machine's profile), so Sequoia (auto) is predicted at {ratio:.1f}x its target alone here: run "
+            "the guided example with Sequoia (auto), or Compare, to see it measured (no race between runtimes needed).")
 
 
 def no_race_line(profiles: Mapping[str, HardwareProfile], acceptance: Sequence[float],

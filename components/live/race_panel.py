@@ -50,6 +50,9 @@ def offer_markdown(ctx: AppContext, offer: race.Offer | None) -> str:
     if offer is None:
         if not profiles:
             return ""
+        serving = ctx.pair().backend
+        if serving in profiles and (line := race.serving_pays_line(serving, profiles[serving], acceptance)):
+            return line
         installed = ("hf", "llamacpp") if importlib.util.find_spec("llama_cpp") else ("hf",)
         missing = [b for b in installed if b not in profiles]
         return race.no_race_line(profiles, acceptance, missing)

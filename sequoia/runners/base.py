@@ -68,7 +68,7 @@ class RunnerInfo:
     threads: int | None = None  # CPU threads the runtime uses (None: the runtime's default)
     kernels: str = ""       # free text: which kernels or options the runner chose
     quant: str = "none"     # hf only: weight-only quantization of the linears ("none" | "int8" | "int4")
-    single_row_kernel: str = ""  # hf only: "aten" when one-token forwards skip oneDNN (see runners/hf/cpu.py)
+    single_row_kernel: str = ""  # hf only: "aten" (one-token forwards skip oneDNN) or "onednn-blocked" (see runners/hf/cpu.py)
     multi_row_kernel: str = ""   # hf only: "onednn-blocked" when many-row products read blocked weight copies
 
 

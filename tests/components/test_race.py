@@ -27,6 +27,14 @@ def test_the_race_is_offered_where_another_runtime_makes_a_tree_pay():
     assert race.offer("llamacpp", {"llamacpp": LLAMA}, CODE) is None                    # nothing else profiled
     assert race.offer("llamacpp", {"llamacpp": LLAMA, "hf": LLAMA}, CODE) is None       # no tree pays there
     assert race.offer("hf", {"llamacpp": LLAMA}, CODE) is None                          # serving not profiled
+    # the mixed runtime runs torch's target too: serving either, the other is no race (one target against itself)
+    assert race.offer("hf", {"hf": TORCH, "mixed": TORCH, "llamacpp": LLAMA}, CODE) is None
+    assert race.offer("mixed", {"mixed": TORCH, "hf": TORCH}, CODE) is None
+    assert race.offer("llamacpp", {"llamacpp": LLAMA, "mixed": TORCH}, CODE).tree_backend == "mixed"
+    # serving the runtime where the tree pays: no race, one line saying so with its arithmetic
+    line = race.serving_pays_line("hf", TORCH, CODE)
+    assert "A tree pays on the runtime serving" in line and "1.4x one token" in line and "Sequoia (auto)" in line
+    assert race.serving_pays_line("llamacpp", LLAMA, CODE) == ""
 
 
 def test_runs_interleave_and_bands_pair_extremes():

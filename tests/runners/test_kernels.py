@@ -303,10 +303,38 @@ def test_only_bf16_models_on_cpus_with_onednn_bf16_are_routed(monkeypatch):
     assert cpu.single_row_kernel("cpu", torch.bfloat16) == ""   # an AVX2-only CPU: nothing to skip
     assert wrap_model(tiny_model(0).to(torch.bfloat16), plain=False).single_row_kernel == ""
     monkeypatch.setattr("sequoia.runners.hf.cpu.onednn_bf16", lambda: True)
+    monkeypatch.setattr("sequoia.runners.hf.cpu.cpu_facts", lambda: ("EPYC", ("avx2", "avx512f", "avx512_bf16")))
     assert cpu.single_row_kernel("cpu", torch.bfloat16) == cpu.SINGLE_ROW_ATEN
     assert cpu.single_row_kernel("cuda", torch.bfloat16) == ""
     assert wrap_model(tiny_model(0).to(torch.bfloat16), plain=False).single_row_kernel == cpu.SINGLE_ROW_ATEN
     assert wrap_model(tiny_model(0).to(torch.bfloat16), plain=True).single_row_kernel == ""   # the GPU path
+    # with AMX one row goes through the blocked copies (where there are none: oneDNN on the plain weight)
+    assert cpu.single_row_kernel("cpu", torch.bfloat16, ("avx512_bf16", "amx_bf16")) == cpu.SINGLE_ROW_BLOCKED
+    monkeypatch.setattr("sequoia.runners.hf.cpu.cpu_facts", lambda: ("Xeon", ("avx512_bf16", "amx_tile", "amx_bf16")))
+    assert cpu.single_row_kernel("cpu", torch.bfloat16) == cpu.SINGLE_ROW_BLOCKED
+    assert cpu.single_row_kernel("cpu", torch.float32) == ""
+    runner = wrap_model(tiny_model(0).to(torch.bfloat16), plain=False, blocked_weights=True)
+    assert runner.single_row_kernel == cpu.SINGLE_ROW_BLOCKED
+    assert all(m.one_row for m in onednn.blocked_copies(runner.model))
+    assert wrap_model(tiny_model(0).to(torch.bfloat16), plain=False).single_row_kernel == ""   # no blocked copies
+
+
+@needs_onednn_bf16
+def test_one_row_through_the_blocked_copy_is_padded_and_matches_the_plain_product(monkeypatch):
+    """single_row_kernel "onednn-blocked": one row multiplies from the blocked copy, padded; never a plain F.linear,
+    and the same sums as the plain weight's product up to bf16 rounding of a differently ordered reduction."""
+    layer = torch.nn.Linear(64, 48).to(torch.bfloat16)
+    blocked, plain_row = onednn.BlockedLinear(layer, one_row=True), onednn.BlockedLinear(layer)
+    x = torch.randn(1, 1, 64, dtype=torch.bfloat16)
+    calls, linear = [], torch.nn.functional.linear
+    want = linear(x, layer.weight, layer.bias)
+    monkeypatch.setattr(onednn.F, "linear", lambda *a, **k: calls.append("plain") or linear(*a, **k))
+    got = blocked(x)
+    assert calls == [] and got.shape == (1, 1, 48)
+    assert torch.allclose(got.float(), want.float(), atol=0.05)
+    assert torch.equal(got[0], blocked(torch.cat([x[0], torch.zeros(1, 64, dtype=torch.bfloat16)]))[:1])  # a padded row
+    plain_row(x)
+    assert calls == ["plain"]
 
 
 # ---------------------------------------------------------------------------- many-row forwards

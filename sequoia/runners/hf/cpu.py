@@ -69,10 +69,22 @@ def _onednn_bf16_model(device_type: str, dtype: torch.dtype) -> bool:
     return device_type == "cpu" and dtype == torch.bfloat16 and onednn_bf16()
 
 
-def single_row_kernel(device_type: str, dtype: torch.dtype) -> str:
-    """The kernel a one-token forward of a ``dtype`` model on ``device_type`` gets here: "aten" or "" (torch's
-    own choice).  "aten" on CPUs whose oneDNN has bf16 kernels, for bf16 models."""
-    return SINGLE_ROW_ATEN if _onednn_bf16_model(device_type, dtype) else ""
+#: What the fingerprint calls one-row bf16 forwards through oneDNN's blocked weight copies, the row padded as
+#: few-row products are (see :class:`sequoia.runners.hf.onednn.BlockedLinear`).
+SINGLE_ROW_BLOCKED = "onednn-blocked"
+
+
+def single_row_kernel(device_type: str, dtype: torch.dtype, features: tuple[str, ...] | None = None) -> str:
+    """The kernel a one-token forward of a ``dtype`` model on ``device_type`` gets here: "aten", "onednn-blocked"
+    or "" (torch's own choice), for bf16 models on CPUs whose oneDNN has bf16 kernels: "onednn-blocked" where the
+    CPU has AMX (``features``: :func:`cpu_facts`'s, None: this CPU's), "aten" elsewhere.  Measured, whole 1.5B
+    target, one token at a 128-token context, 2 threads: on a 2-vCPU AVX-512-BF16 EPYC aten 128-147 ms against
+    213-229 through oneDNN (146-157 padded to 4 rows); on a 2-vCPU Xeon with AMX aten 236 ms (230-250), oneDNN
+    on the plain weight 200 ms, the blocked copy padded to 4 rows 172 ms (169-175), median of 12 interleaved."""
+    if not _onednn_bf16_model(device_type, dtype):
+        return ""
+    return SINGLE_ROW_BLOCKED if "amx_bf16" in (cpu_facts()[1] if features is None else features) \
+        else SINGLE_ROW_ATEN
 
 
 #: What the fingerprint calls many-row bf16 products from oneDNN's blocked weight copies

@@ -352,9 +352,10 @@ def default_draft_scheme(device_type: str, cpu_features: tuple[str, ...]) -> str
     return "int4" if "avx512_bf16" in cpu_features and int4_available() else "int8"
 
 
-def block_weights(model: torch.nn.Module) -> bool:
+def block_weights(model: torch.nn.Module, one_row: bool = False) -> bool:
     """Give ``model``'s bf16 linears a blocked copy for many-row products where that is faster
-    (measured in :mod:`sequoia.runners.hf.onednn`).
+    (measured in :mod:`sequoia.runners.hf.onednn`); ``one_row``: one-row products too
+    (:data:`~sequoia.runners.hf.cpu.SINGLE_ROW_BLOCKED`).
 
     Only where :func:`~sequoia.runners.hf.cpu.multi_row_kernel` says so (bf16 on a CPU whose oneDNN has
     bf16 kernels).  Quantized layers swap their plain bf16 copy for a blocked one and use it from
@@ -369,6 +370,6 @@ def block_weights(model: torch.nn.Module) -> bool:
             parent.block_copy()
         for name, child in list(parent.named_children()):
             if type(child) is torch.nn.Linear and child.weight.dtype == torch.bfloat16:
-                setattr(parent, name, BlockedLinear(child))
+                setattr(parent, name, BlockedLinear(child, one_row))
     gc.collect()
     return True

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from ..base import RunnerInfo
 from .attention import use_few_query_attention
-from .cpu import MULTI_ROW_BLOCKED, cpu_facts, single_row_kernel
+from .cpu import MULTI_ROW_BLOCKED, SINGLE_ROW_BLOCKED, cpu_facts, single_row_kernel
 from .kernels import block_weights, check_scheme, default_draft_scheme, describe, quantize_weights
 from .graphs.compile_cache import CompilePlan
 from .graphs.graph_runner import GraphRunner
@@ -74,9 +74,11 @@ def wrap_model(model, name: str = "", role: str = "target", plain: bool = True, 
         return GraphRunner(model, name, RunnerInfo(**{**info.__dict__, "kernels": kernels}), compile=plan)
     if plain or device.type != "cpu":
         return HFRunner(model, name, _info(model, device, quant, "", ""))
-    blocked = block_weights(model) if blocked_weights else False
-    use_few_query_attention(model)
     one_row = single_row_kernel(device.type, dtype)
+    blocked = block_weights(model, one_row == SINGLE_ROW_BLOCKED) if blocked_weights else False
+    if one_row == SINGLE_ROW_BLOCKED and not blocked:   # no blocked copies: oneDNN on the plain weight
+        one_row = ""
+    use_few_query_attention(model)
     forward = draft_forward(model) if role == "draft" else model_forward
     info = _info(model, device, quant, one_row, MULTI_ROW_BLOCKED if blocked else "")
     return HFRunner(model, name, info, forward_fn=forward, single_row_kernel=one_row)

@@ -140,14 +140,16 @@ PAD_ROWS = 4
 
 
 class BlockedLinear(torch.nn.Module):
-    """A bf16 ``nn.Linear`` that multiplies two or more rows from oneDNN's blocked copy of its weight.
+    """A bf16 ``nn.Linear`` that multiplies two or more rows (with ``one_row``, any) from oneDNN's blocked copy of
+    its weight.
 
     ``weight`` and ``bias`` stay the original parameters (a tied lm_head stays tied, state dicts are
     unchanged); the blocked copy is held outside the module's state, as a cache of it.
     """
 
-    def __init__(self, linear: torch.nn.Linear) -> None:
+    def __init__(self, linear: torch.nn.Linear, one_row: bool = False) -> None:
         super().__init__()
+        self.one_row = one_row   # one row too, padded (single_row_kernel "onednn-blocked": faster on AMX)
         if linear.weight.dtype != torch.bfloat16 or linear.weight.device.type != "cpu":
             raise ValueError("BlockedLinear takes a bf16 CPU linear layer")
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -159,7 +161,7 @@ class BlockedLinear(torch.nn.Module):
         # Always 2-D: a prefill's head input is an odd-strided [1, 1, H] view that a 3-D matmul would
         # multiply by copying the whole weight first (1.3 s on the target; see lean.head_rows).
         flat = x.reshape(rows, self.in_features)
-        if rows <= 1 or x.dtype != torch.bfloat16 or not self._blocked:   # one row, or the copy dropped
+        if rows < 1 + (not self.one_row) or x.dtype != torch.bfloat16 or not self._blocked:   # or the copy dropped
             y = F.linear(flat, self.weight, self.bias)
         else:
             if rows < PAD_ROWS:

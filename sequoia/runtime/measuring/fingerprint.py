@@ -84,9 +84,11 @@ def _model_facts(pair) -> dict:
     target_dtype = getattr(pair, "dtype", None)
     device_type = torch.device(getattr(pair, "device", None) or "cpu").type
     many = cpu.multi_row_kernel(device_type, target_dtype) if getattr(pair, "blocked_weights", True) else ""
+    one = cpu.single_row_kernel(device_type, target_dtype)
     facts = dict(
         runtime=getattr(pair, "backend", "hf"),
-        target_dtype=dtype_name(target_dtype), single_row_kernel=cpu.single_row_kernel(device_type, target_dtype),
+        target_dtype=dtype_name(target_dtype),
+        single_row_kernel="" if one == cpu.SINGLE_ROW_BLOCKED and not many else one,   # as load_runner decides
         multi_row_kernel=many, target_quant=getattr(pair, "target_quant", None) or "none",
         draft_dtype=dtype_name(getattr(pair, "draft_dtype", None) or target_dtype),
         draft_quant=draft_quant,

@@ -144,11 +144,18 @@ def test_the_kernels_of_the_targets_forwards_decide_a_match(monkeypatch, field, 
     from types import SimpleNamespace
 
     monkeypatch.setattr("sequoia.runners.hf.cpu.onednn_bf16", lambda: True)
+    monkeypatch.setattr("sequoia.runners.hf.cpu.cpu_facts", lambda: ("EPYC", ("avx2", "avx512f", "avx512_bf16")))
     stand_in = SimpleNamespace(device=torch.device("cpu"), dtype=torch.bfloat16, draft_dtype=torch.bfloat16,
                                draft_quant="int4", target_quant="none", name="not loaded")
     assert getattr(machine_fingerprint(stand_in), field) == value
     stand_in.dtype = torch.float32
     assert getattr(machine_fingerprint(stand_in), field) == ""
+    if field == "single_row_kernel":   # with AMX one row goes through the blocked copies, where there are some
+        monkeypatch.setattr("sequoia.runners.hf.cpu.cpu_facts", lambda: ("Xeon", ("avx512_bf16", "amx_bf16")))
+        stand_in.dtype = torch.bfloat16
+        assert machine_fingerprint(stand_in).single_row_kernel == "onednn-blocked"
+        stand_in.blocked_weights = False
+        assert machine_fingerprint(stand_in).single_row_kernel == ""
     # A loaded target says what it got (a tiny fp32 one: nothing).
     pair = make_pair(tiny_model(1, vocab=64, hidden=16), tiny_model(0, vocab=64), 64)
     assert getattr(machine_fingerprint(pair), field) == ""
