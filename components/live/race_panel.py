@@ -61,7 +61,8 @@ def offer_markdown(ctx: AppContext, offer: race.Offer | None) -> str:
     vt, vs = offer.verify_ratio[offer.tree_backend], offer.verify_ratio[offer.serving_backend]
     return (f"**A tree pays one runtime away:** verifying {n} tokens costs {vt:.1f}x one token on {t} against "
             f"{vs:.1f}x on {s} (serving; this machine's profiles), so Sequoia (auto) is predicted at "
-            f"{offer.predicted_ratio:.1f}x {t}'s target alone. "
+            f"{offer.predicted_ratio:.1f}x {t}'s target alone"
+            f"{race_run.stand_in_words(ctx, offer.tree_backend, acceptance)}. "
             f"**{RACE_LABEL}** runs the guided example's prompt by Sequoia (auto) on {t}, by {t}'s target alone and "
             f"by {s}'s target alone, in {race.ROUNDS} interleaved rounds; it loads {t}'s pair first (about {size}) "
             "and frees it after.")

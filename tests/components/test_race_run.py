@@ -108,3 +108,36 @@ def test_the_panel_streams_the_race_and_stop_settles_it(race_ctx):
     lanes, words = race_panel.stop(waiting)                 # stopped in the queue: it never starts
     assert "Stopped" in words and list(race_panel.race_stream(race_ctx, waiting)) == [(race_panel.gr.skip(),) * 5]
     assert race_ctx.loads and race_ctx.extras.race_loaded is None
+
+
+def test_a_cpu_kind_without_a_torch_profile_races_on_a_shipped_stand_in(race_ctx, tmp_path, monkeypatch):
+    """A fresh CPU Space with bf16 matrix kernels has no torch profile of its kind: the race is predicted from
+    another such CPU's shipped torch profile (and says so); never on a CPU without them, never llama.cpp's."""
+    from sequoia.core.profiles.fingerprint import Fingerprint
+    from sequoia.core.profiles.runtimes import FoundProfile
+
+    zen4 = Fingerprint(device_kind="cpu", cpu_model="AMD EPYC", cpu_features=("avx2", "avx512f", "avx512_bf16"),
+                       onednn_bf16=True, threads=2, target_dtype="bf16", draft_dtype="bf16", draft_quant="int4",
+                       runtime="hf")
+    assets = tmp_path / "shipped"
+    dataclasses.replace(TORCH, fingerprint=dataclasses.replace(zen4, runtime="llamacpp")).save(
+        assets / "profiles" / "a-llamacpp.json")
+    assert race_run.torch_stand_in(assets, ("avx2", "avx512_bf16", "amx_bf16")) is None   # llama.cpp's is no stand-in
+    dataclasses.replace(TORCH, fingerprint=zen4).save(assets / "profiles" / "b-torch.json")
+    amx = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+    kin = race_run.torch_stand_in(assets, amx)
+    assert kin is not None and kin.profile.target(1) == TORCH.target(1) and "b-torch.json" in kin.source
+    assert "AMD EPYC" in kin.source
+    assert race_run.torch_stand_in(assets, ("avx2",)) is None                              # no bf16 kernels: none
+    assert race_run.torch_stand_in(assets, ("avx2", "avx512_bf16")).source == kin.source   # int4 draft there too
+
+    monkeypatch.undo()   # the fixture's hand-made race_profiles: the real one, with this machine's lookup faked
+    monkeypatch.setattr(race_run, "runtimes_here", lambda c, acceptance: ({"llamacpp": FoundProfile(LLAMA, "in use")},
+                                                                          None))
+    monkeypatch.setattr(race_run, "torch_stand_in", lambda assets_dir, features=None: kin)
+    assert race_run.race_profiles(race_ctx, CODE) == {"llamacpp": LLAMA, "hf": kin.profile}
+    offer = race_run.race_offer(race_ctx, CODE)
+    assert offer is not None and offer.tree_backend == "hf"
+    words = race_panel.offer_markdown(race_ctx, offer)
+    assert "predicted from shipped b-torch.json (AMD EPYC: no torch profile of this CPU kind here)" in words
+    assert "python -m sequoia profile --backend hf" in words
