@@ -1,10 +1,12 @@
 """Scripts cannot rot: every script under scripts/ answers ``--help`` and names only library objects that exist.
 
-``--help`` runs each script as a user would (``python scripts/<name>.py --help`` from the repository
-root, no PYTHONPATH), so its top-level imports run and its argument parser is built, but no model is
-loaded.  The scripts start in parallel (each imports torch, most transformers: ~5-20 s apiece on a
-busy 2-core machine).  Imports inside functions are not run by ``--help``; the second test reads every
-``from sequoia... import name`` in each script's source, wherever it sits, and checks that it resolves.
+``--help`` runs each script as ``python scripts/<name>.py --help`` from the repository root does (its folder first
+on ``sys.path``, the root not on it, no PYTHONPATH), so its top-level imports run and its argument parser is built,
+but no model is loaded.  One interpreter imports the libraries the scripts share (torch, transformers, gradio, scipy)
+once and forks a child per script, which runs it as ``__main__``: nothing of the repository is imported before the
+child runs its script, and nothing one script imports is seen by another.  Imports inside functions are not run by
+``--help``; the second test reads every ``from sequoia... import name`` in each script's source, wherever it sits,
+and checks that it resolves.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -27,23 +30,76 @@ def test_there_are_scripts():
     assert len(SCRIPTS) >= 5
 
 
+#: Run in one interpreter (``python -c``, from the root, with the scripts' paths as arguments): prints
+#: {path: [returncode, stdout, stderr]} as JSON.  ``python -c`` puts the root first on sys.path; a script run as
+#: ``python scripts/x.py`` has its own folder there instead.
+HELP_ALL = r"""
+import json, os, runpy, sys, tempfile, time, traceback
+sys.path[:] = [p for p in sys.path if p not in ("", os.getcwd())]
+# what the scripts' imports load (the library's too), imported once before the forks
+import gradio, gradio_client, numpy, scipy.stats, torch, transformers.modeling_utils
+from transformers import AutoModelForCausalLM, AutoTokenizer
+base = list(sys.path)
+
+def child(path):
+    sys.argv, sys.path[:] = [path, "--help"], [os.path.dirname(os.path.abspath(path))] + base
+    try:
+        runpy.run_path(os.path.abspath(path), run_name="__main__")
+        code = 0
+    except SystemExit as exc:   # as the interpreter reads it: None is 0, a message is printed and is 1
+        code = exc.code
+        if code is not None and not isinstance(code, int):
+            print(code, file=sys.stderr)
+            code = 1
+        code = code or 0
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+todo, running, out = list(sys.argv[1:]), {}, {}
+while todo or running:
+    while todo and len(running) < (os.cpu_count() or 1):
+        path = todo.pop(0)
+        files = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            os.dup2(files[0].fileno(), 1)
+            os.dup2(files[1].fileno(), 2)
+            child(path)
+        running[pid] = path, files, time.monotonic() + 300
+    pid, status = os.waitpid(-1, os.WNOHANG)
+    if pid == 0:
+        for pid, (path, files, deadline) in running.items():
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)   # reaped below: its returncode says so
+        time.sleep(0.02)
+        continue
+    path, files, _ = running.pop(pid)
+    texts = []
+    for f in files:
+        f.seek(0)
+        texts.append(f.read().decode(errors="replace"))
+    out[path] = [os.waitstatus_to_exitcode(status)] + texts
+print(json.dumps(out))
+"""
+
+
 @pytest.fixture(scope="module")
 def helps() -> dict[str, subprocess.CompletedProcess]:
-    """``--help`` of every script, all started at once; name -> (returncode, stdout, stderr)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # eleven interpreters at once: no thread pools fighting
-    procs = {str(p.relative_to(ROOT / "scripts")):
-             subprocess.Popen([sys.executable, str(p.relative_to(ROOT)), "--help"], cwd=ROOT, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for p in SCRIPTS}
-    out = {}
-    for name, proc in procs.items():
-        try:
-            stdout, stderr = proc.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            stdout, stderr = proc.communicate()
-        out[name] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
-    return out
+    """``--help`` of every script, as :data:`HELP_ALL` runs them; name -> (returncode, stdout, stderr)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    paths = [str(p.relative_to(ROOT)) for p in SCRIPTS]
+    proc = subprocess.run([sys.executable, "-c", HELP_ALL, *paths], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = json.loads(proc.stdout)
+    return {str(Path(path).relative_to("scripts")): subprocess.CompletedProcess([path, "--help"], *runs[path])
+            for path in paths}
 
 
 @pytest.mark.parametrize("script", [str(p.relative_to(ROOT / "scripts")) for p in SCRIPTS])
