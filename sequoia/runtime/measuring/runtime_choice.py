@@ -10,7 +10,7 @@
    the optimizer's best tree, :func:`sequoia.core.trees.optimizer.choose_tree`) predicts the most tokens/s.
 5. Torch and llama.cpp are not both profiled, and their targets alone were timed here
    (:mod:`sequoia.runtime.measuring.target_probe`, a few seconds each): the one whose target alone ran
-   fastest (on the 2-vCPU Xeon with AMX, llama.cpp at 2.4-2.5x torch: docs/data/runtime-probe-xeon-amx.json);
+   fastest (on the 2-vCPU Xeon with AMX, llama.cpp at 1.8x torch with two threads: docs/data/race-xeon-amx-quiet.json);
    another than llama.cpp only where its slowest step beats llama.cpp's fastest (else the same within noise).
    At start torch gets a bound instead; a bound never outranks a timed rate (it is timed in the background
    after the served pair is ready: :mod:`sequoia.runtime.measuring.background_probe`).
@@ -102,7 +102,7 @@ def _rule(machine: Machine, runtimes: tuple[RuntimeEstimate, ...]) -> tuple[str,
         return measured[0].backend, _fastest_reason(measured) + f"; {missing}"
     return "llamacpp", ("no runtime is measured on this CPU kind; llama.cpp's target alone was the faster on "
                         "every CPU kind measured, bf16 matrix kernels or not (2-vCPU Zen 4 with AVX-512-BF16: 22-24 "
-                        "against torch's 8.1-8.8 tokens/s; Xeon with AMX: 2.4-2.5x per thread; AVX2 EPYC: 9.5 "
+                        "against torch's 8.1-8.8 tokens/s; 2-vCPU Xeon with AMX: 10.2 against 5.6; AVX2 EPYC: 9.5 "
                         "against 2.3)")
 
 
