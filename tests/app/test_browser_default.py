@@ -18,7 +18,8 @@ import pytest
 
 import app
 from components.compare import compare_tab
-from components.live import live_tab, live_teaching
+from components.hardware import hardware_tab
+from components.live import after_run, live_tab, live_teaching
 from components.widgets import runtime_view
 from sequoia.core.requests.request import METHOD_OF_LABEL
 from test_browser import (_click_decode, _compare_rows, _event_ended, _free_port, _screenshot, _settled_text,
@@ -34,6 +35,8 @@ STOP_TRIES = int(os.environ.get("SEQUOIA_STOP_TRIES", "5"))
 #: The most seconds a Stop may take to settle the page here: 10x the larger median measured (0.23 s on an idle
 #: Zen 3, docs/benchmarks.md; 0.37 s on a busy 2-vCPU Xeon with AMX, llama.cpp), so a busy machine cannot break it.
 STOP_SETTLE_BOUND_S = 10 * 0.37
+#: The Hardware tab's Measure in the walk: rounds of this many tokens (the page's 48 take ~40 s on 2 cores).
+WALK_MEASURE_TOKENS = 8
 #: Gradio's toasts and the red "Error" of an output's status tracker: what a class must never see.
 ERROR_BADGES = "[data-testid='toast-body'].error, span.error"
 #: A prompt long enough that the target's forward over it takes a second or more on a 2-core CPU (~120 tokens).
@@ -158,6 +161,28 @@ def _watched_runs(monkeypatch) -> SimpleNamespace:
 
     monkeypatch.setattr(live_tab, "run_decode", watched)
     return runs
+
+
+def _after_runs(monkeypatch) -> list:
+    """One entry per finished Live run whose after-run events have ended (:mod:`components.live.after_run`: its
+    words, then the target alone measured on its prompt, once per prompt and settings)."""
+    ended, real = [], after_run.measure
+
+    def counted(ctx, session):
+        try:
+            yield from real(ctx, session)
+        finally:
+            ended.append(time.monotonic())
+
+    monkeypatch.setattr(after_run, "measure", counted)
+    return ended
+
+
+def _after_run_ended(page, ended: list, before: int) -> None:
+    """Once the run clicked when ``ended`` held ``before`` entries has had its after-run events (a "finished"
+    summary may still be the last run's) and the page is quiet."""
+    _wait_for(lambda: len(ended) > before, 600)
+    _event_ended(page)
 
 
 # ------------------------------------------------------------------ max new tokens 0 and -1
@@ -354,7 +379,7 @@ def test_a_walk_of_every_live_tab_control_shows_no_error_badge(page, default_ser
     a short prompt without the chat template (a prompt's forward on a busy 2-core CPU takes seconds a token).
     Exact mode: its own test below."""
     seen, summary = [], page.locator("#sq-summary")
-    runs = _watched_runs(monkeypatch)
+    runs, after = _watched_runs(monkeypatch), _after_runs(monkeypatch)
     check = _badge_check(page, seen)
 
     page.get_by_role("button", name=re.compile("^How to read this")).click()
@@ -382,18 +407,20 @@ def test_a_walk_of_every_live_tab_control_shows_no_error_badge(page, default_ser
         _set(page, selector, value)
     for label in METHOD_OF_LABEL:                     # the Method dropdown's choices
         _pick(page, "Method", label)
+        before = len(after)
         _click_decode(page)
-        sync_api.expect(summary).to_contain_text("finished", timeout=600_000)
-        _settled_text(summary, quiet_s=2.0, timeout_s=600)   # and the target alone measured after it, once
+        _after_run_ended(page, after, before)        # finished, and the target alone measured after it, once
+        sync_api.expect(summary).to_contain_text("finished")
         check(f"a decode with {label}")
     page.get_by_label("acceptance vector (for the DP tree)").first.click()
     page.get_by_role("option").nth(1).click()
     _set(page, "#sq-temperature input", "0.6")
     _pick(page, "Method", "Sequoia (budget & depth)")
+    before = len(after)
     _click_decode(page)
-    sync_api.expect(summary).to_contain_text("finished", timeout=600_000)
+    _after_run_ended(page, after, before)
+    sync_api.expect(summary).to_contain_text("finished")
     check("the acceptance vector and a temperature")
-    _settled_text(summary, quiet_s=2.0, timeout_s=600)
     step = page.get_by_label("step (tree shown below)").first
     step.fill("0")
     step.press("Enter")
@@ -440,14 +467,16 @@ def _quiet(page, timeout_s: float = 600) -> None:
     _event_ended(page, timeout_s)
 
 
-def test_the_guided_example_reaches_a_rejection_and_its_residual_in_two_presses(page):
+def test_the_guided_example_reaches_a_rejection_and_its_residual_in_two_presses(page, monkeypatch):
     """Issue 51: the guided example's first three target calls held no rejection, so a teacher pressed Next target
     call three times to reach a residual.  Next rejection jumps to the first rejected draft; Step shows its
     residual (T=0.6: a rejection is followed by the residual it leaves)."""
+    runs = _watched_runs(monkeypatch)
     page.locator("#sq-guided").click()
     summary, words = page.locator("#sq-summary"), page.locator("#sq-step-text")
-    sync_api.expect(summary).to_contain_text("finished", timeout=900_000)
-    _settled_text(summary, quiet_s=2.0, timeout_s=600)
+    _wait_for(lambda: runs.closed == 1, 900)
+    _event_ended(page)                                                # the run's last frame is in
+    sync_api.expect(summary).to_contain_text("finished")
     page.locator("#sq-next-rejection").click()                        # press 1
     sync_api.expect(words).to_contain_text("rejected")
     text = words.text_content()
@@ -465,22 +494,23 @@ def test_the_guided_example_reaches_a_rejection_and_its_residual_in_two_presses(
     sync_api.expect(words).to_contain_text("norm(max(p − q, 0))")
 
 
-def test_a_walk_of_every_other_control_shows_no_error_badge(page, default_server, tmp_path):
+def test_a_walk_of_every_other_control_shows_no_error_badge(page, default_server, tmp_path, monkeypatch):
     """The controls the Live walk above leaves, used as a visitor would on the default runtime with the embedded
     pair, each to its end: step mode and the next target call, the worked example, projector view, "Run the
     fastest here" (where this runtime has one), Compare's run (3 rounds of 4 tokens), the DP explorer's Solve and
-    a cell, the distribution check (1,000 trials) and the Hardware tab's Measure.  Never an error toast or an
-    Error badge.  (Full comparison and both Stops: their own tests above; exact mode: its own test, with
+    a cell, the distribution check (1,000 trials) and the Hardware tab's Measure (its rounds of
+    :data:`WALK_MEASURE_TOKENS` tokens: scripts/page/one_visit.py presses it at its own length).  Never an error
+    toast or an Error badge.  (Full comparison and both Stops: their own tests above; exact mode: its own test, with
     SEQUOIA_WALK_EXACT=1; Profile now is the server owner's, off on a shared page.)  A step this runtime cannot
     take ends the test as skipped, naming it, once the rest is checked."""
-    seen, summary = [], page.locator("#sq-summary")
+    seen, summary, after = [], page.locator("#sq-summary"), _after_runs(monkeypatch)
     check = _badge_check(page, seen)
 
     page.locator("#sq-prompt textarea").fill("def add(a, b):")
     _set(page, ".sq-max-new input", "6")
     _click_decode(page)
-    sync_api.expect(summary).to_contain_text("finished", timeout=600_000)
-    _settled_text(summary, quiet_s=2.0, timeout_s=600)
+    _after_run_ended(page, after, 0)
+    sync_api.expect(summary).to_contain_text("finished")
     words = page.locator("#sq-step-text")
     last = int(page.locator("#sq-step-slider input[type=number]").input_value())
     page.locator("#sq-step-btn").click()              # the replay starts at the call the slider shows
@@ -505,9 +535,10 @@ def test_a_walk_of_every_other_control_shows_no_error_badge(page, default_server
     if live_teaching.preset_here(default_server.ctx, vector) is None:   # no profile of this runtime here
         sync_api.expect(fastest).to_be_hidden()     # as it must be: nothing measured to name (asserted, not walked)
     else:
+        before = len(after)
         fastest.click()
-        sync_api.expect(summary).to_contain_text("finished", timeout=600_000)
-        _settled_text(summary, quiet_s=2.0, timeout_s=600)
+        _after_run_ended(page, after, before)
+        sync_api.expect(summary).to_contain_text("finished")
         check("Run the fastest here")
 
     page.get_by_role("tab", name="Compare", exact=True).click()
@@ -536,6 +567,7 @@ def test_a_walk_of_every_other_control_shows_no_error_badge(page, default_server
     page.get_by_role("tab", name="Hardware", exact=True).click()
     not_walked = []
     if default_server.ctx.profile is not None:
+        monkeypatch.setattr(hardware_tab, "MEASURE_TOKENS", WALK_MEASURE_TOKENS)
         page.get_by_role("button", name="Measure predicted vs real", exact=True).click()
         _quiet(page)
         check("Measure predicted vs real")
