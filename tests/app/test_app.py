@@ -35,7 +35,9 @@ def pair(tiny_app_pair):
 
 @pytest.fixture(scope="module")
 def demo(pair, tmp_path_factory, lanes):
-    return app.build_demo(pair, assets_dir=tmp_path_factory.mktemp("assets"), max_budget=24, lanes=lanes)
+    # a cache of its own: the profiles this machine's cache holds (the CLI's, the app's) must not decide the tests
+    return app.build_demo(pair, assets_dir=tmp_path_factory.mktemp("assets"), max_budget=24, lanes=lanes,
+                          cache_dir=tmp_path_factory.mktemp("cache"))
 
 
 @pytest.fixture()
