@@ -16,9 +16,11 @@ for every older one.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import multiprocessing
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import InitVar, dataclass, field
 
 #: Sessions whose flags can be live at once (a slot is reused after this many newer sessions).
@@ -96,3 +98,81 @@ class StopFlag(RunFlags):
 
     def is_set(self) -> bool:
         return self.stopped
+
+
+# --- Stop's words land last ------------------------------------------------------------------------------------
+# A run checks its stop flag, draws a frame and yields it; Gradio postprocesses the frame (a Plotly figure: tens of
+# milliseconds, more on a busy machine) and only then queues it for the page.  Stop's handler, pressed in between,
+# could queue its words first, and the run's older frame then landed over them until the run's next frame (seen
+# in the distribution check under a full test run's load: "Stopped" gone a moment after the page settled).  So the
+# run's frames pass through :func:`frames_before_stop`, which marks each one in flight until Gradio asks for the
+# next (it queues a frame before it resumes the generator), and :func:`stop_after_frame` waits for the frame in
+# flight before Stop's words go.  A frame drawn before the run saw the flag and reaching the page's side after
+# Stop is dropped; a :class:`Redraw` (the stopped views a run draws once it sees the flag) always passes.
+# Process-local: the frames reach the page from the server's process even where the run is in a forked one.
+
+_frames = threading.Condition()
+_in_flight: set[int] = set()     # the owners whose run has a frame in flight
+_released: dict[int, int] = {}   # per owner with a run on: its frames queued so far
+#: The longest Stop's handler waits for a frame in flight (a frame is queued within milliseconds of its
+#: postprocessing; this bounds a page that closed with one pending, whose generator Gradio never resumes).
+FRAME_WAIT_S = 2.0
+
+
+class Redraw(tuple):
+    """A frame a run draws after it saw Stop (the stopped views, or skips): it passes :func:`frames_before_stop`
+    after Stop, where the run's older frames are dropped."""
+
+
+def frames_before_stop(session: RunFlags | None, frames: Iterator) -> Iterator:
+    """``frames`` (a run's outputs) as Gradio should see them: each marked in flight until the next is asked for,
+    and none drawn before the run saw ``session``'s Stop once Stop is pressed (a :class:`Redraw` passes, as a
+    plain tuple).  ``session`` None: ``frames`` unchanged."""
+    if session is None:
+        yield from frames
+        return
+    owner = session.owner
+    try:
+        for frame in frames:
+            with _frames:
+                if session.stopped and not isinstance(frame, Redraw):
+                    continue
+                _in_flight.add(owner)
+                _released.setdefault(owner, 0)
+            try:
+                yield tuple(frame) if isinstance(frame, Redraw) else frame
+            finally:
+                with _frames:
+                    _in_flight.discard(owner)
+                    _released[owner] += 1
+                    _frames.notify_all()
+    finally:
+        with _frames:
+            _released.pop(owner, None)
+            _frames.notify_all()
+
+
+def stop_after_frame(session: RunFlags | None, timeout_s: float = FRAME_WAIT_S) -> bool:
+    """Stop pressed on ``session`` (:meth:`RunFlags.stop`), returning once the run's frame in flight when it was
+    pressed, if any, is queued for the page, so that the words Stop's handler returns next land after it; False
+    when no run is on."""
+    if session is None:
+        return False
+    owner = session.owner
+    with _frames:
+        if not session.stop():
+            return False
+        if owner in _in_flight:
+            mark = _released[owner]
+            _frames.wait_for(lambda: _released.get(owner, mark + 1) > mark, timeout_s)
+    return True
+
+
+def stop_lands_last(handler: Callable[..., Iterator]) -> Callable[..., Iterator]:
+    """``handler`` (a tab's generator handler; the page's session among its arguments) with its frames passed
+    through :func:`frames_before_stop`."""
+    @functools.wraps(handler)
+    def run(*args, **kwargs):
+        session = next((a for a in (*args, *kwargs.values()) if isinstance(a, RunFlags)), None)
+        yield from frames_before_stop(session, handler(*args, **kwargs))
+    return run

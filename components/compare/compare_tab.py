@@ -39,7 +39,7 @@ from components.app_state import serving, validation
 from components.app_state.acceptance_choice import acceptance_catalogue, default_acceptance_label, follow_temperature
 from components.app_state.context import MODEL_WORK, AppContext
 from components.app_state.decode_inputs import COMPARE_FIELDS, DecodeInputs, compare_handler
-from components.app_state.run_flags import RunFlags
+from components.app_state.run_flags import Redraw, RunFlags, stop_after_frame, stop_lands_last
 from components.compare import compare_view
 from components.compare.compare_methods import (API_KEYS, DEFAULT_METHODS, FULL_METHODS, FULL_TOKENS, METHODS,
                                                 choose_methods, offered, ticked)
@@ -165,7 +165,7 @@ def stopped_views(session: CompareSession) -> tuple:
 def stop_comparison(session: CompareSession | None) -> tuple:
     """Stop's handler: (bars, table, notes) settled at once from the runs done so far, however long the step in
     flight takes; it sets the flag the run reads.  Pressed with no comparison on, it changes nothing."""
-    if session is None or not session.stop():
+    if not stop_after_frame(session):   # the run's frame in flight lands first (run_flags)
         return gr.skip(), gr.skip(), gr.skip()
     return stopped_views(session)
 
@@ -182,7 +182,7 @@ def on_compare(ctx: AppContext, inputs: DecodeInputs, methods: list[str], sessio
     (:meth:`AppContext.exact_context`); at T=0 a differing output gets its first divergence explained.
     """
     if session is not None and (not session.waiting or session.stopped):
-        yield gr.skip(), gr.skip(), gr.skip()   # stopped in the queue (Stop drew the page), or a run is on: a
+        yield Redraw((gr.skip(),) * 3)          # stopped in the queue (Stop drew the page), or a run is on: a
         return                                  # generator that yields nothing would blank every output
     session = session or CompareSession(temperature=inputs.temperature)
     session.waiting, session.running = False, True
@@ -228,7 +228,7 @@ def _compare(ctx: AppContext, inputs: DecodeInputs, methods: list[str], session:
             yield out
         if session.stopped:
             # Stop's handler drew these already; drawn again last, so no frame of the run lands after them.
-            yield stopped_views(session)
+            yield Redraw(stopped_views(session))
     except ValueError as exc:
         raise gr.Error(str(exc), title="Cannot compare") from None
     except RuntimeError as exc:
@@ -354,10 +354,13 @@ def _wire(ctx: AppContext, c: SimpleNamespace, outputs: list) -> None:
     def begun(trigger):
         return trigger(begin, inputs, session, **light)
 
-    begun(c.run_btn.click).then(serving.on_gpu(handler, _gpu_seconds(ctx, DEFAULT_ROUNDS)), inputs, outputs,
+    # stop_lands_last: Stop's words land after the run's frame in flight, and no older frame after them.
+    handler, exact_handler, full_handler = (
+        stop_lands_last(serving.on_gpu(h, _gpu_seconds(ctx, rounds)))
+        for h, rounds in ((handler, DEFAULT_ROUNDS), (exact_handler, DEFAULT_ROUNDS + 1), (full_handler, FULL_ROUNDS)))
+    begun(c.run_btn.click).then(handler, inputs, outputs,
                                 api_name="compare_stream", **run)  # the name: validation finds it
-    begun(c.exact_btn.click).then(serving.on_gpu(exact_handler, _gpu_seconds(ctx, DEFAULT_ROUNDS + 1)), inputs, outputs,
-                                  **run)
+    begun(c.exact_btn.click).then(exact_handler, inputs, outputs, **run)
     # The full run: tick every method and set the tokens where the visitor sees them, then run as Run does.  The
     # choices are set with the ticks: both read this server's methods now, so the ticks are always among them
     # (issue 42: a tick missing from choices fixed before the pair loaded was refused with HTTP 400).
@@ -365,8 +368,7 @@ def _wire(ctx: AppContext, c: SimpleNamespace, outputs: list) -> None:
     ticks = c.full_btn.click(
         lambda: (gr.update(choices=offered(ctx), value=ticked(ctx, full=True)), full_tokens), None,
         [c.methods, c.max_new_tokens], queue=False, api_visibility="private")
-    full = begun(ticks.then).then(serving.on_gpu(full_handler, _gpu_seconds(ctx, FULL_ROUNDS)), inputs, outputs,
-                                  api_name="compare_full", **run)
+    full = begun(ticks.then).then(full_handler, inputs, outputs, api_name="compare_full", **run)
     # ...and the default ticks and tokens back after it (stopped or not), so the next Run comparison is the short
     # default again, not the full set.
     full.then(lambda: (gr.update(value=ticked(ctx)), DEFAULT_TOKENS), None, [c.methods, c.max_new_tokens],

@@ -23,7 +23,7 @@ from sequoia.runtime.checks.distribution_check import MAX_CHILDREN, MAX_TRIALS, 
 from components.app_state import serving, validation
 from components.app_state.context import MODEL_WORK
 from components.app_state.pair_room import LoadedPair
-from components.app_state.run_flags import RunFlags
+from components.app_state.run_flags import Redraw, RunFlags, stop_after_frame, stop_lands_last
 from components.distribution import distribution_view
 
 #: Trials the tab opens with.  tests/core/test_distribution.py checks the verdicts at DEFAULT_TRIALS (5000: the
@@ -113,7 +113,7 @@ def stopped_summary(session: CheckSession) -> str:
 def stop_check(session: CheckSession | None):
     """Stop's handler: (plot, verdicts) settled at once; sets the flag the check reads.  With no check on, it
     changes nothing."""
-    if session is None or not session.stop():
+    if not stop_after_frame(session):   # the check's frame in flight lands first (run_flags)
         return gr.skip(), gr.skip()
     return gr.skip(), stopped_summary(session)
 
@@ -124,7 +124,7 @@ def on_check(models: LoadedPair, prompt, temperature, top_p, trials, children, s
     first event left it (:func:`begin_check`): stopped in the queue, nothing runs; one that is not waiting
     belongs to a check already on (the click is ignored).  None (scripts, tests): a session of its own."""
     if session is not None and (not session.waiting or session.stopped):
-        yield gr.skip(), gr.skip()   # a generator that yields nothing would blank both outputs
+        yield Redraw((gr.skip(), gr.skip()))   # a generator that yields nothing would blank both outputs
         return
     session = session or CheckSession()
     session.waiting, session.running = False, True
@@ -149,7 +149,7 @@ def _check(models: LoadedPair, raw: tuple, session: CheckSession, limits: Limits
             md = distribution_view.summary(state.results, state.p, state.seconds if state.running is None else None)
             session.done = distribution_view.summary(state.results, state.p)   # Stop's words: no "finished in"
             if session.stopped:   # the rules done, drawn last: no frame of the check lands over Stop's words
-                yield fig, stopped_summary(session)
+                yield Redraw((fig, stopped_summary(session)))
                 return
             if state.running is not None:
                 label = next(r.label for r in RULES if r.name == state.running)
@@ -188,6 +188,7 @@ def build(models: LoadedPair, limits: Limits = Limits()) -> None:
             plot = gr.Plot(label="target p vs emitted tokens")
     session = gr.State(CheckSession())
 
+    @stop_lands_last   # Stop's words land after the check's frame in flight, and no older frame after them
     @functools.partial(serving.on_gpu, duration=lambda *a: 60)  # ZeroGPU only
     def handler(*args):
         yield from on_check(models, *args, limits=limits)

@@ -17,6 +17,7 @@ from components.app_state import serving
 from components.app_state.acceptance_choice import acceptance_catalogue, default_acceptance_label, follow_temperature
 from components.app_state.context import LIGHT_WORK, MODEL_WORK, AppContext
 from components.app_state.decode_inputs import PAGE_FIELDS, DecodeInputs, page_handler
+from components.app_state.run_flags import Redraw, stop_lands_last
 from components.live import after_run, live_teaching, race_panel, stats_view, text_view
 from components.live.live_tab import (DEFAULT_BUDGET, DEFAULT_DEPTH, DEFAULT_METHOD, DEFAULT_NEW_TOKENS, GUIDED,
                                       GUIDED_LABEL, HOW_TO_READ, NO_NODE, START_HERE, LiveSession, budget_help,
@@ -147,7 +148,7 @@ def _handlers(ctx: AppContext):
     names the input it is about, components.app_state.validation)."""
     def exact_stream(inputs: DecodeInputs, session: LiveSession | None):
         if session is not None and session.waiting and session.stopped:
-            yield (gr.skip(),) * 6   # stopped in the queue: Stop's handler drew the page
+            yield Redraw((gr.skip(),) * 6)   # stopped in the queue: Stop's handler drew the page
             return
         if not ctx.exact_loaded:  # first use: the float32 target loads (components/app_state/extra_runners.py)
             yield gr.skip(), gr.skip(), gr.skip(), EXACT_LOADING, gr.skip(), gr.skip()
@@ -163,9 +164,11 @@ def _handlers(ctx: AppContext):
             return
         yield from decode_stream(exact, inputs, session)
 
-    # The page's fields, then its session state; serving.on_gpu: ZeroGPU only
-    return (serving.on_gpu(page_handler(functools.partial(decode_stream, ctx), SESSION), _gpu_seconds(ctx, 1)),
-            serving.on_gpu(page_handler(exact_stream, SESSION), _gpu_seconds(ctx, 2)))
+    # The page's fields, then its session state; serving.on_gpu: ZeroGPU only; stop_lands_last: Stop's words
+    # land after the run's frame in flight, and no older frame after them (components.app_state.run_flags)
+    return (stop_lands_last(serving.on_gpu(page_handler(functools.partial(decode_stream, ctx), SESSION),
+                                           _gpu_seconds(ctx, 1))),
+            stop_lands_last(serving.on_gpu(page_handler(exact_stream, SESSION), _gpu_seconds(ctx, 2))))
 
 
 def _wire(ctx: AppContext, c: SimpleNamespace, v: SimpleNamespace, refresh_on=()) -> None:

@@ -28,7 +28,7 @@ from sequoia.runtime.texts import generate_with_texts
 from components.app_state import pair_room, serving, target_rate, validation
 from components.app_state.context import AppContext
 from components.app_state.decode_inputs import DecodeInputs, api_signature
-from components.app_state.run_flags import RunFlags
+from components.app_state.run_flags import Redraw, RunFlags, stop_after_frame
 from components.app_state.runtimes_here import fastest_elsewhere
 from components.app_state.validation import EngineInputs
 from components.live import inspector_view, no_tree_view, stats_view, text_view
@@ -198,7 +198,7 @@ def stop_views(session: LiveSession | None):
     prompt…", for good), and one cancelled while its step computed ended with a red "Error" on every output.
     Pressed with no run on, Stop changes nothing.
     """
-    if session is None or not session.stop():
+    if not stop_after_frame(session):   # the run's frame in flight lands first (run_flags)
         return (gr.skip(),) * 8
     return stopped_views(session)
 
@@ -232,7 +232,7 @@ def decode_stream(ctx: AppContext, inputs: DecodeInputs, session: LiveSession | 
     which frees its KV caches instead of leaving them to the garbage collector.
     """
     if session is not None and session.waiting and session.stopped:
-        yield (gr.skip(),) * 6   # stopped in the queue: Stop's handler drew the page (a generator that
+        yield Redraw((gr.skip(),) * 6)   # stopped in the queue: Stop's handler drew the page (a generator that
         return                   # yields nothing would blank every output)
     if session is None or not session.waiting:
         session = LiveSession(prompt=inputs.prompt)
@@ -241,9 +241,9 @@ def decode_stream(ctx: AppContext, inputs: DecodeInputs, session: LiveSession | 
         yield (gr.skip(),) * 5 + (session,)
         yield from _run(ctx, inputs, session)
         if session.stopped:
-            # Stop's handler drew these at once; drawn again last, so that a frame the run sent just before it
-            # saw the flag cannot land after Stop's words (seen once under a full test run's load).
-            yield (*stopped_views(session)[:5], session)
+            # Stop's handler drew these at once; drawn again last, with what the run kept after Stop (a frame
+            # drawn before the run saw the flag is dropped: run_flags.stop_lands_last).
+            yield Redraw((*stopped_views(session)[:5], session))
     finally:
         session.running = False
 
