@@ -109,11 +109,10 @@ class StopFlag(RunFlags):
 # next (it queues a frame before it resumes the generator), and :func:`stop_after_frame` waits for the frame in
 # flight before Stop's words go.  A frame drawn before the run saw the flag and reaching the page's side after
 # Stop is dropped; a :class:`Redraw` (the stopped views a run draws once it sees the flag) always passes.
-# Process-local: the frames reach the page from the server's process even where the run is in a forked one.
+# The marks are attributes of the session object, which Stop's handler and the run's frames share in the
+# server's process (gr.State hands both the same object), also where the run itself is in a forked one.
 
 _frames = threading.Condition()
-_in_flight: set[int] = set()     # the owners whose run has a frame in flight
-_released: dict[int, int] = {}   # per owner with a run on: its frames queued so far
 #: The longest Stop's handler waits for a frame in flight (a frame is queued within milliseconds of its
 #: postprocessing; this bounds a page that closed with one pending, whose generator Gradio never resumes).
 FRAME_WAIT_S = 2.0
@@ -126,30 +125,27 @@ class Redraw(tuple):
 
 def frames_before_stop(session: RunFlags | None, frames: Iterator) -> Iterator:
     """``frames`` (a run's outputs) as Gradio should see them: each marked in flight until the next is asked for,
-    and none drawn before the run saw ``session``'s Stop once Stop is pressed (a :class:`Redraw` passes, as a
-    plain tuple).  ``session`` None: ``frames`` unchanged."""
-    if session is None:
-        yield from frames
-        return
-    owner = session.owner
-    try:
-        for frame in frames:
-            with _frames:
-                if session.stopped and not isinstance(frame, Redraw):
-                    continue
-                _in_flight.add(owner)
-                _released.setdefault(owner, 0)
-            try:
-                yield tuple(frame) if isinstance(frame, Redraw) else frame
-            finally:
-                with _frames:
-                    _in_flight.discard(owner)
-                    _released[owner] += 1
-                    _frames.notify_all()
-    finally:
+    and none drawn before the run saw its session's Stop once Stop is pressed (a :class:`Redraw` passes, as a
+    plain tuple).  ``session``: the page's; a frame that carries a session (the Live run's ``gr.State`` output)
+    makes that one the run's (a click while the last run ended its step starts a session of its own).  None and
+    no session in the frames: ``frames`` unchanged."""
+    for frame in frames:
+        drawn = next((x for x in frame if isinstance(x, RunFlags)), None) if isinstance(frame, tuple) else None
+        session = drawn or session
+        if session is None:
+            yield frame
+            continue
         with _frames:
-            _released.pop(owner, None)
-            _frames.notify_all()
+            if session.stopped and not isinstance(frame, Redraw):
+                continue
+            session.frame_in_flight = True
+        try:
+            yield tuple(frame) if isinstance(frame, Redraw) else frame
+        finally:
+            with _frames:
+                session.frame_in_flight = False
+                session.frames_queued = getattr(session, "frames_queued", 0) + 1
+                _frames.notify_all()
 
 
 def stop_after_frame(session: RunFlags | None, timeout_s: float = FRAME_WAIT_S) -> bool:
@@ -158,13 +154,12 @@ def stop_after_frame(session: RunFlags | None, timeout_s: float = FRAME_WAIT_S) 
     when no run is on."""
     if session is None:
         return False
-    owner = session.owner
     with _frames:
         if not session.stop():
             return False
-        if owner in _in_flight:
-            mark = _released[owner]
-            _frames.wait_for(lambda: _released.get(owner, mark + 1) > mark, timeout_s)
+        if getattr(session, "frame_in_flight", False):
+            mark = getattr(session, "frames_queued", 0)
+            _frames.wait_for(lambda: getattr(session, "frames_queued", 0) > mark, timeout_s)
     return True
 
 

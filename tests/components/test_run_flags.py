@@ -27,8 +27,7 @@ def test_stop_waits_for_the_frame_in_flight_and_its_words_land_after_it():
     drawn.set()
 
     def stop():
-        assert stop_after_frame(session, timeout_s=60)
-        shown.append("Stop's words")
+        shown.append("Stop's words" if stop_after_frame(session, timeout_s=60) else "no run on")
         queued.set()
 
     stopper = threading.Thread(target=stop)
@@ -36,7 +35,7 @@ def test_stop_waits_for_the_frame_in_flight_and_its_words_land_after_it():
     assert not queued.wait(0.2), "Stop returned while the run's frame was in flight"
     shown.append(frame)                    # the frame queued, then the generator resumed
     assert next(frames) == ("stopped views",)
-    stopper.join(60)
+    assert queued.wait(60)
     assert shown == ["step 1", "Stop's words"]
 
 
@@ -82,3 +81,17 @@ def test_the_wrapped_handler_finds_the_session_among_its_arguments():
     wrapped = stop_lands_last(handler)
     assert list(wrapped("p", session)) == ["p", ("p", "stopped")]
     assert list(stop_lands_last(lambda prompt: iter([prompt]))("q")) == ["q"]
+
+
+def test_a_run_that_starts_a_session_of_its_own_is_gated_by_that_one():
+    """A Live click while the stopped run ended its step: the new run gets the stopped session and starts one of
+    its own, drawn in its first frame; its frames pass (the stopped one's Stop is not theirs)."""
+    old = RunFlags(running=True)
+    old.stop()
+    new = RunFlags(running=True)
+
+    def run():
+        yield ("first frame", new)
+        yield ("step 1", new)
+
+    assert list(frames_before_stop(old, run())) == [("first frame", new), ("step 1", new)]
