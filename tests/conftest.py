@@ -3,7 +3,19 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
+
+# Threads that wait for work sleep instead of spinning (GNU OpenMP, torch's CPU threads): a test's torch threads
+# spinning while another process (the second test worker, a browser, the app's llama.cpp threads, another job on
+# the machine) holds a core made its small forwards 3-5x slower (tests/tools/test_gpu_check.py beside one busy
+# loop on 2 cores: 135 s spinning, 39 s sleeping; 26 s on a quiet machine).  Set before torch loads OpenMP; the
+# scripts the tests start inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+if "torch" in sys.modules:   # a plugin imported it first: OpenMP read the policy already
+    import warnings
+
+    warnings.warn("torch was imported before tests/conftest.py: its threads spin while waiting", stacklevel=1)
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
@@ -34,6 +46,50 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
     config.addinivalue_line("markers", "browser: drives headless Chromium")
     config.addinivalue_line("markers", "gpu: needs CUDA")
+
+
+def pytest_xdist_auto_num_workers(config):
+    """Workers for pyproject's ``-n auto``: one a core, at most 4 (each full-size group below runs in one of them
+    whatever the count, so more buy little); none (one process, no xdist) under ``-s``, whose prints a worker
+    would swallow, and ``-n 0`` or ``-p no:xdist`` turn it off too."""
+    import os
+
+    if config.getoption("capture", "fd") == "no":
+        return 0
+    return max(1, min(os.cpu_count() or 1, 4))
+
+
+#: The xdist groups of the tests that hold full-size models, each run one after another in one worker, so that
+#: one process holds each group's gigabytes (two workers each holding them all thrashed a 24 GB machine): the
+#: embedded pair with a float32 target (conftest's session fixture, ~7 GB), and the embedded pair served or run
+#: (marked ``embedded``; up to ~11 GB with two runtimes loaded).  The two may share a worker; every other module
+#: (the tiny models' pages and browsers among them) runs whole in any.
+FLOAT32, SERVED = "float32-pair", "embedded-pair"
+def pytest_itemcollected(item):
+    """Under ``--dist loadgroup`` (pyproject's addopts), in a worker: the test's group (:data:`FLOAT32`,
+    :data:`SERVED`, else its module, whose module-scoped fixtures are then built once) as the ``@group`` suffix of
+    its node id that xdist's scheduler reads.  xdist's own ``xdist_group`` mark cannot do it under pytest 9.2: it
+    sets ``item._nodeid``, which no longer is the node id (``item._id``), so every test ran in any worker and
+    both workers held the full-size models."""
+    if not getattr(item.config.option, "loadgroup", False):
+        return
+    if "embedded_pair_fp32" in getattr(item, "fixturenames", ()):
+        group = FLOAT32
+    elif item.get_closest_marker("embedded"):
+        group = SERVED
+    else:
+        group = item.nodeid.split("::")[0]
+    item._id = type(item._id).parse(f"{item.nodeid}@{group}")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under ``--dist loadgroup``: the embedded pair's group first, then the float32 pair's, then every module
+    (pyproject's ``--no-loadscope-reorder`` keeps this order), so that the two longest groups start at once, one
+    a worker, and the modules fill in behind them (xdist's own order, the most tests first, started the float32
+    group eight minutes in, and the run waited on it)."""
+    if getattr(config.option, "loadgroup", False):
+        first = {SERVED: 0, FLOAT32: 1}
+        items.sort(key=lambda item: first.get(item.nodeid.rpartition("@")[2], 2))   # stable: the rest in order
 
 
 class CharTokenizer:

@@ -16,7 +16,7 @@ from components.distribution import distribution_tab
 from components.live import live_tab
 from sequoia.tools.random_pair import make_pair
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow,
+pytestmark = [pytest.mark.browser, pytest.mark.embedded, pytest.mark.slow,
               pytest.mark.skipif(not os.path.exists("/usr/bin/chromium"), reason="no /usr/bin/chromium")]
 
 
