@@ -61,10 +61,15 @@ def pytest_xdist_auto_num_workers(config):
 
 #: The xdist groups of the tests that hold full-size models, each run one after another in one worker, so that
 #: one process holds each group's gigabytes (two workers each holding them all thrashed a 24 GB machine): the
-#: embedded pair with a float32 target (conftest's session fixture, ~7 GB), and the embedded pair served or run
-#: (marked ``embedded``; up to ~11 GB with two runtimes loaded).  The two may share a worker; every other module
-#: (the tiny models' pages and browsers among them) runs whole in any.
-FLOAT32, SERVED = "float32-pair", "embedded-pair"
+#: embedded pair with a float32 target (conftest's session fixture, ~7 GB), and the pages and browsers (the
+#: embedded pair served, up to ~11 GB with two runtimes loaded, or the tiny pair's).  The two may share a worker;
+#: every other module runs whole in any.  xdist starts the groups with the most tests first: the pages' group at
+#: once, the float32 pair's beside the modules.  (Started first, at once with the pages' group, the float32
+#: group's two threads and the pages' slowed each other: a quarter of the suite in 11 minutes, against 13 min
+#: 28 s for all of it this way.)
+FLOAT32, SERVED = "float32-pair", "pages"
+
+
 def pytest_itemcollected(item):
     """Under ``--dist loadgroup`` (pyproject's addopts), in a worker: the test's group (:data:`FLOAT32`,
     :data:`SERVED`, else its module, whose module-scoped fixtures are then built once) as the ``@group`` suffix of
@@ -75,21 +80,11 @@ def pytest_itemcollected(item):
         return
     if "embedded_pair_fp32" in getattr(item, "fixturenames", ()):
         group = FLOAT32
-    elif item.get_closest_marker("embedded"):
+    elif item.get_closest_marker("embedded") or item.get_closest_marker("browser"):
         group = SERVED
     else:
         group = item.nodeid.split("::")[0]
     item._id = type(item._id).parse(f"{item.nodeid}@{group}")
-
-
-def pytest_collection_modifyitems(config, items):
-    """Under ``--dist loadgroup``: the embedded pair's group first, then the float32 pair's, then every module
-    (pyproject's ``--no-loadscope-reorder`` keeps this order), so that the two longest groups start at once, one
-    a worker, and the modules fill in behind them (xdist's own order, the most tests first, started the float32
-    group eight minutes in, and the run waited on it)."""
-    if getattr(config.option, "loadgroup", False):
-        first = {SERVED: 0, FLOAT32: 1}
-        items.sort(key=lambda item: first.get(item.nodeid.rpartition("@")[2], 2))   # stable: the rest in order
 
 
 class CharTokenizer:
