@@ -163,11 +163,16 @@ def stop_after_frame(session: RunFlags | None, timeout_s: float = FRAME_WAIT_S) 
     return True
 
 
+def sessions_in(*values) -> Iterator[RunFlags]:
+    """The sessions (run flags) among a handler's argument ``values``."""
+    return (value for value in values if isinstance(value, RunFlags))
+
+
 def stop_lands_last(handler: Callable[..., Iterator]) -> Callable[..., Iterator]:
     """``handler`` (a tab's generator handler; the page's session among its arguments) with its frames passed
     through :func:`frames_before_stop`."""
     @functools.wraps(handler)
     def run(*args, **kwargs):
-        session = next((a for a in (*args, *kwargs.values()) if isinstance(a, RunFlags)), None)
+        session = next(sessions_in(*args, *kwargs.values()), None)
         yield from frames_before_stop(session, handler(*args, **kwargs))
     return run

@@ -51,7 +51,7 @@ from types import SimpleNamespace
 from typing import TypeVar
 
 from components.app_state import pair_room
-from components.app_state.run_flags import RunFlags, StopFlag
+from components.app_state.run_flags import StopFlag, sessions_in
 
 from sequoia.core.profiles.profile import HardwareProfile
 from sequoia.runtime.measuring.finder import DEFAULT_ENTRY
@@ -233,9 +233,8 @@ def _in_call(work: Callable[..., T]) -> Callable[..., T]:
 
 
 def _settle(args, kwargs) -> None:
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, RunFlags):
-            value.settle()
+    for session in sessions_in(*args, *kwargs.values()):
+        session.settle()
 
 
 # ------------------------------------------------------------------ the ZeroGPU stand-in
