@@ -467,3 +467,30 @@ def test_a_standin_call_past_its_duration_is_aborted_and_its_errors_come_back():
 
     assert list(counts(3)) == [0, 1, 2] and standin.calls[-1].outcome == "returned"
     assert not serving.in_gpu_call()
+
+
+def test_a_standin_call_runs_parallel_torch_after_its_thread_did(full_threads):
+    """A thread that ran a parallel torch op before it forks (a server thread that served another page in the
+    same process) must not hang the call's own parallel op: GNU OpenMP's pool does not survive a fork.  With
+    the machine's threads: on one thread no op runs in parallel, and nothing can hang."""
+    import threading
+
+    standin, x = serving.ZeroGPUStandIn(), torch.randn(1024, 1024)
+
+    @standin.GPU(duration=60)   # ~0.1 s here: 60 s only tells a hang (killed, "aborted") from a slow machine
+    def product():
+        return float((x @ x).sum())
+
+    outcome = []
+
+    def serve() -> None:
+        x @ x                   # this thread now has an OpenMP pool of its own
+        try:
+            outcome.append(product())
+        except serving.GPUTaskAborted as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    thread.join()
+    assert outcome == [pytest.approx(float((x @ x).sum()), rel=1e-4)], standin.calls[-1]
