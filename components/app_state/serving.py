@@ -43,7 +43,6 @@ import os
 import pickle
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import closing
 from dataclasses import dataclass, replace
@@ -55,6 +54,7 @@ from components.app_state.run_flags import StopFlag, sessions_in
 
 from sequoia.core.profiles.profile import HardwareProfile
 from sequoia.runtime.measuring.finder import DEFAULT_ENTRY
+from sequoia.runtime.forking import start_from_a_fresh_thread
 from sequoia.runtime.measuring.gpu_call import CallPlan, eager_of, plan_call, proxy_profile, replays
 
 try:  # only on Hugging Face Spaces; nothing else here needs it
@@ -311,7 +311,7 @@ class ZeroGPUStandIn:
         receive, send = ctx.Pipe(duplex=False)
         start = time.monotonic()
         child = ctx.Process(target=_child, args=(fn, payload, send, streaming), daemon=True)
-        _fork_from_a_fresh_thread(child)
+        start_from_a_fresh_thread(child)          # no OpenMP pool of a server thread in it
         record.pid = child.pid
         send.close()
         try:
@@ -345,30 +345,6 @@ class ZeroGPUStandIn:
             if self.verbose:
                 print(f"ZeroGPU stand-in: {record.name} asked {duration} s, took {record.seconds:.1f} s in process "
                       f"{record.pid}: {record.outcome}", flush=True)
-
-
-def _fork_from_a_fresh_thread(child) -> None:
-    """Start ``child`` (a fork) from a thread made for it.  The forked process keeps only the forking thread,
-    and with it that thread's GNU OpenMP pool, whose worker threads it does not have: a thread that ran a
-    parallel torch op before the fork hangs the child's first one (measured: a 2000x2000 matmul in a thread,
-    then a fork from that thread, hangs the child's matmul; forked from a fresh thread, the child's takes
-    0.27 s).  A server thread that served a model in-process (the tests' other pages, in the same process)
-    is such a thread; ZeroGPU's own server never runs the models outside a call."""
-    failure: list[BaseException] = []
-
-    def start() -> None:
-        try:
-            with warnings.catch_warnings():          # a fork of a threaded server, as ZeroGPU's own
-                warnings.simplefilter("ignore", DeprecationWarning)
-                child.start()
-        except BaseException as exc:   # noqa: BLE001 - raised in the caller's thread below
-            failure.append(exc)
-
-    starter = threading.Thread(target=start, name="sequoia-standin-fork", daemon=True)
-    starter.start()
-    starter.join()
-    if failure:
-        raise failure[0]
 
 
 def _child(fn, payload: bytes, send, streaming: bool) -> None:

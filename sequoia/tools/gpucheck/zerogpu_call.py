@@ -39,6 +39,7 @@ from ...runners.hf.graphs.call_graphs import CallGraphs
 from ...runners.hf.loading import wrap_model
 from ...runtime.drafter import StaticTreeProposer
 from ...runtime.call_engine import CallEngine
+from ...runtime.forking import start_from_a_fresh_thread
 from ...runtime.methods import make_method
 from .models import Shape, pair_of
 from .offload import RandomFill
@@ -165,7 +166,7 @@ def forked(fn: Callable[..., dict], *args, timeout: float = 500.0) -> dict:
     receive, send = ctx.Pipe(duplex=False)
     t0 = time.perf_counter()
     child = ctx.Process(target=_child, args=(fn, args, send), daemon=True)
-    child.start()
+    start_from_a_fresh_thread(child)   # the models were built on this thread, with its OpenMP pool
     send.close()
     try:
         if not receive.poll(timeout):
