@@ -176,10 +176,11 @@ class ExtraRunners(Generic[V]):
         """The runtime of the race pair held now, or None."""
         return self._race[0] if self._race is not None else None
 
-    def race(self, backend: str, view: Callable[[ModelPair], V]) -> V:
+    def race(self, backend: str, view: Callable[[ModelPair], V], cancelled: threading.Event | None = None) -> V:
         """The view with the whole pair on ``backend`` (the Live tab's race), loaded on first use with progress in
         ``race_status``; ValueError when no race is offered; NotEnoughMemory (before loading) when it would not
-        fit.  :meth:`free` ("race") unloads it: the race frees it when it ends."""
+        fit; LoadCancelled at the load's next stage once ``cancelled`` is set (a race stopped while it loads).
+        :meth:`free` ("race") unloads it: the race frees it when it ends."""
         if self.race_loader is None:
             raise ValueError("this server offers no race between runtimes")
         with self._lock:
@@ -188,7 +189,7 @@ class ExtraRunners(Generic[V]):
             if self._race is None:
                 need = self.race_bytes(backend)
                 self._make_room("race", need)
-                status = self.race_status = LoadStatus()
+                status = self.race_status = LoadStatus(cancelled=cancelled)
                 status(0.0, f"loading {EXTRA_NAMES['race']}")
                 pair = self.race_loader(backend, status)
                 release_freed()

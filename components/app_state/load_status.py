@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -10,6 +11,10 @@ from sequoia._meta import ProgressFn
 
 class ModelsNotReady(ValueError):
     """The model pair is still loading, or failed to load; the message says which."""
+
+
+class LoadCancelled(RuntimeError):
+    """A load's progress report found it cancelled (:attr:`LoadStatus.cancelled`)."""
 
 
 @dataclass
@@ -26,8 +31,13 @@ class LoadStatus:
     ready: bool = False
     started: float | None = None            # time.monotonic() when loading began
     listener: ProgressFn | None = field(default=None, repr=False)
+    #: Set by whoever no longer wants the load (a stopped race): the loader's next report raises LoadCancelled,
+    #: so the load ends at its next stage instead of running on unseen.
+    cancelled: threading.Event | None = field(default=None, repr=False)
 
     def __call__(self, fraction: float, description: str) -> None:
+        if self.cancelled is not None and self.cancelled.is_set():
+            raise LoadCancelled(f"load cancelled before: {description}")
         if self.started is None:
             self.started = time.monotonic()
         self.fraction, self.description = min(max(float(fraction), 0.0), 1.0), str(description)

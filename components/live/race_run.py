@@ -16,6 +16,7 @@ run waits for this one, never beside it.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
@@ -194,22 +195,29 @@ def _load(ctx: AppContext, state: RaceState, backend: str, make_view) -> Iterato
     said in ``state``) when it cannot load."""
     state.phase, state.line = "loading", f"loading {display_name(backend)}'s pair for the race"
     yield state
+    # Stop (this generator closed) or an error here cancels the load: it ends at its next stage, instead of
+    # loading on unseen while the pool's exit waits for it (and holding the model's queue slot meanwhile).
+    cancelled = threading.Event()
     with ThreadPoolExecutor(1, thread_name_prefix="sequoia-race-load") as pool:
-        job = pool.submit(ctx.extras.race, backend, make_view)
-        while True:
-            try:
-                view = job.result(timeout=LOAD_POLL_S)
-                break
-            except TimeoutError:
-                status = ctx.extras.race_status
-                if status is not None:
-                    state.line = f"loading {display_name(backend)}'s pair for the race: {status.summary()}"
-                yield state
-            except (OSError, RuntimeError, ValueError) as exc:   # refused by the memory budget, a missing file
-                state.phase, state.error = "failed", f"{type(exc).__name__}: {exc}"
-                state.line = f"The race could not load {display_name(backend)}'s pair: {exc}"
-                yield state
-                return None
+        job = pool.submit(ctx.extras.race, backend, make_view, cancelled)
+        try:
+            while True:
+                try:
+                    view = job.result(timeout=LOAD_POLL_S)
+                    break
+                except TimeoutError:
+                    status = ctx.extras.race_status
+                    if status is not None:
+                        state.line = f"loading {display_name(backend)}'s pair for the race: {status.summary()}"
+                    yield state
+                except (OSError, RuntimeError, ValueError) as exc:   # refused by the memory budget, a missing file
+                    state.phase, state.error = "failed", f"{type(exc).__name__}: {exc}"
+                    state.line = f"The race could not load {display_name(backend)}'s pair: {exc}"
+                    yield state
+                    return None
+        finally:
+            if not job.done():
+                cancelled.set()
     state.resident = max(state.resident, resident_bytes())
     return view
 

@@ -604,9 +604,10 @@ def test_compare_full_run_reads_at_1280x720(compare_page, tmp_path):
 
 
 # ------------------------------------------------------------------ one test per defect of issue 37
-#: A Stop settles the page within this: over 10x the medians measured (0.09 s on the tiny pair, a busy 2-vCPU Xeon
-#: with AMX; 0.23 s on the default runtime, docs/benchmarks.md).
-STOP_SETTLE_BOUND_S = 3.0
+#: A hang guard, not the promise: Stop's handler first waits for the run's frame in flight (at most
+#: run_flags.FRAME_WAIT_S, 2 s), and beside a CPU-bound job one settle took 3.4 s.  How fast Stop settles is
+#: measured with its spread by scripts/page/stop_settle.py (medians 0.03-0.61 s, docs/data/stop-settle-xeon-amx.json).
+STOP_SETTLE_BOUND_S = 10.0
 #: The Live tab's outputs that Stop must leave settled.
 OUTPUTS = ("#sq-text", "#sq-summary", "#sq-tree", "#sq-stats", "#sq-inspect-text", "#sq-inspect-plot")
 _UNSETTLED = r"""(ids) => ids.flatMap(id => {
@@ -660,7 +661,7 @@ def test_stop_in_the_first_step_settles_every_output_before_the_step_ends(page, 
 def _settles_within(page, seconds: float) -> float:
     """Seconds until every output is settled and the summary says the run stopped (fails past ``seconds``)."""
     summary, t0 = page.locator("#sq-summary"), time.monotonic()
-    while (_unsettled(page) or "Stopped" not in summary.text_content()) and time.monotonic() - t0 < 10:
+    while (_unsettled(page) or "Stopped" not in summary.text_content()) and time.monotonic() - t0 < 2 * seconds:
         time.sleep(0.05)
     took = time.monotonic() - t0
     print(f"\nStop settled in {took:.2f} s", flush=True)

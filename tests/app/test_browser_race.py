@@ -11,6 +11,7 @@ One timed round of 4 tokens a run (the product's race is race.ROUNDS rounds of t
 
 import os
 import re
+import threading
 import time
 from types import SimpleNamespace
 
@@ -51,6 +52,11 @@ def race_server(lanes):
                                 quiet=True, css_paths=[app.CSS_PATH])
         yield SimpleNamespace(url=url, ctx=ctx, other=other)
         demo.close()
+        # Nothing of this module's races may load on beside the next modules' servers: a load in flight when a
+        # ZeroGPU stand-in call forks (test_zerogpu) shares the process with it.  A stopped race's load ends at
+        # its next stage (race_run._load), a finished one frees its pair.
+        _wait_until(lambda: not [t for t in threading.enumerate() if t.name.startswith("sequoia-race-load")]
+                    and ctx.extras.race_loaded is None, 300, "a race's load still ran after the module")
 
 
 @pytest.fixture()
@@ -61,6 +67,13 @@ def page(race_server, browser_context):
     page.locator("#sq-prompt textarea").wait_for()
     yield page
     page.close()
+
+
+def _wait_until(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
 
 
 def _freed(ctx, timeout_s: float = 120.0) -> None:

@@ -8,6 +8,7 @@ profiles are hand-made (test_race's: trees pay on torch, not on llama.cpp).  Few
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import pytest
 
@@ -141,3 +142,26 @@ def test_a_cpu_kind_without_a_torch_profile_races_on_a_shipped_stand_in(race_ctx
     words = race_panel.offer_markdown(race_ctx, offer)
     assert "predicted from shipped b-torch.json (AMD EPYC: no torch profile of this CPU kind here)" in words
     assert "python -m sequoia profile --backend hf" in words
+
+
+def test_stop_while_the_second_runtime_loads_cancels_the_load_at_its_next_stage(race_ctx):
+    """Closing the race while its second pair loads (Stop, or the page gone) ends the load at its next progress
+    report, instead of loading on unseen while the close waits for it."""
+    entered, done = threading.Event(), []
+
+    def loader(backend, progress):
+        progress(0.1, "loading the target")
+        entered.set()
+        progress.cancelled.wait(60)          # a long stage; without the cancel the close waits all of it
+        progress(0.9, "loading the draft")   # the next stage's report: raises once cancelled
+        done.append(backend)
+        return dataclasses.replace(app_pair(tiny_model(3), tiny_model(0)), backend=backend)
+
+    race_ctx.extras.race_loader = loader
+    state = race_run.RaceState(offer=race_run.race_offer(race_ctx, CODE), rounds=1)
+    loading = race_run._load(race_ctx, state, "hf", lambda pair: pair)
+    while not entered.is_set():
+        assert next(loading).phase == "loading"
+    loading.close()                          # returns once the load's thread has ended
+    assert done == [] and race_ctx.extras.race_loaded is None
+    assert not [t for t in threading.enumerate() if t.name.startswith("sequoia-race-load")]
