@@ -36,11 +36,13 @@ distribution check through it.
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import functools
 import inspect
 import multiprocessing
 import os
 import pickle
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -293,6 +295,19 @@ class ZeroGPUStandIn:
                     return done.value
         return call
 
+    def dump_running(self) -> list[int]:
+        """Ask every running call's process to print its Python stacks to its stderr (a stalled call says where
+        it waits); the pids asked."""
+        asked = []
+        for call in self.calls:
+            if call.outcome == "running" and call.pid:
+                try:
+                    os.kill(call.pid, signal.SIGUSR1)
+                    asked.append(call.pid)
+                except ProcessLookupError:
+                    pass
+        return asked
+
     def guard(self, runner) -> None:
         """Make ``runner`` refuse work outside a call (ZeroGPU: no CUDA outside ``@spaces.GPU``)."""
         session = runner.session
@@ -351,6 +366,7 @@ def _child(fn, payload: bytes, send, streaming: bool) -> None:
     """A stand-in call's process: run ``fn`` on the unpickled arguments, send back what it yields, returns or
     raises (an exception that does not pickle goes back as a RuntimeError with its text)."""
     os.environ[INSIDE_ENV] = "1"
+    faulthandler.register(signal.SIGUSR1, all_threads=True)   # ZeroGPUStandIn.dump_running: where a call stalls
 
     def put(kind, value) -> None:
         try:

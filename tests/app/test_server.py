@@ -3,6 +3,7 @@ API calls, the bounded light-work queue, the tree and SGLang exports and the Zer
 
 import asyncio
 import json
+import os
 import socket
 import sys
 import threading
@@ -494,3 +495,42 @@ def test_a_standin_call_runs_parallel_torch_after_its_thread_did(full_threads):
     thread.start()
     thread.join()
     assert outcome == [pytest.approx(float((x @ x).sum()), rel=1e-4)], standin.calls[-1]
+
+
+
+def test_a_running_standin_call_prints_its_stacks_when_asked(capfd, tmp_path):
+    import signal
+    import threading
+
+    standin, under_way = serving.ZeroGPUStandIn(), tmp_path / "under-way"
+
+    @standin.GPU(duration=60)
+    def stalls_here():
+        under_way.touch()
+        while True:
+            time.sleep(0.05)
+
+    ended = []
+
+    def call() -> None:
+        try:
+            stalls_here()
+        except RuntimeError as exc:      # its process killed below: "ended with exit code -9"
+            ended.append(exc)
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    deadline = time.monotonic() + 30
+    while not under_way.exists():
+        assert time.monotonic() < deadline, "the call never started"
+        time.sleep(0.05)
+    pid = standin.calls[-1].pid
+    assert standin.dump_running() == [pid]
+    said, deadline = "", time.monotonic() + 30
+    while "stalls_here" not in said:     # the process writes its stacks to the stderr it shares with this one
+        assert time.monotonic() < deadline, f"no stack printed: {said!r}"
+        time.sleep(0.05)
+        said += capfd.readouterr().err
+    os.kill(pid, signal.SIGKILL)
+    caller.join(30)
+    assert ended and standin.calls[-1].outcome != "running"

@@ -109,20 +109,31 @@ def test_live_decodes_twice_and_stop_reaches_the_calls_process(zero, page, monke
     _all_within_their_durations(_calls_since(zero, first))
 
 
+def _or_dump_the_calls(zero, expectation) -> None:
+    """``expectation()``; where it fails, the running calls' processes print their stacks first (captured as the
+    test's stderr): a stalled call says where it waits."""
+    try:
+        expectation()
+    except AssertionError:
+        if zero.standin.dump_running():
+            time.sleep(0.5)             # the dump is written by the call's process, on its own
+        raise
+
+
 def test_compare_and_the_distribution_check_run_twice(zero, page):
     first = len(zero.standin.calls)
     page.get_by_role("tab", name="Compare").click()
     notes = page.locator("#sq-compare-notes")
     for _ in range(2):
         page.get_by_role("button", name="Run comparison", exact=True).click()
-        sync_api.expect(notes).to_contain_text("Identical at T=0", timeout=120_000)
+        _or_dump_the_calls(zero, lambda: sync_api.expect(notes).to_contain_text("Identical at T=0", timeout=120_000))
         _wait_for(lambda: zero.standin.calls[-1].outcome != "running", 120)   # the run's GPU call over...
         _event_ended(page)   # ...and its event: the next click is not dropped as a second click of this run
     page.get_by_role("tab", name="Distribution check", exact=True).click()
     verdicts = page.locator("#sq-check-verdicts")
     for _ in range(2):
         page.get_by_role("button", name="Run the check", exact=True).click()
-        sync_api.expect(verdicts).to_contain_text("Finished in", timeout=120_000)
+        _or_dump_the_calls(zero, lambda: sync_api.expect(verdicts).to_contain_text("Finished in", timeout=120_000))
         _wait_for(lambda: zero.standin.calls[-1].outcome != "running", 120)
         _event_ended(page)
     assert _errors(page) == []
