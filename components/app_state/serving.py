@@ -46,7 +46,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import closing
+from contextlib import closing, suppress
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import TypeVar
@@ -298,14 +298,10 @@ class ZeroGPUStandIn:
     def dump_running(self) -> list[int]:
         """Ask every running call's process to print its Python stacks to its stderr (a stalled call says where
         it waits); the pids asked."""
-        asked = []
-        for call in self.calls:
-            if call.outcome == "running" and call.pid:
-                try:
-                    os.kill(call.pid, signal.SIGUSR1)
-                    asked.append(call.pid)
-                except ProcessLookupError:
-                    pass
+        asked = [call.pid for call in self.calls if call.outcome == "running" and call.pid]
+        for pid in asked:
+            with suppress(ProcessLookupError):   # ended meanwhile
+                os.kill(pid, signal.SIGUSR1)
         return asked
 
     def guard(self, runner) -> None:
