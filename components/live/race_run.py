@@ -206,6 +206,8 @@ def _load(ctx: AppContext, state: RaceState, backend: str, make_view) -> Iterato
                     view = job.result(timeout=LOAD_POLL_S)
                     break
                 except TimeoutError:
+                    if state.stopped:       # Stop while it loads: the load is cancelled below
+                        return None
                     status = ctx.extras.race_status
                     if status is not None:
                         state.line = f"loading {display_name(backend)}'s pair for the race: {status.summary()}"
