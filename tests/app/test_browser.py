@@ -41,6 +41,61 @@ pytestmark = [
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
 
 
+#: In every page: ``window.sqEvents.tokens`` holds one entry per event the page sent to the queue (its
+#: ``fn_index``, ``done`` once it answered: a refusal or error at the join, or its ``process_completed``);
+#: ``window.sqSettled(ms)``: every one done, the last for at least ``ms``.
+EVENTS = r"""(() => {
+    if (window.sqEvents) return;
+    const ev = window.sqEvents = {tokens: [], byId: {}, last: performance.now()};
+    const touch = () => { ev.last = performance.now(); };
+    const end = (id) => {
+        const token = ev.byId[id];
+        if (token && token !== "ended") token.done = true;
+        else ev.byId[id] = "ended";     // its completion came before its join's answer was read
+        touch();
+    };
+    const real = window.fetch;
+    window.fetch = async (...args) => {
+        const url = String(args[0] && args[0].url || args[0]);
+        if (url.includes("/queue/join")) {
+            let fn = null;
+            try { fn = JSON.parse(args[1].body).fn_index; } catch (e) {}
+            const token = {fn, done: false};
+            ev.tokens.push(token);
+            touch();
+            let response;
+            try { response = await real(...args); } catch (e) { token.done = true; touch(); throw e; }
+            if (response.status !== 200) { token.done = true; touch(); return response; }
+            response.clone().json().then(body => {
+                if (ev.byId[body.event_id] === "ended") token.done = true;
+                else ev.byId[body.event_id] = token;
+                touch();
+            }).catch(() => { token.done = true; touch(); });
+            return response;
+        }
+        const response = await real(...args);
+        if (!url.includes("/queue/data") || !response.body) return response;
+        const [mine, theirs] = response.body.tee();
+        (async () => {
+            const reader = mine.getReader(), text = new TextDecoder();
+            let rest = "";
+            for (let part = await reader.read(); !part.done; part = await reader.read()) {
+                const lines = (rest + text.decode(part.value, {stream: true})).split("\n");
+                rest = lines.pop();
+                for (const line of lines) {
+                    if (!line.startsWith("data:")) continue;
+                    let msg;
+                    try { msg = JSON.parse(line.slice(5)); } catch (e) { continue; }
+                    if (msg.msg === "process_completed") end(msg.event_id);
+                }
+            }
+        })();
+        return new Response(theirs, response);
+    };
+    window.sqSettled = (ms) => ev.tokens.every(t => t.done) && performance.now() - ev.last >= ms;
+})()"""
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -66,6 +121,7 @@ def browser_context(tmp_path_factory, lanes):
             str(tmp_path_factory.mktemp("chromium-profile")), executable_path=str(CHROMIUM), headless=True,
             args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000})
         # Generous: on a busy 2-core machine the first Plotly render alone can take several seconds.
+        context.add_init_script(EVENTS)
         context.set_default_timeout(30_000)
         sync_api.expect.set_options(timeout=30_000)
         yield context
@@ -102,10 +158,25 @@ def _decode(page, prompt: str, max_new: int, method: str | None = None) -> None:
 
 
 def _click_decode(page) -> None:
-    """Decode, as a visitor clicks it: after the fields' own events have answered (typing into a field fires
-    events of its own; a click within the same milliseconds can race them)."""
-    time.sleep(0.5)
+    """Decode, as a visitor clicks it: once the page is settled (:func:`_settled`)."""
+    _settled(page)
     page.get_by_role("button", name="Decode", exact=True).click()
+
+
+def _settled(page, timeout_s: float = 60.0) -> None:
+    """Wait until every event this page sent has answered (its load events, a field's own events), and none
+    for 0.2 s (an event's chained events join just after it ends).
+
+    Any status the page receives redraws every field's status, which wipes the validator's message beside a
+    field: a refusal shown while the page's load events still ran vanished when they ended (under load, the
+    DP explorer's first solve ended 1.3 s after a refused click, and the test waited 30 s on a blank page).
+    Other visitors' events do not count; this page's own run does, so never call it while the test holds one.
+    """
+    try:
+        page.wait_for_function("() => window.sqSettled(200)", timeout=timeout_s * 1000, polling=50)
+    except sync_api.TimeoutError:
+        pending = page.evaluate("window.sqEvents.tokens.filter(t => !t.done).map(t => t.fn)")
+        raise AssertionError(f"the page's events {pending} (fn_index) had not answered after {timeout_s:g} s")
 
 
 def _settled_text(locator, quiet_s: float = 0.5, timeout_s: float = 10.0) -> str:
@@ -153,10 +224,10 @@ def _slow_steps(monkeypatch, delay_s: float, release: threading.Event | None = N
     return runs
 
 
-def _wait_for(condition, timeout_s: float = 30.0) -> None:
+def _wait_for(condition, timeout_s: float = 30.0, what: str = "timed out") -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
-        assert time.monotonic() < deadline, "timed out"
+        assert time.monotonic() < deadline, what
         time.sleep(0.05)
 
 

@@ -19,7 +19,7 @@ import pytest
 
 import app
 from components.live import race_panel, race_run
-from test_browser import _free_port, browser_context, sync_api
+from test_browser import _free_port, _wait_for, browser_context, sync_api
 from test_race import LLAMA, TORCH
 
 pytestmark = [pytest.mark.browser, pytest.mark.embedded, pytest.mark.slow,
@@ -55,7 +55,7 @@ def race_server(lanes):
         # Nothing of this module's races may load on beside the next modules' servers: a load in flight when a
         # ZeroGPU stand-in call forks (test_zerogpu) shares the process with it.  A stopped race's load ends at
         # its next stage (race_run._load), a finished one frees its pair.
-        _wait_until(lambda: not [t for t in threading.enumerate() if t.name.startswith("sequoia-race-load")]
+        _wait_for(lambda: not [t for t in threading.enumerate() if t.name.startswith("sequoia-race-load")]
                     and ctx.extras.race_loaded is None, 300, "a race's load still ran after the module")
 
 
@@ -69,19 +69,9 @@ def page(race_server, browser_context):
     page.close()
 
 
-def _wait_until(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
-
-
 def _freed(ctx, timeout_s: float = 120.0) -> None:
     """Wait until the race's second pair is freed (the handler's last act); fails after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while ctx.extras.race_loaded is not None:
-        assert time.monotonic() < deadline, "the race's second runtime was not freed"
-        time.sleep(0.1)
+    _wait_for(lambda: ctx.extras.race_loaded is None, timeout_s, "the race's second runtime was not freed")
 
 
 def _loading_or_refused(words, race_server) -> None:
