@@ -111,6 +111,7 @@ def _controls(ctx: AppContext) -> SimpleNamespace:
     with gr.Row():
         c.go_btn = gr.Button("Decode", variant="primary")
         c.stop_btn = gr.Button("Stop", variant="stop")
+    c.refused = gr.Markdown("", elem_id="sq-refused", visible=False)   # why a click ran nothing (live_tab.refusal_line)
     c.fastest_btn = live_teaching.fastest_button(ctx, c.acceptance.value)
     c.exact_btn = gr.Button("Decode in exact mode (float32 target: at T=0 exactly the target alone's text)",
                             size="sm", elem_id="sq-exact")
@@ -177,7 +178,7 @@ def _wire(ctx: AppContext, c: SimpleNamespace, v: SimpleNamespace, refresh_on=()
     outputs = [v.text, v.tree, v.stats, v.summary_md, v.step, v.session]
     # The first frame comes from a light event outside the model queue, so it shows at once (even while
     # another visitor's decode holds the model); it also leaves a session in the state for Stop to find.
-    first = (v.text, v.summary_md, v.session)
+    first = (v.text, v.summary_md, v.session, c.refused)
     frame = page_handler(functools.partial(checked_first_frame, ctx), SESSION)
     with_state = [*inputs, v.session]
     # The run follows its first frame (``then``), never beside it: it gets the session the frame left, and the
@@ -222,7 +223,7 @@ def _wire_guided(ctx, c, v, frame, handler, with_state, outputs):
     c.guided_btn.click(None, None, None, js=SCROLL_TO_OUTPUT, api_visibility="private")
     guided = c.guided_btn.click(lambda: [*guided_values, guided_vector if guided_vector in c.choices else gr.skip()],
                                 None, fields, api_visibility="private", concurrency_limit=None)
-    guided = guided.then(frame, with_state, [v.text, v.summary_md, v.session], api_visibility="private",
+    guided = guided.then(frame, with_state, [v.text, v.summary_md, v.session, c.refused], api_visibility="private",
                          show_progress="hidden", concurrency_limit=None)
     return guided.then(handler, with_state, outputs, api_visibility="private", show_progress="hidden",
                        trigger_mode="always_last", **MODEL_WORK)

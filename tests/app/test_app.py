@@ -177,19 +177,23 @@ def test_stop_ends_the_run_within_a_step_and_its_views_say_so(ctx, monkeypatch):
 
 def test_the_first_frame_says_what_the_first_step_does(ctx):
     inputs = DecodeInputs.from_page("def f(x):", "Target alone", 4, 4, 0.0, 1.0, 8, 0, CODE, True)
-    text, summary, session = live_tab.checked_first_frame(ctx, inputs, None)
+    text, summary, session, refusal = live_tab.checked_first_frame(ctx, inputs, None)
     assert "draft" not in summary.lower() and "target alone" in summary and session.waiting
-    text, summary, _ = live_tab.checked_first_frame(ctx, replace(inputs, method="Chain"), None)
+    assert not refusal.visible   # a taken request hides the refusal line
+    text, summary, _, _ = live_tab.checked_first_frame(ctx, replace(inputs, method="Chain"), None)
     assert "drafting and verifying the first step" in summary
-    # a refused request, or a click while this page's run is on, leaves the page as it is
-    assert live_tab.checked_first_frame(ctx, replace(inputs, temperature=5), None) == (gr.skip(),) * 3
-    assert live_tab.checked_first_frame(ctx, inputs, live_tab.LiveSession(running=True)) == (gr.skip(),) * 3
+    # a refused request leaves the page as it is and says why under Decode; a click while this page's run is on
+    # changes nothing
+    *kept, refusal = live_tab.checked_first_frame(ctx, replace(inputs, temperature=5), None)
+    assert kept == [gr.skip()] * 3 and refusal.visible
+    assert refusal.value.startswith("**Not decoded:**") and "temperature" in refusal.value
+    assert live_tab.checked_first_frame(ctx, inputs, live_tab.LiveSession(running=True)) == (gr.skip(),) * 4
     # Stop while the run waits in the queue: Stop's handler settles the page and the run never starts
-    _, _, waiting = live_tab.checked_first_frame(ctx, inputs, None)
+    _, _, waiting, _ = live_tab.checked_first_frame(ctx, inputs, None)
     assert live_tab.stop_views(waiting)[3].startswith("**Stopped** before the first step")
     assert list(live_tab.decode_stream(ctx, inputs, waiting)) == [(gr.skip(),) * 6] and not waiting.records
     # not stopped: the run takes the first frame's session (the one Stop would find)
-    _, _, waiting = live_tab.checked_first_frame(ctx, inputs, None)
+    _, _, waiting, _ = live_tab.checked_first_frame(ctx, inputs, None)
     assert list(live_tab.decode_stream(ctx, inputs, waiting))[0][-1] is waiting and len(waiting.records) == 8
 
 

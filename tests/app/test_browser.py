@@ -344,6 +344,50 @@ def test_typing_too_many_new_tokens_shows_the_cap(page):
     sync_api.expect(page.get_by_text("cap of 256").first).to_be_visible()
 
 
+def test_a_refusal_stays_under_decode_after_the_pages_other_events_answer(browser_context, tiny_app_pair,
+                                                                           tmp_path, lanes, monkeypatch):
+    """Gradio wipes the validator's message beside a field whenever any event of the page answers (the banner's
+    poll, once a second while the models load or the profile measures; the page's first events): the line
+    under Decode, drawn by the server, stays.  Here the DP explorer's first solve ends 4 s after the page opens,
+    after the refused click."""
+    from components.dp_explorer import dp_tab
+
+    real, held, solved = dp_tab.on_solve, threading.Event(), []
+
+    def slow(*args, **kwargs):
+        held.wait(60)
+        solved.append(real(*args, **kwargs))
+        return solved[-1]
+
+    monkeypatch.setattr(dp_tab, "on_solve", slow)
+    demo = app.build_demo(tiny_app_pair, assets_dir=tmp_path, max_budget=24, lanes=lanes)
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True,
+                            quiet=True, css_paths=[app.CSS_PATH])
+    page = browser_context.new_page()
+    try:
+        page.goto(url, wait_until="domcontentloaded")
+        page.locator("#sq-prompt textarea").fill("def f():")
+        box = page.locator(".sq-max-new input")
+        box.fill("100000")
+        box.press("Enter")
+        page.get_by_role("button", name="Decode", exact=True).click()   # while the first solve is held
+        line = page.locator("#sq-refused")
+        sync_api.expect(line).to_contain_text("Not decoded: max new tokens 100000 is above this server's cap")
+        held.set()
+        _wait_for(lambda: solved)
+        _settled(page)                                                   # the solve's answer reached the page
+        sync_api.expect(line).to_contain_text("cap of 256")
+        box.fill("4")
+        box.press("Enter")
+        _click_decode(page)
+        sync_api.expect(page.locator("#sq-summary")).to_contain_text("4 tokens")
+        sync_api.expect(line).to_be_hidden()                            # a taken request clears it
+    finally:
+        held.set()
+        page.close()
+        demo.close()
+
+
 def test_too_many_new_tokens_are_refused_with_the_cap(server):
     from gradio_client import Client
 

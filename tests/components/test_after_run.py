@@ -23,7 +23,7 @@ def _inputs(method="Chain", prompt="def f(x):") -> DecodeInputs:
 
 def _ran(ctx, inputs: DecodeInputs) -> live_tab.LiveSession:
     """A page's run as the page starts it: the first frame's session, then the run."""
-    _, _, session = live_tab.checked_first_frame(ctx, inputs, None)
+    _, _, session, _ = live_tab.checked_first_frame(ctx, inputs, None)
     outs = list(live_tab.decode_stream(ctx, inputs, session))
     assert outs[-1][-1] is session and session.records and after_run.finished(session)
     return session
