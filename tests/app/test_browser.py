@@ -96,6 +96,11 @@ EVENTS = r"""(() => {
 })()"""
 
 
+#: A gradio_client's requests before its job streams (the app's config and API info): a hang guard.  Its default of
+#: 20 s was once too short on a busy 2-core machine (a full test run beside a busy loop).
+CLIENT_TIMEOUT = {"timeout": 120}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -165,7 +170,7 @@ def _click_decode(page) -> None:
 
 def _settled(page, timeout_s: float = 60.0) -> None:
     """Wait until every event this page sent has answered (its load events, a field's own events), and none
-    for 0.2 s (an event's chained events join just after it ends).
+    for 0.5 s (an event's chained events join just after it ends, within milliseconds on a quiet machine).
 
     Any status the page receives redraws every field's status, which wipes the validator's message beside a
     field: a refusal shown while the page's load events still ran vanished when they ended (under load, the
@@ -173,7 +178,7 @@ def _settled(page, timeout_s: float = 60.0) -> None:
     Other visitors' events do not count; this page's own run does, so never call it while the test holds one.
     """
     try:
-        page.wait_for_function("() => window.sqSettled(200)", timeout=timeout_s * 1000, polling=50)
+        page.wait_for_function("() => window.sqSettled(500)", timeout=timeout_s * 1000, polling=50)
     except sync_api.TimeoutError:
         pending = page.evaluate("window.sqEvents.tokens.filter(t => !t.done).map(t => t.fn)")
         raise AssertionError(f"the page's events {pending} (fn_index) had not answered after {timeout_s:g} s")
@@ -312,7 +317,7 @@ def test_the_dp_explorer_answers_while_another_client_decodes(page, server, monk
 
     release = threading.Event()
     runs = _slow_steps(monkeypatch, 0.1, release)
-    job = Client(server, verbose=False).submit("while True:", "ar", 8, 3, 0.0, 1.0, 250, 0, api_name="/decode")
+    job = Client(server, verbose=False, httpx_kwargs=CLIENT_TIMEOUT).submit("while True:", "ar", 8, 3, 0.0, 1.0, 250, 0, api_name="/decode")
     try:
         _wait_for(lambda: runs.steps > 0)
         page.get_by_role("tab", name="DP explorer").click()
@@ -763,7 +768,7 @@ def test_stop_in_the_first_step_settles_every_output_before_the_step_ends(page, 
             hold.set()                     # the step ends now
         _wait_for(lambda: len(runs.closed) == attempt + 1)   # and the engine stops there
         assert runs.steps == attempt + 1 and runs.closed[-1]
-        _event_ended(page)             # the run's last frame, had it one, is in by the event's end
+        _settled(page)                 # the run's events and those chained after it have answered
         assert not _unsettled(page)    # nothing the run did after Stop unsettled the page again
         sync_api.expect(summary).to_contain_text("Stopped before the first step finished")
     assert runs.most == 1              # never two runs of the model at once
@@ -789,7 +794,7 @@ def test_stop_while_waiting_behind_another_decode_settles_and_the_run_never_star
 
     release = threading.Event()
     runs = _slow_steps(monkeypatch, 0.1, release)
-    job = Client(server, verbose=False).submit("while True:", "ar", 8, 3, 0.0, 1.0, 250, 0, api_name="/decode")
+    job = Client(server, verbose=False, httpx_kwargs=CLIENT_TIMEOUT).submit("while True:", "ar", 8, 3, 0.0, 1.0, 250, 0, api_name="/decode")
     summary = page.locator("#sq-summary")
     try:
         _wait_for(lambda: runs.steps > 0)   # another visitor's decode holds the model
