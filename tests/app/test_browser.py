@@ -43,12 +43,14 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not 
 
 #: In every page: ``window.sqEvents.tokens`` holds one entry per event the page sent to the queue (its
 #: ``fn_index``, ``done`` once it answered: a refusal or error at the join, or its ``process_completed``);
-#: ``window.sqSettled(ms)``: every one done, the last for at least ``ms``.
+#: ``window.sqEvents.completed`` counts the ``process_completed`` messages; ``window.sqSettled(ms)``: every
+#: event done, the last for at least ``ms``.
 EVENTS = r"""(() => {
     if (window.sqEvents) return;
-    const ev = window.sqEvents = {tokens: [], byId: {}, last: performance.now()};
+    const ev = window.sqEvents = {tokens: [], byId: {}, completed: 0, last: performance.now()};
     const touch = () => { ev.last = performance.now(); };
     const end = (id) => {
+        ev.completed += 1;
         const token = ev.byId[id];
         if (token && token !== "ended") token.done = true;
         else ev.byId[id] = "ended";     // its completion came before its join's answer was read
@@ -317,7 +319,8 @@ def test_the_dp_explorer_answers_while_another_client_decodes(page, server, monk
 
     release = threading.Event()
     runs = _slow_steps(monkeypatch, 0.1, release)
-    job = Client(server, verbose=False, httpx_kwargs=CLIENT_TIMEOUT).submit("while True:", "ar", 8, 3, 0.0, 1.0, 250, 0, api_name="/decode")
+    job = Client(server, verbose=False, httpx_kwargs=CLIENT_TIMEOUT).submit(
+        "while True:", "ar", 8, 3, 0.0, 1.0, 250, 0, api_name="/decode")
     try:
         _wait_for(lambda: runs.steps > 0)
         page.get_by_role("tab", name="DP explorer").click()
@@ -794,7 +797,8 @@ def test_stop_while_waiting_behind_another_decode_settles_and_the_run_never_star
 
     release = threading.Event()
     runs = _slow_steps(monkeypatch, 0.1, release)
-    job = Client(server, verbose=False, httpx_kwargs=CLIENT_TIMEOUT).submit("while True:", "ar", 8, 3, 0.0, 1.0, 250, 0, api_name="/decode")
+    job = Client(server, verbose=False, httpx_kwargs=CLIENT_TIMEOUT).submit(
+        "while True:", "ar", 8, 3, 0.0, 1.0, 250, 0, api_name="/decode")
     summary = page.locator("#sq-summary")
     try:
         _wait_for(lambda: runs.steps > 0)   # another visitor's decode holds the model

@@ -21,30 +21,9 @@ pytestmark = [pytest.mark.browser, pytest.mark.skipif(not __import__("os").path.
 __all__ = ["browser_context", "server"]   # test_browser's fixtures: the tiny pair's page and one Chromium
 
 
-#: Counts the events the server says are complete (its ``process_completed`` messages on the queue's stream) in
-#: ``window.sqCompleted``: the page's own view of when a click's first event has answered.
-COUNT_COMPLETED = """(() => {
-    window.sqCompleted = 0;
-    const real = window.fetch;
-    window.fetch = async (...args) => {
-        const response = await real(...args);
-        const url = String(args[0] && args[0].url || args[0]);
-        if (!url.includes("/queue/data") || !response.body) return response;
-        const [mine, theirs] = response.body.tee();
-        (async () => {
-            const reader = mine.getReader(), text = new TextDecoder();
-            for (let part = await reader.read(); !part.done; part = await reader.read())
-                window.sqCompleted += text.decode(part.value).split("process_completed").length - 1;
-        })();
-        return new Response(theirs, response);
-    };
-})()"""
-
-
 @pytest.fixture()
 def page(server, browser_context):
     page = browser_context.new_page()
-    page.add_init_script(COUNT_COMPLETED)
     page.goto(server, wait_until="domcontentloaded")
     page.locator("#sq-prompt textarea").wait_for()
     yield page
@@ -78,11 +57,11 @@ def _stop_then_run(page, release, run, stop, said) -> None:
         _wait_for(release.holding.is_set, 60)
         stop.click()
         sync_api.expect(said).to_contain_text("Stopped")
-        completed = page.evaluate("window.sqCompleted")
+        completed = page.evaluate("window.sqEvents.completed")
         run.click()                               # the stopped run's event is still pending on the page
         # The click's first (light) event answers while the stopped run is held; the page then chains the run's
         # event to it (a timer of its own, run before a later one): held until then, so the page meets it pending.
-        page.wait_for_function("n => window.sqCompleted > n", arg=completed)
+        page.wait_for_function("n => window.sqEvents.completed > n", arg=completed)
         page.evaluate("() => new Promise(done => setTimeout(done, 100))")
     finally:
         release.set()
@@ -121,9 +100,9 @@ def test_live_decodes_a_click_made_right_after_stop(page, monkeypatch):
         _wait_for(release.holding.is_set, 60)
         page.get_by_role("button", name="Stop", exact=True).click()
         sync_api.expect(summary).to_contain_text("Stopped")
-        completed = page.evaluate("window.sqCompleted")
+        completed = page.evaluate("window.sqEvents.completed")
         decode.click()                            # the stopped run's event is still pending on the page
-        page.wait_for_function("n => window.sqCompleted > n", arg=completed)
+        page.wait_for_function("n => window.sqEvents.completed > n", arg=completed)
         page.evaluate("() => new Promise(done => setTimeout(done, 100))")
     finally:
         release.set()
