@@ -226,6 +226,16 @@ def check_compared(ctx: AppContext, req: DecodeRequest) -> None:
     check_context(req, len(req.prompt_ids), ctx.pair().target.max_context, ctx.limits, widest_tree(req.method))
 
 
+def refusal_line(exc: ValueError | None, what: str = "Not decoded") -> gr.Markdown:
+    """Why a click ran nothing (``what``: the tab's words), drawn by the server under the tab's buttons by the
+    click's first, light event.  The validator's message beside each bad field says it too, but Gradio redraws
+    every field's status whenever any event of the page answers, which wipes those messages: on a page whose
+    banner polls (the models loading, the background profile measuring: once a second) a refusal showed for
+    under a second, and one shown while the page's first events still ran went when they ended.  This line stays
+    until the next click; hidden (no room taken) when ``exc`` is None, a request taken."""
+    return gr.Markdown(f"**{what}:** {exc}" if exc else "", visible=exc is not None)
+
+
 def attach_validators(demo: gr.Blocks, ctx: AppContext) -> list[str]:
     """Check requests to the named endpoints before they queue; returns the endpoints guarded."""
     found = validators(ctx)

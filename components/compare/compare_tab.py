@@ -129,17 +129,19 @@ class CompareSession(RunFlags):
 
 
 def begin_comparison(ctx: AppContext, inputs: DecodeInputs, methods: list[str], session: CompareSession | None):
-    """A click's first, light event: a fresh session for the run that follows (Stop finds it while that run
-    waits in the queue).  A refused request (the validator says why beside its field) or a click while this
-    page's run is on (and not stopped) leaves the state as it is, and the run that follows then does nothing;
-    a click after Stop starts a new run, which waits for the stopped one's last step."""
+    """A click's first, light event: (session, refusal line): a fresh session for the run that follows (Stop
+    finds it while that run waits in the queue), the line under the buttons hidden.  A refused request leaves the
+    state as it is, and the run that follows then does nothing; the line says why (the validator's messages
+    beside the fields go at the page's next status: :func:`validation.refusal_line`).  A click while this page's
+    run is on (and not stopped) changes nothing; a click after Stop starts a new run, which waits for the stopped
+    one's last step."""
     if session is not None and session.on and not session.stopped:
-        return gr.skip()
+        return gr.skip(), gr.skip()
     try:
         validation.page_request(ctx, inputs)   # remembered: the validator's and the handler's parse reuse it
-    except ValueError:
-        return gr.skip()
-    return CompareSession(waiting=True, temperature=inputs.temperature)
+    except ValueError as exc:
+        return gr.skip(), validation.refusal_line(exc, "Not run")
+    return CompareSession(waiting=True, temperature=inputs.temperature), validation.refusal_line(None)
 
 
 def stopped_line(state: CompareState | None) -> str:
@@ -317,6 +319,7 @@ def _controls(ctx: AppContext) -> SimpleNamespace:
     with gr.Row():
         c.run_btn = gr.Button("Run comparison", variant="primary")
         c.stop_btn = gr.Button("Stop", variant="stop", elem_id="sq-compare-stop")
+    c.refused = gr.Markdown("", elem_id="sq-compare-refused", visible=False)   # validation.refusal_line
     c.full_btn = gr.Button(f"Full comparison (every method, {FULL_TOKENS} tokens: minutes on a CPU)", size="sm",
                            elem_id="sq-compare-full")
     c.exact_btn = gr.Button("Run in exact mode (float32 target: T=0 outputs identical)", size="sm",
@@ -352,7 +355,7 @@ def _wire(ctx: AppContext, c: SimpleNamespace, outputs: list) -> None:
     begin = compare_handler(functools.partial(begin_comparison, ctx), method, extra)
 
     def begun(trigger):
-        return trigger(begin, inputs, session, **light)
+        return trigger(begin, inputs, [session, c.refused], **light)
 
     # stop_lands_last: Stop's words land after the run's frame in flight, and no older frame after them.
     handler, exact_handler, full_handler = (

@@ -91,15 +91,17 @@ class CheckSession(RunFlags):
 
 def begin_check(prompt, temperature, top_p, trials, children, seed, chat, session: CheckSession | None, *,
                 limits: Limits = Limits()):
-    """A click's first, light event: a fresh session for the check that follows (Stop finds it while the check
-    waits in the queue); a refused request or a click while a check is on (and not stopped) leaves it as is."""
+    """A click's first, light event: (session, refusal line): a fresh session for the check that follows (Stop
+    finds it while the check waits in the queue), the line under the buttons hidden.  A refused request leaves
+    the session as is and the line says why (:func:`validation.refusal_line`); a click while a check is on (and
+    not stopped) changes nothing."""
     if session is not None and session.on and not session.stopped:
-        return gr.skip()
+        return gr.skip(), gr.skip()
     try:
         parse(prompt, temperature, top_p, trials, children, seed, chat, limits)
-    except ValueError:
-        return gr.skip()
-    return CheckSession(waiting=True)
+    except ValueError as exc:
+        return gr.skip(), validation.refusal_line(exc, "Not run")
+    return CheckSession(waiting=True), validation.refusal_line(None)
 
 
 def stopped_summary(session: CheckSession) -> str:
@@ -183,6 +185,7 @@ def build(models: LoadedPair, limits: Limits = Limits()) -> None:
             with gr.Row():
                 run_btn = gr.Button("Run the check", variant="primary")
                 stop_btn = gr.Button("Stop", variant="stop", elem_id="sq-check-stop")
+            refused = gr.Markdown("", elem_id="sq-check-refused", visible=False)   # validation.refusal_line
         with gr.Column(scale=2):
             verdicts = gr.Markdown(elem_id="sq-check-verdicts")
             plot = gr.Plot(label="target p vs emitted tokens")
@@ -198,7 +201,7 @@ def build(models: LoadedPair, limits: Limits = Limits()) -> None:
     # The click leaves a fresh session (light: never behind a run); the check follows it and reads its flag.  A
     # click while a stopped check ends its chunk: its check runs after that one ("always_last"; Gradio's default
     # "once" dropped it, issue 59).
-    run_btn.click(functools.partial(begin_check, limits=limits), inputs, session, **light).then(
+    run_btn.click(functools.partial(begin_check, limits=limits), inputs, [session, refused], **light).then(
         handler, inputs, [plot, verdicts], api_visibility="private", trigger_mode="always_last",
         validator=functools.partial(validator, limits=limits), **MODEL_WORK)
     stop_btn.click(stop_check, session, [plot, verdicts], **light)

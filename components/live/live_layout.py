@@ -111,7 +111,7 @@ def _controls(ctx: AppContext) -> SimpleNamespace:
     with gr.Row():
         c.go_btn = gr.Button("Decode", variant="primary")
         c.stop_btn = gr.Button("Stop", variant="stop")
-    c.refused = gr.Markdown("", elem_id="sq-refused", visible=False)   # why a click ran nothing (live_tab.refusal_line)
+    c.refused = gr.Markdown("", elem_id="sq-refused", visible=False)   # why a click ran nothing (validation)
     c.fastest_btn = live_teaching.fastest_button(ctx, c.acceptance.value)
     c.exact_btn = gr.Button("Decode in exact mode (float32 target: at T=0 exactly the target alone's text)",
                             size="sm", elem_id="sq-exact")

@@ -176,28 +176,18 @@ def checked_first_frame(ctx: AppContext, inputs: DecodeInputs, session: LiveSess
     """(text, summary, session, refusal): the first frame of a request the server will take, and a session
     that Stop finds before the run starts (it may wait behind another visitor's).  A refused one leaves the
     last good output in place, with no placeholder waiting for a run that never starts, and says why in the
-    refusal line under Decode (:func:`refusal_line`); so does a click while this page's run is on (the Decode
-    button's event ignores it), without a word.  A taken one clears the line."""
+    refusal line under Decode (:func:`validation.refusal_line`); so does a click while this page's run is on
+    (the Decode button's event ignores it), without a word.  A taken one clears the line."""
     if session is not None and session.running:
         return gr.skip(), gr.skip(), gr.skip(), gr.skip()
     try:
         req = validation.page_request(ctx, inputs)   # remembered: the validator's and the handler's parse reuse it
     except ValueError as exc:
-        return gr.skip(), gr.skip(), gr.skip(), refusal_line(exc)
+        return gr.skip(), gr.skip(), gr.skip(), validation.refusal_line(exc)
     if session is not None and not session.waiting:
         session.stopped = True   # the last run's events still queued after it (after_run) end: a new one comes
     return (*first_frame(inputs.prompt, req.method.name), LiveSession(prompt=inputs.prompt, waiting=True),
-            refusal_line(None))
-
-
-def refusal_line(exc: ValueError | None) -> gr.Markdown:
-    """Why a Decode click ran nothing, drawn by the server under the button.  The validator's message beside
-    each bad field says it too, but Gradio redraws every field's status whenever any event of the page
-    answers, which wipes those messages: on a page whose banner polls (the models loading, the background
-    profile measuring: once a second) a refusal showed for under a second, and one shown while the page's
-    first events still ran went when they ended.  This line stays until the next click; hidden (no room taken)
-    when ``exc`` is None, a request taken."""
-    return gr.Markdown(f"**Not decoded:** {exc}" if exc else "", visible=exc is not None)
+            validation.refusal_line(None))
 
 
 def stop_views(session: LiveSession | None):

@@ -305,7 +305,7 @@ def test_compares_stop_ends_the_run_at_a_step_and_keeps_its_rows(ctx):
     once, the run ends at its next step and draws the same again, last; no near-tie check runs after it."""
     inputs = DecodeInputs("x = 1", validation.COMPARE_METHOD, 8, 3, max_new_tokens=6, acceptance=CODE)
     picked = ["Chain", "Sequoia (budget & depth)"]
-    session = compare_tab.begin_comparison(ctx, inputs, picked, compare_tab.CompareSession())
+    session, _ = compare_tab.begin_comparison(ctx, inputs, picked, compare_tab.CompareSession())
     assert session.waiting and not session.running
     outs, said = [], None
     run = compare_tab.on_compare(ctx, inputs, picked, session)
@@ -368,18 +368,19 @@ def test_compares_replays_at_t0_hold_the_pairs_model_lock(monkeypatch, exact):
 def test_compares_stop_in_the_queue_runs_nothing_and_a_second_click_is_ignored(ctx, monkeypatch):
     inputs = DecodeInputs("x = 1", validation.COMPARE_METHOD, 8, 3, max_new_tokens=4, acceptance=CODE)
     monkeypatch.setattr(compare_tab, "iter_comparison", lambda *a, **k: pytest.fail("nothing may run"))
-    waiting = compare_tab.begin_comparison(ctx, inputs, [], None)
+    waiting, line = compare_tab.begin_comparison(ctx, inputs, [], None)
+    assert not line.visible   # a taken request hides the refusal line
     notes = compare_tab.stop_comparison(waiting)[2]
     assert notes == "**Stopped** before a timed run finished: nothing was timed."
     assert [all(isinstance(v, type(gr.skip())) for v in out) for out in compare_tab.on_compare(ctx, inputs, [],
                                                                                               waiting)] == [True]
     on = compare_tab.CompareSession(running=True)   # this page's run is on: a click leaves it alone
-    assert isinstance(compare_tab.begin_comparison(ctx, inputs, [], on), type(gr.skip()))
+    assert compare_tab.begin_comparison(ctx, inputs, [], on) == (gr.skip(),) * 2
     assert len(list(compare_tab.on_compare(ctx, inputs, [], on))) == 1 and on.running and not on.stopped
     on.stopped = True   # ... but after Stop a click starts a new run (it waits for the stopped one's last step)
-    assert compare_tab.begin_comparison(ctx, inputs, [], on).waiting
-    bad = replace(inputs, max_new_tokens=0)   # refused by the validator: no session waits for a run
-    assert isinstance(compare_tab.begin_comparison(ctx, bad, [], None), type(gr.skip()))
+    assert compare_tab.begin_comparison(ctx, inputs, [], on)[0].waiting
+    kept, line = compare_tab.begin_comparison(ctx, replace(inputs, max_new_tokens=0), [], None)   # refused: says why
+    assert kept == gr.skip() and line.visible and line.value.startswith("**Not run:** max new tokens")
 
 
 def test_compare_api_rows(ctx):

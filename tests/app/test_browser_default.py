@@ -22,8 +22,8 @@ from components.hardware import hardware_tab
 from components.live import after_run, live_tab, live_teaching
 from components.widgets import runtime_view
 from sequoia.core.requests.request import METHOD_OF_LABEL
-from test_browser import (_click_decode, _compare_rows, _event_ended, _free_port, _screenshot, _settled_text,
-                          _unsettled, _wait_for, browser_context, sync_api)
+from test_browser import (_click_decode, _compare_rows, _event_ended, _free_port, _screenshot, _settled,
+                          _settled_text, _unsettled, _wait_for, browser_context, sync_api)
 
 pytestmark = [pytest.mark.browser, pytest.mark.embedded, pytest.mark.slow,
               pytest.mark.skipif(not os.path.exists("/usr/bin/chromium"), reason="no /usr/bin/chromium")]
@@ -80,10 +80,10 @@ def _errors(page) -> list[str]:
 
 
 def _badge_check(page, seen: list):
-    """``check(what)``: half a second after a control was used, any error toast or badge on the page is added
-    to ``seen`` under ``what``."""
+    """``check(what)``: once the events a control sent (and those chained after them) have answered, any error
+    toast or badge on the page is added to ``seen`` under ``what`` (a toast comes with its event's answer)."""
     def check(what: str) -> None:
-        time.sleep(0.5)
+        _settled(page, 300)
         bad = _errors(page)
         if bad:
             seen.append((what, bad))
@@ -106,29 +106,17 @@ def _type_then_click(page, label: str, value: str, button: str) -> None:
     box = page.get_by_label(re.compile("^" + re.escape(label))).filter(visible=True).first
     box.fill(value)
     box.press("Enter")
-    time.sleep(0.5)
+    _settled(page)
     page.get_by_role("button", name=button, exact=True).filter(visible=True).click()
 
 
-def _seen_text(page, words: str) -> None:
-    """Wait until ``words`` have been on the page, however briefly (a refusal beside its field shows for a few
-    seconds only: a watcher records it the moment it is drawn); fails after 30 s.  Call :func:`_watch_for` first."""
-    page.wait_for_function("w => (window.sqSeen || []).includes(w)", arg=words, timeout=30_000)
-
-
-def _watch_for(page, words: str) -> None:
-    """Start recording whether ``words`` are ever drawn on the page (before the click that should draw them)."""
-    page.evaluate("""w => {
-        window.sqSeen = window.sqSeen || [];
-        const watcher = new MutationObserver(() => look());
-        const look = () => {
-            if (!document.body.innerText.includes(w)) return;
-            if (!window.sqSeen.includes(w)) window.sqSeen.push(w);
-            watcher.disconnect();
-        };
-        watcher.observe(document.body, {childList: true, subtree: true, characterData: true});
-        look();
-    }""", words)
+def _refused(page, line: str, words: str) -> None:
+    """The refusal ``line`` under the tab's buttons (its CSS selector) says ``words`` once the page's events
+    have answered: the server's line stays where Gradio's message beside the field goes at the page's next
+    status (components.app_state.validation.refusal_line)."""
+    sync_api.expect(page.locator(line)).to_contain_text(words)
+    _settled(page)
+    sync_api.expect(page.locator(line)).to_contain_text(words)
 
 
 def _run_over(page, ctx) -> None:
@@ -190,35 +178,33 @@ def _after_run_ended(page, ended: list, before: int) -> None:
 def test_max_new_tokens_0_or_negative_is_refused_by_the_app_naming_the_field(page, value, monkeypatch):
     runs = _watched_runs(monkeypatch)
     page.locator("#sq-prompt textarea").fill("def f():")
-    words = f"max new tokens must be a whole number >= 1, got {value}"
-    _watch_for(page, words)
     box = _max_new(page)
     box.fill(value)
     box.press("Enter")
     _click_decode(page)
-    # Gradio shows a refusal beside its field for a few seconds only (a loaded machine may draw it after a read
-    # would have looked): the watcher records it whenever it is drawn.  Then the event has ended: no toast, no run,
-    # the value as typed.
-    _seen_text(page, words)
-    _event_ended(page)
+    # the line under Decode says why, after every event of the page answered: no toast, no run, the value as typed
+    _refused(page, "#sq-refused", f"Not decoded: max new tokens must be a whole number >= 1, got {value}")
     assert _errors(page) == [] and page.get_by_text("less than minimum value").count() == 0
     assert box.input_value() == value and runs.started == []
 
 
-@pytest.mark.parametrize("tab, button, label, value, words", [
-    ("Compare", "Run comparison", "max new tokens", "0", "max new tokens must be a whole number >= 1, got 0"),
-    ("Compare", "Run comparison", "seed", "-1", "seed must be a whole number in 0.."),
-    ("Distribution check", "Run the check", "trials N per rule", "50", "trials N per rule must be a whole number in 100.."),
-    ("Distribution check", "Run the check", "seed", "-1", "seed must be a whole number in 0.."),
+COMPARE, CHECK = ("Compare", "Run comparison", "#sq-compare-refused"), ("Distribution check", "Run the check",
+                                                                       "#sq-check-refused")
+
+
+@pytest.mark.parametrize("tab, button, line, label, value, words", [
+    (*COMPARE, "max new tokens", "0", "max new tokens must be a whole number >= 1, got 0"),
+    (*COMPARE, "seed", "-1", "seed must be a whole number in 0.."),
+    (*CHECK, "trials N per rule", "50", "trials N per rule must be a whole number in 100.."),
+    (*CHECK, "seed", "-1", "seed must be a whole number in 0.."),
 ])
-def test_the_other_tabs_number_boxes_are_refused_by_the_app_naming_the_field(page, tab, button, label, value, words):
+def test_the_other_tabs_number_boxes_are_refused_by_the_app_naming_the_field(page, tab, button, line, label, value,
+                                                                             words):
     """Compare's and the Distribution check's boxes leave their range to the app (Gradio's own "less than minimum"
-    toast names no field): the app's words beside the field, no toast, no run."""
+    toast names no field): the app's words in the line under the tab's buttons, no toast, no run."""
     page.get_by_role("tab", name=tab, exact=True).click()
-    _watch_for(page, words)
     _type_then_click(page, label, value, button)
-    _seen_text(page, words)   # beside its field for a few seconds only: recorded whenever drawn (see above)
-    _event_ended(page)
+    _refused(page, line, "Not run: " + words)
     assert _errors(page) == [] and page.get_by_text("less than minimum value").count() == 0
     assert page.get_by_text("Round 1 of").count() == 0 and page.get_by_text("Forwarding the prompt").count() == 0
 

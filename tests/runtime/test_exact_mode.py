@@ -205,7 +205,8 @@ def test_distribution_tab_handler_and_app(tiny_pairs, tmp_path, lanes):
     # Stop flags the session (no cancelled event, no red Error): the check ends after its current chunk of
     # trials, the rules done keep their lines, and the check draws Stop's words again, last
     args = ("hello", 1.0, 1.0, 400, 3, 0, True)
-    session = distribution_tab.begin_check(*args, None)
+    session, line = distribution_tab.begin_check(*args, None)
+    assert not line.visible   # a taken request hides the refusal line
     frames, said = [], None
     for frame in distribution_tab.on_check(ctx.models, *args, session):
         frames.append(frame)
@@ -214,10 +215,11 @@ def test_distribution_tab_handler_and_app(tiny_pairs, tmp_path, lanes):
     assert said.startswith("**Stopped**: the rules below") and frames[-1][1] == said and not session.running
     assert "Finished in" not in said and said.count("\n| ") < len(RULES)
     assert all(isinstance(v, type(gr.skip())) for v in distribution_tab.stop_check(session))   # no check on
-    waiting = distribution_tab.begin_check(*args, None)   # stopped in the queue: nothing runs
+    waiting, _ = distribution_tab.begin_check(*args, None)   # stopped in the queue: nothing runs
     assert distribution_tab.stop_check(waiting)[1] == "**Stopped** before a rule finished: nothing was tested."
     assert len(list(distribution_tab.on_check(None, *args, waiting))) == 1
-    assert isinstance(distribution_tab.begin_check("hello", 0.0, 1.0, 400, 3, 0, True, None), type(gr.skip()))
+    kept, line = distribution_tab.begin_check("hello", 0.0, 1.0, 400, 3, 0, True, None)   # refused: says why
+    assert kept == gr.skip() and line.visible and line.value.startswith("**Not run:**") and "temperature" in line.value
 
 
 def test_cli_exact_flag_loads_the_exact_pair(monkeypatch):
