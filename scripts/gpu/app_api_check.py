@@ -26,7 +26,6 @@ import argparse
 import os
 import platform
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,6 +45,7 @@ from components.app_state import validation
 from components.app_state.acceptance_choice import default_acceptance_label  # noqa: E402
 from components.app_state.decode_inputs import PAGE_FIELDS, DecodeInputs  # noqa: E402
 from components.live import live_tab  # noqa: E402
+from components.loopback import free_port, serve_here  # noqa: E402
 from sequoia._meta import write_json  # noqa: E402
 from sequoia.core.requests.request import METHOD_OF_LABEL  # noqa: E402
 from sequoia.core.statistics.stats import summarize  # noqa: E402
@@ -60,12 +60,6 @@ RATE = re.compile(r"\*\*([0-9.]+)\*\* tokens/s(?!tep)")   # the Live tab's summa
 
 def log(msg: str) -> None:
     print(msg, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def step_ms(records: list[dict]) -> float:
@@ -96,8 +90,7 @@ class InProcessApp:
     def __init__(self, env: dict[str, str]) -> None:
         pair = app.load_from_env(env)
         self.demo = app.build_demo(pair, device=str(pair.device))
-        _, self.url, _ = self.demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
-                                          quiet=True)
+        self.url = serve_here(self.demo)
         self.ctx = self.demo.sequoia_context
 
     def close(self) -> None:

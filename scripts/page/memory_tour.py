@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import threading
 import time
@@ -43,6 +42,7 @@ from components.distribution import distribution_tab
 from components.dp_explorer import dp_tab
 from components.hardware import hardware_tab
 from components.live import live_tab
+from components.loopback import serve_here  # noqa: E402
 from sequoia.core.config import MAX_DEPTH  # noqa: E402
 from sequoia.core.trees.tree import MAX_TREE_SIZE  # noqa: E402
 from sequoia.runtime.memory import GB, parse_kib_field  # noqa: E402
@@ -151,12 +151,6 @@ def press(name: str, fn: Callable[[], object], url: str) -> dict:
     return row
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=16, help="new tokens per decode (default 16)")
@@ -169,9 +163,7 @@ def main() -> None:
     ctx = demo.sequoia_context
     global PEAK
     PEAK = TreePeak()
-    port = free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
-    url = f"http://127.0.0.1:{port}"
+    url = serve_here(demo).rstrip("/")
     rows = [press("start (pair loaded)", ctx.pair, url)]
     rows += [press(name, fn, url) for name, fn in steps(ctx, args.tokens)
              if not args.only or any(name.startswith(o) for o in args.only)]

@@ -23,7 +23,6 @@ import json
 import os
 import platform
 import re
-import socket
 import statistics
 import sys
 import time
@@ -202,15 +201,12 @@ def main(argv=None) -> int:
         raise SystemExit("no /usr/bin/chromium: apt-get install chromium")
     import app
     from components.app_state.lanes import WorkLanes
+    from components.loopback import serve_here
 
     demo = app.build_from_env(dict(os.environ), lanes=WorkLanes())
     ctx = demo.sequoia_context
     ctx.models.start_loading()
-    with socket.socket() as sock:            # a free port
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                            css_paths=[app.CSS_PATH])
+    url = serve_here(demo, css_paths=[app.CSS_PATH])
     while not ctx.status.ready:
         if ctx.status.error:
             raise SystemExit(f"loading failed: {ctx.status.error}")

@@ -22,6 +22,7 @@ from components.compare import compare_run, compare_tab
 from components.dp_explorer import dp_tab
 from components.hardware import hardware_tab
 from components.live import live_tab, no_tree_view
+from components.loopback import serve_here
 from sequoia.runtime.methods import DEFAULT_ACCEPTANCE
 from sequoia.runtime.proposers.dynamic import MAX_DEPTH
 
@@ -517,7 +518,7 @@ def test_gradio_client_end_to_end(demo):
     from gradio_client import Client
 
     demo.queue(default_concurrency_limit=1, max_size=8)
-    _, url, _ = demo.launch(prevent_thread_lock=True, quiet=True)
+    url = serve_here(demo)
     try:
         client = Client(url, verbose=False)
         text, steps = client.predict("hi", "sequoia", 8, 3, 0.0, 1.0, 6, 0, True, api_name="/decode")

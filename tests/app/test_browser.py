@@ -14,7 +14,6 @@ a fresh profile.  Screenshots go to pytest's tmp dir, and also to
 import os
 import re
 import shutil
-import socket
 import threading
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ import app
 from components.compare import compare_run, compare_tab
 from components.dp_explorer import dp_tab
 from components.live import live_tab
+from components.loopback import serve_here
 from sequoia.core.trees.sglang_family import best_launch
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -103,17 +103,10 @@ EVENTS = r"""(() => {
 CLIENT_TIMEOUT = {"timeout": 120}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tiny_app_pair, tmp_path_factory, lanes):
     demo = app.build_demo(tiny_app_pair, assets_dir=tmp_path_factory.mktemp("assets"), max_budget=24, lanes=lanes)
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True,
-                            quiet=True, css_paths=[app.CSS_PATH])
+    url = serve_here(demo, css_paths=[app.CSS_PATH])
     yield url
     demo.close()
 
@@ -369,8 +362,7 @@ def test_a_refusal_stays_under_decode_after_the_pages_other_events_answer(browse
 
     monkeypatch.setattr(dp_tab, "on_solve", slow)
     demo = app.build_demo(tiny_app_pair, assets_dir=tmp_path, max_budget=24, lanes=lanes)
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True,
-                            quiet=True, css_paths=[app.CSS_PATH])
+    url = serve_here(demo, css_paths=[app.CSS_PATH])
     page = browser_context.new_page()
     try:
         page.goto(url, wait_until="domcontentloaded")
@@ -416,8 +408,7 @@ def long_server(tmp_path_factory, lanes):
     target = _long_context_model()
     demo = app.build_demo(app_pair(target, target), assets_dir=tmp_path_factory.mktemp("assets-long"),
                           max_budget=24, lanes=lanes)
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True,
-                            quiet=True, css_paths=[app.CSS_PATH])
+    url = serve_here(demo, css_paths=[app.CSS_PATH])
     yield url
     demo.close()
 
@@ -443,8 +434,7 @@ def test_readme_figure_the_live_tab_mid_decode(browser_context, monkeypatch, tmp
     from sequoia.runtime.models import load_pair
 
     demo = app.build_demo(load_pair(), max_budget=32, lanes=lanes)
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True,
-                            quiet=True, css_paths=[app.CSS_PATH])
+    url = serve_here(demo, css_paths=[app.CSS_PATH])
     runs = _slow_steps(monkeypatch, 1.5)  # hold each step on screen, so the page is caught mid-decode
     page = browser_context.new_page()
     try:
@@ -556,8 +546,7 @@ def tie_server(tmp_path_factory, tiny_target, lanes):
     tied = near_tie(tiny_target)
     demo = app.build_demo(app_pair(tied, tied), assets_dir=tmp_path_factory.mktemp("assets-tie"), max_budget=24,
                           lanes=lanes)
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True,
-                            quiet=True, css_paths=[app.CSS_PATH])
+    url = serve_here(demo, css_paths=[app.CSS_PATH])
     yield url
     demo.close()
 
@@ -647,8 +636,7 @@ def compare_server(tiny_app_pair, tiny_target, tmp_path_factory, lanes):
 
     demo = app.build_demo(tiny_app_pair, assets_dir=tmp_path_factory.mktemp("assets-ref"), max_budget=24,
                           lanes=lanes, reference_loader=loader)
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True,
-                            quiet=True, css_paths=[app.CSS_PATH])
+    url = serve_here(demo, css_paths=[app.CSS_PATH])
     yield SimpleNamespace(url=url, gate=gate, ctx=demo.sequoia_context)
     demo.close()
 

@@ -20,9 +20,10 @@ import app
 from components.compare import compare_tab
 from components.hardware import hardware_tab
 from components.live import after_run, live_tab, live_teaching
+from components.loopback import serve_here
 from components.widgets import runtime_view
 from sequoia.core.requests.request import METHOD_OF_LABEL
-from test_browser import (_click_decode, _compare_rows, _event_ended, _free_port, _screenshot, _settled,
+from test_browser import (_click_decode, _compare_rows, _event_ended, _screenshot, _settled,
                           _settled_text, _unsettled, _wait_for, browser_context, sync_api)
 
 pytestmark = [pytest.mark.browser, pytest.mark.embedded, pytest.mark.slow,
@@ -53,8 +54,7 @@ def default_server(lanes):
     demo = app.build_from_env({**os.environ, "SEQUOIA_PROBE": "0"}, lanes=lanes)
     ctx = demo.sequoia_context
     ctx.models.start_loading()
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True,
-                            quiet=True, css_paths=[app.CSS_PATH])
+    url = serve_here(demo, css_paths=[app.CSS_PATH])
     deadline = time.monotonic() + 900
     while not ctx.status.ready:
         assert not ctx.status.error, ctx.status.error

@@ -20,7 +20,8 @@ import pytest
 import app
 from components.app_state.decode_inputs import DecodeInputs
 from components.live import live_tab
-from test_browser import _click_decode, _free_port, _settled_text, _wait_for, browser_context, sync_api
+from components.loopback import serve_here
+from test_browser import _click_decode, _settled_text, _wait_for, browser_context, sync_api
 
 pytestmark = [pytest.mark.browser, pytest.mark.embedded, pytest.mark.slow,
               pytest.mark.skipif(not os.path.exists("/usr/bin/chromium"), reason="no /usr/bin/chromium")]
@@ -46,8 +47,7 @@ def fresh_server(lanes, tmp_path_factory):
     ctx.hardware.assets_dir = assets
     ctx.hardware.cache_dir = tmp_path_factory.mktemp("profile-cache")
     ctx.models.start_loading()
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True,
-                            quiet=True, css_paths=[app.CSS_PATH])
+    url = serve_here(demo, css_paths=[app.CSS_PATH])
     yield SimpleNamespace(url=url, ctx=ctx)
     demo.close()
 

@@ -19,7 +19,8 @@ import pytest
 
 import app
 from components.live import race_panel, race_run
-from test_browser import _free_port, _wait_for, browser_context, sync_api
+from components.loopback import serve_here
+from test_browser import _wait_for, browser_context, sync_api
 from test_race import LLAMA, TORCH
 
 pytestmark = [pytest.mark.browser, pytest.mark.embedded, pytest.mark.slow,
@@ -48,8 +49,7 @@ def race_server(lanes):
         mp.setattr(race_run, "race_profiles", lambda c, acceptance: {serving: LLAMA, other: TORCH})
         mp.setitem(race_panel.PAGE_RACE, "rounds", 1)
         mp.setitem(race_panel.PAGE_RACE, "max_new_tokens", 4)
-        _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True,
-                                quiet=True, css_paths=[app.CSS_PATH])
+        url = serve_here(demo, css_paths=[app.CSS_PATH])
         yield SimpleNamespace(url=url, ctx=ctx, other=other)
         demo.close()
         # Nothing of this module's races may load on beside the next modules' servers: a load in flight when a

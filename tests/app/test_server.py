@@ -4,7 +4,6 @@ API calls, the bounded light-work queue, the tree and SGLang exports and the Zer
 import asyncio
 import json
 import os
-import socket
 import sys
 import threading
 import time
@@ -24,6 +23,7 @@ from components.app_state.context import LIGHT_WORK, MODEL_WORK
 from components.app_state.lanes import DP_LANE, LIGHT_NICE, LightLane
 from components.app_state.memo import RequestMemo
 from components.dp_explorer import dp_tab
+from components.loopback import serve_here
 from sequoia.core.config import CPU_CAPS, MAX_ACCEPTANCE_LEN, GenerationConfig, caps_for
 from sequoia.core.trees.dp import optimal_tree
 from sequoia.core.trees.tree import MAX_TREE_SIZE, Tree
@@ -149,7 +149,7 @@ def test_the_decode_api_refuses_out_of_range_inputs_before_anything_runs(tiny_ap
     runs = []
     monkeypatch.setattr(live_tab, "run_decode", lambda *a, **k: runs.append(1) or iter(()))
     demo = app.build_demo(tiny_app_pair, assets_dir=tmp_path, max_budget=24, lanes=lanes)
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True, quiet=True)
+    url = serve_here(demo)
     try:
         client = Client(url, verbose=False)
         for name, i, value, message in OUT_OF_RANGE:
@@ -221,12 +221,6 @@ class _Meter:
             self.active -= 1
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_cancelled_api_decodes_stop_and_never_overlap(tmp_path, lanes):
     from conftest import tiny_model
@@ -238,8 +232,7 @@ def test_cancelled_api_decodes_stop_and_never_overlap(tmp_path, lanes):
     target.register_forward_pre_hook(meter.pre)
     target.register_forward_hook(meter.post)
     demo = app.build_demo(app_pair(target, target), assets_dir=tmp_path, max_budget=24, lanes=lanes)
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True,
-                            quiet=True)
+    url = serve_here(demo)
     try:
         client = Client(url, verbose=False)
         args = ("hello", "ar", 4, 4, 0.0, 1.0, 200, 0, True, "")

@@ -2,7 +2,10 @@
 model call in a process forked for it (its inputs and outputs pickled, killed at its duration), the models
 refusing work outside a call (no CUDA there on ZeroGPU).  A decode, a comparison and the distribution check
 must be served, twice each (nothing a call leaves behind may be needed by the next), Stop must reach a call's
-process, and no call may run past the duration it asked for.
+process, and every call must end well (returned, or closed by Stop), none aborted.  Whether a duration asked
+for covers its call is a price for a card (tests/runtime/measuring/test_gpu_call.py prices it; the GPU run times
+it): here the stand-in kills a call at :data:`GRACE` times its duration, a hang guard, since a CPU shared with
+other work is what a call's time measures here.
 
     python -m pytest -q tests/app/test_zerogpu.py         # ~1 min on a 2-core CPU
 """
@@ -16,26 +19,31 @@ from conftest import app_pair
 
 import app
 from components.app_state import serving
-from test_browser import (STOP_SETTLE_BOUND_S, _click_decode, _event_ended, _free_port, _slow_steps, _wait_for,
+from components.loopback import serve_here
+from test_browser import (STOP_SETTLE_BOUND_S, _click_decode, _event_ended, _slow_steps, _wait_for,
                           browser_context, sync_api)
 from test_browser_fresh import _errors   # the error toasts and badges on the page
 
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not os.path.exists("/usr/bin/chromium"), reason="no /usr/bin/chromium")]
 __all__ = ["browser_context"]
+#: The stand-in kills a call at this many times its duration: a hang guard.  The tiny pair's calls here ask for
+#: ZeroGPU's shortest call, 20 s, and take 0.1-2.7 s on a quiet 2-vCPU Xeon with AMX (14 s: the one whose steps
+#: are slowed to 0.5 s); beside a busy loop and the other test worker, one took over 20 s (killed: "GPU task
+#: aborted", an Error on the page over a finished run).
+GRACE = 10
 
 @pytest.fixture(scope="module")
 def zero(tiny_target, tmp_path_factory, lanes):
     """The app on a tiny pair of its own, built and served under the stand-in."""
-    standin = serving.ZeroGPUStandIn()
+    standin = serving.ZeroGPUStandIn(grace=GRACE)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(serving, "spaces", standin)
         pair = app_pair(tiny_target, tiny_target)
         standin.guard(pair.draft)
         standin.guard(pair.target)
         demo = app.build_demo(pair, assets_dir=tmp_path_factory.mktemp("assets"), max_budget=24, lanes=lanes)
-        _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True,
-                                quiet=True, css_paths=[app.CSS_PATH])
+        url = serve_here(demo, css_paths=[app.CSS_PATH])
         yield SimpleNamespace(url=url, standin=standin, pair=pair, ctx=demo.sequoia_context)
         demo.close()
 
@@ -54,14 +62,13 @@ def _calls_since(zero, n: int) -> list:
     return zero.standin.calls[n:]
 
 
-def _all_within_their_durations(calls) -> None:
+def _all_ended_well(calls) -> None:
     assert calls, "no call went through the stand-in"
     deadline = time.monotonic() + 10        # the page may show a call's last frame before the call has ended
     while any(c.outcome == "running" for c in calls) and time.monotonic() < deadline:
         time.sleep(0.05)
     for call in calls:
         assert call.outcome in ("returned", "closed"), call
-        assert call.seconds < call.duration_s, call
 
 
 def test_the_models_refuse_work_outside_a_call(zero):
@@ -82,7 +89,7 @@ def test_the_api_decodes_and_compares_in_a_fresh_process_each_call(zero):
     assert rows[0]["method"] == "target only" and len(rows) >= 4
     calls = _calls_since(zero, first)
     assert len(calls) == 3 and len({c.pid for c in calls}) == 3 and os.getpid() not in {c.pid for c in calls}
-    _all_within_their_durations(calls)
+    _all_ended_well(calls)
 
 
 def test_live_decodes_twice_and_stop_reaches_the_calls_process(zero, page, monkeypatch):
@@ -106,7 +113,7 @@ def test_live_decodes_twice_and_stop_reaches_the_calls_process(zero, page, monke
     _click_decode(page)                                  # and the page runs again after Stop
     sync_api.expect(summary).to_contain_text("finished", timeout=60_000)
     assert _errors(page) == []
-    _all_within_their_durations(_calls_since(zero, first))
+    _all_ended_well(_calls_since(zero, first))
 
 
 def _or_dump_the_calls(zero, expectation) -> None:
@@ -137,4 +144,4 @@ def test_compare_and_the_distribution_check_run_twice(zero, page):
         _wait_for(lambda: zero.standin.calls[-1].outcome != "running", 120)
         _event_ended(page)
     assert _errors(page) == []
-    _all_within_their_durations(_calls_since(zero, first))
+    _all_ended_well(_calls_since(zero, first))

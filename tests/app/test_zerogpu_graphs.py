@@ -1,5 +1,5 @@
-"""Graphs captured inside each ZeroGPU call, under the stand-in (a process forked per call, killed at its
-duration): with SEQUOIA_CALL_GRAPHS=1 a CPU call takes the capture path (replays emulated over the graphs' static
+"""Graphs captured inside each ZeroGPU call, under the stand-in (a process forked per call; test_zerogpu's hang
+guard on its time): with SEQUOIA_CALL_GRAPHS=1 a CPU call takes the capture path (replays emulated over the graphs' static
 buffers), decodes the eager call's tokens at T=0, counts its captures on the page inside the call's own time, and
 a capture that fails leaves that shape eager with the reason on the page."""
 
@@ -11,7 +11,7 @@ import pytest
 from sequoia.runners.hf.graphs import call_graphs
 from test_browser import _click_decode, browser_context, sync_api
 from test_browser_fresh import _errors
-from test_zerogpu import _all_within_their_durations, page, zero
+from test_zerogpu import _all_ended_well, page, zero
 
 pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not os.path.exists("/usr/bin/chromium"), reason="no /usr/bin/chromium")]
@@ -33,7 +33,7 @@ def test_a_capturing_call_decodes_the_eager_calls_tokens(zero, monkeypatch):
     monkeypatch.setenv("SEQUOIA_CALL_GRAPHS", "1")   # read when the call is ordered; the fork inherits it
     first = len(zero.standin.calls)
     assert _decode_api(zero) == eager and eager[0]
-    _all_within_their_durations(zero.standin.calls[first:])
+    _all_ended_well(zero.standin.calls[first:])
 
 
 def test_the_page_counts_the_calls_captures_within_its_time(zero, page, monkeypatch):
@@ -46,7 +46,7 @@ def test_the_page_counts_the_calls_captures_within_its_time(zero, page, monkeypa
     match = CAPTURED.search(summary.inner_text())
     assert match and int(match.group(1)) >= 2, summary.inner_text()
     calls = zero.standin.calls[first:]
-    _all_within_their_durations(calls)
+    _all_ended_well(calls)
     assert any(c.seconds >= float(match.group(2)) for c in calls)   # the captures ran inside the call
     assert _errors(page) == []
 

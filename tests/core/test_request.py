@@ -12,7 +12,6 @@ the registry.
 
 import ast
 import asyncio
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from components.app_state import validation
 from components.app_state.acceptance_choice import DEFAULT_ACCEPTANCE_LABEL
 from components.app_state.decode_inputs import DecodeInputs
 from components.live import live_tab
+from components.loopback import serve_here
 from sequoia.core.requests import fields
 from sequoia.core.requests import request as rq
 from sequoia.core.requests.request import (ENGINE_METHODS, SEED_MAX, DecodeRequest, Limits, MethodSpec, RequestError, parse_decode,
@@ -192,17 +192,11 @@ def test_the_page_stream_is_parsed_once_too(demo, monkeypatch):
     assert len(parsed) == 1 and sum(r.n_new for r in outs[-1][-1].records) == 4
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def client(demo):
     from gradio_client import Client
 
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True, quiet=True)
+    url = serve_here(demo)
     try:
         yield Client(url, verbose=False)
     finally:
