@@ -10,8 +10,10 @@ other work is what a call's time measures here.
     python -m pytest -q tests/app/test_zerogpu.py         # ~1 min on a 2-core CPU
 """
 
+import multiprocessing
 import os
 import time
+from contextlib import closing
 from types import SimpleNamespace
 
 import pytest
@@ -19,8 +21,9 @@ from conftest import app_pair
 
 import app
 from components.app_state import serving
+from components.live import live_tab
 from components.loopback import serve_here
-from test_browser import (STOP_SETTLE_BOUND_S, _click_decode, _event_ended, _slow_steps, _wait_for,
+from test_browser import (STOP_SETTLE_BOUND_S, _click_decode, _event_ended, _settled, _wait_for,
                           browser_context, sync_api)
 from test_browser_fresh import _errors   # the error toasts and badges on the page
 
@@ -28,9 +31,9 @@ pytestmark = [pytest.mark.browser,
               pytest.mark.skipif(not os.path.exists("/usr/bin/chromium"), reason="no /usr/bin/chromium")]
 __all__ = ["browser_context"]
 #: The stand-in kills a call at this many times its duration: a hang guard.  The tiny pair's calls here ask for
-#: ZeroGPU's shortest call, 20 s, and take 0.1-2.7 s on a quiet 2-vCPU Xeon with AMX (14 s: the one whose steps
-#: are slowed to 0.5 s); beside a busy loop and the other test worker, one took over 20 s (killed: "GPU task
-#: aborted", an Error on the page over a finished run).
+#: ZeroGPU's shortest call, 20 s, and take 0.1-2.7 s on a quiet 2-vCPU Xeon with AMX (the one Stop ends also
+#: waits for the test at a step); beside a busy loop and the other test worker, one took over 20 s (killed:
+#: "GPU task aborted", an Error on the page over a finished run).
 GRACE = 10
 
 @pytest.fixture(scope="module")
@@ -92,23 +95,45 @@ def test_the_api_decodes_and_compares_in_a_fresh_process_each_call(zero):
     _all_ended_well(calls)
 
 
+def _held_in_calls(monkeypatch) -> SimpleNamespace:
+    """The Live runs of the calls' processes (forked after this) hold their second step until ``release`` is
+    set (``at_hold`` once one waits there), and count the steps they drew in ``steps``: shared memory, which
+    the test reads and sets from the server's process."""
+    fork = multiprocessing.get_context("fork")
+    held = SimpleNamespace(at_hold=fork.Event(), release=fork.Event(), steps=fork.Value("i", 0))
+    real = live_tab.run_decode
+
+    def run_decode(ctx, req, should_stop=None):
+        with closing(real(ctx, req, should_stop)) as steps:
+            for rec in steps:
+                if rec.step == 1:
+                    held.at_hold.set()
+                    held.release.wait(60)
+                with held.steps.get_lock():
+                    held.steps.value += 1
+                yield rec
+    monkeypatch.setattr(live_tab, "run_decode", run_decode)
+    return held
+
+
 def test_live_decodes_twice_and_stop_reaches_the_calls_process(zero, page, monkeypatch):
     first = len(zero.standin.calls)
     summary = page.locator("#sq-summary")
     for _ in range(2):                                  # the second click runs: the first one's flags settled
         _click_decode(page)
         sync_api.expect(summary).to_contain_text("finished", timeout=60_000)
-    _slow_steps(monkeypatch, 0.5)                       # inherited by the calls' processes (forked after this)
+    _settled(page)                                      # the last run's own calls (its rate measured) over
+    held = _held_in_calls(monkeypatch)
     _click_decode(page)
-    sync_api.expect(summary).not_to_contain_text("finished", timeout=30_000)
-    sync_api.expect(summary).to_contain_text("tokens in", timeout=30_000)
+    assert held.at_hold.wait(60), "the run did not reach its second step"
+    sync_api.expect(summary).to_contain_text("1 target call", timeout=30_000)   # its first step on the page
     page.get_by_role("button", name="Stop", exact=True).click()
     sync_api.expect(summary).to_contain_text("Stopped", timeout=STOP_SETTLE_BOUND_S * 1000)   # a hang guard
+    held.release.set()                                  # the run may go on now: it must read Stop's flag
     stopped = zero.standin.calls[-1]
-    deadline = time.monotonic() + 5
-    while stopped.outcome == "running":                 # the call's process read the flag Stop set here
-        assert time.monotonic() < deadline, "Stop did not reach the call's process"
-        time.sleep(0.05)
+    _wait_for(lambda: stopped.outcome != "running", 60, "the stopped call did not end")
+    # The held step and at most the one under way when the flag was read; unstopped, the run takes 23.
+    assert held.steps.value <= 3, f"the call's process drew {held.steps.value} steps: it did not read Stop's flag"
     monkeypatch.undo()
     _click_decode(page)                                  # and the page runs again after Stop
     sync_api.expect(summary).to_contain_text("finished", timeout=60_000)
