@@ -193,9 +193,9 @@ def _settled_text(locator, quiet_s: float = 0.5, timeout_s: float = 10.0) -> str
 
 
 def _slow_steps(monkeypatch, delay_s: float, release: threading.Event | None = None,
-                hold: threading.Event | None = None) -> SimpleNamespace:
+                hold: threading.Event | None = None, hold_at: int = 0) -> SimpleNamespace:
     """Make every engine step take ``delay_s`` longer, and end the run early once ``release`` is set.  With
-    ``hold``, the first step waits for it (at most 60 s): the test decides when it ends.
+    ``hold``, step ``hold_at`` (the first by default) waits for it (at most 60 s): the test decides when it ends.
 
     Returns counters: ``steps`` taken, ``closed`` (True per run whose engine generator was closed) and
     ``most`` (the most runs of the engine at once).
@@ -208,7 +208,7 @@ def _slow_steps(monkeypatch, delay_s: float, release: threading.Event | None = N
         runs.most = max(runs.most, runs.running)
         try:
             for rec in gen:
-                if hold is not None and rec.step == 0:
+                if hold is not None and rec.step == hold_at:
                     hold.wait(timeout=60)
                 time.sleep(delay_s)
                 runs.steps += 1
@@ -291,18 +291,23 @@ def test_errors_show_in_the_page_then_a_good_request_works(page, tmp_path):
 
 
 def test_stop_cancels_a_running_decode(page, tmp_path, monkeypatch):
-    runs = _slow_steps(monkeypatch, 0.1)
-    _decode(page, "while True:", 250, method="Target alone")  # ~25 s unless stopped
-    summary = page.locator("#sq-summary")
-    sync_api.expect(summary).to_contain_text("tokens in")
-    page.get_by_role("button", name="Stop", exact=True).click()
+    hold = threading.Event()
+    runs = _slow_steps(monkeypatch, 0.0, hold=hold, hold_at=1)   # the run waits at its second step for Stop
+    try:
+        _decode(page, "while True:", 250, method="Target alone")
+        summary = page.locator("#sq-summary")
+        sync_api.expect(summary).to_contain_text("1 token in 1 target call")   # the first step on the page
+        page.get_by_role("button", name="Stop", exact=True).click()
+        sync_api.expect(summary).to_contain_text("Stopped", timeout=STOP_SETTLE_BOUND_S * 1000)   # a hang guard
+    finally:
+        hold.set()
     _wait_for(lambda: runs.closed)
     assert runs.closed == [True]  # Gradio closed the handler, which closed the engine's generator
-    assert runs.steps < 250
+    assert runs.steps <= 3   # the held step, and at most the one under way when the run read Stop (unstopped: 250)
     sync_api.expect(summary).not_to_contain_text("finished")
     # issue 37: a later Stop says so in the summary, and the text shows every step done
-    sync_api.expect(summary).to_contain_text(re.compile(r"Stopped after \d+ tokens"))
-    n = int(re.search(r"Stopped after (\d+) tokens", summary.text_content()).group(1))
+    sync_api.expect(summary).to_contain_text(re.compile(r"Stopped after \d+ tokens?\b"))
+    n = int(re.search(r"Stopped after (\d+) token", summary.text_content()).group(1))
     assert 0 < n <= runs.steps
     _screenshot(page, tmp_path, "live-stopped")
 
