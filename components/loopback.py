@@ -6,12 +6,15 @@ the source port of every outgoing connection from: a browser's or a client's con
 moment between the choice and the server's bind (a full test run beside a busy loop lost a server that way:
 "Cannot find empty port in range: 58349-58349").  :func:`free_port` picks below that range, where only another
 server can bind, and :func:`serve_here` tries another port when one was taken all the same.
+:func:`serve_loaded` serves the app as ``python app.py`` does (the page up while its pair loads) and returns once
+the pair is ready: what the scripts under ``scripts/page/`` visit.
 """
 
 from __future__ import annotations
 
 import random
 import socket
+import time
 from pathlib import Path
 
 import gradio as gr
@@ -54,7 +57,28 @@ def serve_here(demo: gr.Blocks, tries: int = 5, **launch) -> str:
     return _launch(demo, launch)
 
 
-def _launch(demo: gr.Blocks, launch: dict) -> str:
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
-                            **launch)
+def _launch(demo: gr.Blocks, launch: dict, port: int | None = None) -> str:
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=port or free_port(), prevent_thread_lock=True,
+                            quiet=True, **launch)
+    return url
+
+
+def serve_loaded(demo: gr.Blocks, port: int | None = None, timeout_s: float = 900.0, **launch) -> str:
+    """The app's ``demo`` (``app.build_from_env``'s) served while its pair loads in the background, as ``python
+    app.py`` serves it, on ``port`` or a free one (:func:`serve_here`); its URL once the pair is ready.  Where the
+    load fails, or is not done within ``timeout_s``, the server is closed and a RuntimeError says which."""
+    ctx = demo.sequoia_context
+    ctx.models.start_loading()
+    url = serve_here(demo, **launch) if port is None else _launch(demo, launch, port)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not ctx.status.ready:
+            if ctx.status.error:
+                raise RuntimeError(f"the models failed to load: {ctx.status.error}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the models were not loaded after {timeout_s:g} s ({ctx.status.summary()})")
+            time.sleep(0.1)
+    except BaseException:
+        demo.close()
+        raise
     return url

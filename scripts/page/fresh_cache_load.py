@@ -38,9 +38,11 @@ from load_test import Calls, machine, random_dp_args  # noqa: E402
 PROMPTS = ("def fibonacci(n):", "def is_prime(n):", "class Stack:", "def quicksort(values):")
 
 
-def fresh_server(port: int):
-    """The app from this environment with no profile to find: (demo, ctx, url)."""
+def fresh_server(port: int | None):
+    """The app from this environment with no profile to find, on ``port`` (None: a free one), once its pair is
+    loaded: (demo, ctx, url)."""
     import app
+    from components.loopback import serve_loaded
 
     assets = Path(tempfile.mkdtemp(prefix="assets-"))
     shutil.copytree(app.ASSETS, assets, dirs_exist_ok=True, ignore=shutil.ignore_patterns("profiles"))
@@ -49,9 +51,7 @@ def fresh_server(port: int):
     ctx = demo.sequoia_context
     ctx.hardware.assets_dir = assets
     ctx.hardware.cache_dir = Path(tempfile.mkdtemp(prefix="profile-cache-"))
-    ctx.models.start_loading()
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
-    return demo, ctx, url
+    return demo, ctx, serve_loaded(demo, port)
 
 
 def decode_args(prompt: str, new_tokens: int) -> tuple:
@@ -105,15 +105,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--compare-tokens", type=int, default=4)
     ap.add_argument("--timeout", type=float, default=600.0)
-    ap.add_argument("--port", type=int, default=7873)
+    ap.add_argument("--port", type=int, default=None, help="the server's port (default: a free one)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     demo, ctx, url = fresh_server(args.port)
     try:
-        while not ctx.status.ready:
-            if ctx.status.error:
-                raise SystemExit(f"the models failed to load: {ctx.status.error}")
-            time.sleep(0.1)
         ready = time.monotonic()
         outputs: list[tuple[str, str]] = []
         during = run_phase(url, args, ready + args.duration, outputs, ctx)   # the profiler measuring meanwhile

@@ -201,16 +201,11 @@ def main(argv=None) -> int:
         raise SystemExit("no /usr/bin/chromium: apt-get install chromium")
     import app
     from components.app_state.lanes import WorkLanes
-    from components.loopback import serve_here
+    from components.loopback import serve_loaded
 
     demo = app.build_from_env(dict(os.environ), lanes=WorkLanes())
     ctx = demo.sequoia_context
-    ctx.models.start_loading()
-    url = serve_here(demo, css_paths=[app.CSS_PATH])
-    while not ctx.status.ready:
-        if ctx.status.error:
-            raise SystemExit(f"loading failed: {ctx.status.error}")
-        time.sleep(0.2)
+    url = serve_loaded(demo, css_paths=[app.CSS_PATH])
     out = {"machine": platform.processor() or platform.machine(), "cpu": _cpu(), "cores": os.cpu_count(),
            "backend": ctx.pair().backend, "load_start": os.getloadavg()[0], "figures": [], "measures": []}
     try:

@@ -161,16 +161,12 @@ def main(argv=None) -> int:
         raise SystemExit("no /usr/bin/chromium: apt-get install chromium")
     import app
     from components.app_state.lanes import WorkLanes
-    from components.loopback import serve_here
+    from components.loopback import serve_loaded
 
     demo = app.build_from_env(dict(os.environ), lanes=WorkLanes())
     ctx = demo.sequoia_context
-    ctx.models.start_loading()
-    url = serve_here(demo, css_paths=[app.CSS_PATH])
+    url = serve_loaded(demo, css_paths=[app.CSS_PATH])
     try:
-        _until(lambda: ctx.status.ready or ctx.status.error, 900, "the models loading")
-        if ctx.status.error:
-            raise SystemExit(f"loading failed: {ctx.status.error}")
         load_before = os.getloadavg()[0]
         rows = visit(url, ctx.pair().lock, args.tries, args.max_new_tokens)
     finally:

@@ -20,7 +20,7 @@ import app
 from components.compare import compare_tab
 from components.hardware import hardware_tab
 from components.live import after_run, live_tab, live_teaching
-from components.loopback import serve_here
+from components.loopback import serve_loaded
 from components.widgets import runtime_view
 from sequoia.core.requests.request import METHOD_OF_LABEL
 from test_browser import (_click_decode, _compare_rows, _event_ended, _screenshot, _settled,
@@ -53,13 +53,7 @@ def default_server(lanes):
     # module; test_browser_fresh keeps it): the background profile still measures beside the visits
     demo = app.build_from_env({**os.environ, "SEQUOIA_PROBE": "0"}, lanes=lanes)
     ctx = demo.sequoia_context
-    ctx.models.start_loading()
-    url = serve_here(demo, css_paths=[app.CSS_PATH])
-    deadline = time.monotonic() + 900
-    while not ctx.status.ready:
-        assert not ctx.status.error, ctx.status.error
-        assert time.monotonic() < deadline, "the models were not ready after 900 s"
-        time.sleep(0.2)
+    url = serve_loaded(demo, css_paths=[app.CSS_PATH])
     yield SimpleNamespace(url=url, ctx=ctx, backend=ctx.pair().backend)
     demo.close()
 

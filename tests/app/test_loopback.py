@@ -1,8 +1,11 @@
 """The loopback server the scripts and tests use (components.loopback): its ports come from below the
-kernel's ephemeral range, and a port taken before the server binds it costs a retry, not the server."""
+kernel's ephemeral range, a port taken before the server binds it costs a retry, not the server, and the app
+served while its pair loads answers once the pair is ready or says why it is not."""
 
 import socket
+import threading
 import urllib.request
+from types import SimpleNamespace
 
 import gradio as gr
 import pytest
@@ -50,3 +53,42 @@ def test_other_launch_failures_are_not_retried(monkeypatch):
     with pytest.raises(OSError, match="no such device"):
         loopback.serve_here(gr.Blocks())
     assert len(tries) == 1
+
+
+def _loading_app(outcome: str):
+    """A page whose "pair" loads in a thread: to ``ready``, to an ``error``, or never (``hang``)."""
+    with gr.Blocks() as demo:
+        gr.Markdown("served")
+    status = SimpleNamespace(ready=False, error=None, summary=lambda: "40%, loading the target, 3 s")
+
+    def load():
+        if outcome == "ready":
+            status.ready = True
+        elif outcome == "error":
+            status.error = "OSError: no weights here"
+
+    demo.sequoia_context = SimpleNamespace(status=status, models=SimpleNamespace(
+        start_loading=lambda: threading.Thread(target=load, daemon=True).start()))
+    closed, close = [], demo.close
+    demo.close = lambda: (closed.append(True), close())
+    return demo, closed
+
+
+def test_serve_loaded_returns_the_page_once_the_pair_is_ready():
+    demo, closed = _loading_app("ready")
+    url = loopback.serve_loaded(demo)
+    try:
+        assert demo.sequoia_context.status.ready
+        with urllib.request.urlopen(url, timeout=60) as page:
+            assert page.status == 200
+    finally:
+        demo.close()
+
+
+@pytest.mark.parametrize("outcome,words", [("error", "failed to load: OSError: no weights here"),
+                                           ("hang", r"not loaded after 0.3 s \(40%, loading the target, 3 s\)")])
+def test_serve_loaded_says_why_the_pair_is_not_ready_and_closes_the_server(outcome, words):
+    demo, closed = _loading_app(outcome)
+    with pytest.raises(RuntimeError, match=words):
+        loopback.serve_loaded(demo, timeout_s=0.3 if outcome == "hang" else 60)
+    assert closed == [True]
