@@ -21,6 +21,8 @@ import gradio as gr
 
 #: Gradio's words when the port it was given could not be bound (gradio.http_server.start_server).
 PORT_TAKEN = "Cannot find empty port"
+#: Gradio's words when the page it just served did not answer its check (one HEAD request, 3 s) in time.
+NOT_REACHED = "localhost is not accessible"
 
 
 def ephemeral_low(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> int:
@@ -47,13 +49,18 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def serve_here(demo: gr.Blocks, tries: int = 5, **launch) -> str:
     """``demo`` served on the loopback without blocking (``launch``: more of ``Blocks.launch``'s arguments), on a
-    free port, another one if that one was taken before the server bound it; the page's URL."""
+    free port, another one if that one was taken before the server bound it, or if the page did not answer
+    Gradio's check in time (seen once beside a busy loop); the page's URL."""
     for _ in range(tries - 1):
         try:
             return _launch(demo, launch)
         except OSError as exc:
             if PORT_TAKEN not in str(exc):
                 raise
+        except ValueError as exc:   # the server's first page took over Gradio's 3 s check (a starved CPU)
+            if NOT_REACHED not in str(exc):
+                raise
+            demo.close()
     return _launch(demo, launch)
 
 

@@ -42,6 +42,22 @@ def test_a_port_taken_before_the_bind_is_retried(monkeypatch):
             demo.close()
 
 
+def test_a_page_too_slow_for_gradios_check_is_closed_and_served_again(monkeypatch):
+    tries, closed = [], []
+
+    def slow_once(demo, launch):
+        tries.append(launch)
+        if len(tries) == 1:
+            raise ValueError("When localhost is not accessible, a shareable link must be created.")
+        return "http://127.0.0.1:1/"
+
+    monkeypatch.setattr(loopback, "_launch", slow_once)
+    demo = gr.Blocks()
+    monkeypatch.setattr(demo, "close", lambda: closed.append(True))
+    assert loopback.serve_here(demo) == "http://127.0.0.1:1/"
+    assert len(tries) == 2 and closed == [True]
+
+
 def test_other_launch_failures_are_not_retried(monkeypatch):
     tries = []
 
