@@ -124,13 +124,15 @@ def test_live_decodes_twice_and_stop_reaches_the_calls_process(zero, page, monke
         sync_api.expect(summary).to_contain_text("finished", timeout=60_000)
     _settled(page)                                      # the last run's own calls (its rate measured) over
     held = _held_in_calls(monkeypatch)
-    _click_decode(page)
-    assert held.at_hold.wait(60), "the run did not reach its second step"
-    sync_api.expect(summary).to_contain_text("1 target call", timeout=30_000)   # its first step on the page
-    page.get_by_role("button", name="Stop", exact=True).click()
-    # A hang guard only: the run is held, so a late Stop cannot lose a race (10 s ran out once in a loaded run)
-    sync_api.expect(summary).to_contain_text("Stopped", timeout=STOP_HANG_GUARD_S * 1000)
-    held.release.set()                                  # the run may go on now: it must read Stop's flag
+    try:
+        _click_decode(page)
+        assert held.at_hold.wait(60), "the run did not reach its second step"
+        sync_api.expect(summary).to_contain_text("1 target call", timeout=30_000)   # its first step on the page
+        page.get_by_role("button", name="Stop", exact=True).click()
+        # A hang guard only: the run is held, so a late Stop cannot lose a race (10 s ran out once in a loaded run)
+        sync_api.expect(summary).to_contain_text("Stopped", timeout=STOP_HANG_GUARD_S * 1000)
+    finally:
+        held.release.set()                              # the run may go on now: it must read Stop's flag
     stopped = zero.standin.calls[-1]
     _wait_for(lambda: stopped.outcome != "running", 60, "the stopped call did not end")
     # The held step and at most the one under way when the flag was read; unstopped, the run takes 23.
