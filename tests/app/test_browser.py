@@ -160,7 +160,36 @@ def _decode(page, prompt: str, max_new: int, method: str | None = None) -> None:
 def _click_decode(page) -> None:
     """Decode, as a visitor clicks it: once the page is settled (:func:`_settled`)."""
     _settled(page)
-    page.get_by_role("button", name="Decode", exact=True).click()
+    try:
+        page.get_by_role("button", name="Decode", exact=True).click()
+    except sync_api.TimeoutError as exc:
+        # once, in a loaded run, the settled page's button was not found visible, enabled and stable for 30 s:
+        # the machine's state then tells a starved or thrashing browser from a page that keeps moving its button
+        raise AssertionError(f"Decode could not be clicked; the machine then: {machine_pressure()}") from exc
+
+
+def machine_pressure() -> str:
+    """This machine's load now, in one line: load average, memory available, and the kernel's pressure stall
+    figures (the share of the last 10 s that some task waited for a core, memory or I/O)."""
+    words = [f"load {Path('/proc/loadavg').read_text().split()[0]}"]
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            words.append(f"{int(line.split()[1]) / 2**20:.1f} GB available")
+    for kind in ("cpu", "memory", "io"):
+        try:
+            some = Path(f"/proc/pressure/{kind}").read_text().split()[1]     # "avg10=26.87"
+            words.append(f"{kind} stalled {some.split('=')[1]}% of 10 s")
+        except (OSError, IndexError):
+            words.append(f"no {kind} pressure figures")
+    renderers = []      # Chromium lowers some renderers' priority (nice 5) even with renderer backgrounding off
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if b"--type=renderer" in (stat.parent / "cmdline").read_bytes():
+                fields = stat.read_text().rsplit(")", 1)[1].split()     # after the command's name: state, ...
+                renderers.append(f"{fields[0]} nice {fields[16]}")
+        except (OSError, IndexError):
+            continue        # ended meanwhile
+    return ", ".join(words + [f"Chromium renderers: {'; '.join(renderers) or 'none'}"])
 
 
 def _settled(page, timeout_s: float = 60.0) -> None:
@@ -176,7 +205,8 @@ def _settled(page, timeout_s: float = 60.0) -> None:
         page.wait_for_function("() => window.sqSettled(500)", timeout=timeout_s * 1000, polling=50)
     except sync_api.TimeoutError:
         pending = page.evaluate("window.sqEvents.tokens.filter(t => !t.done).map(t => t.fn)")
-        raise AssertionError(f"the page's events {pending} (fn_index) had not answered after {timeout_s:g} s")
+        raise AssertionError(f"the page's events {pending} (fn_index) had not answered after {timeout_s:g} s; "
+                             f"the machine then: {machine_pressure()}")
 
 
 def _settled_text(locator, quiet_s: float = 0.5, timeout_s: float = 10.0) -> str:
@@ -250,6 +280,12 @@ def _event_ended(page, timeout_s: float = 60, quiet_s: float = 0.3) -> None:
             return
         assert now < deadline, f"the page was still busy after {timeout_s:g} s"
         time.sleep(0.05)
+
+
+def test_machine_pressure_names_the_load_the_memory_and_each_stall():
+    words = machine_pressure()
+    assert re.match(r"load [\d.]+, [\d.]+ GB available, cpu ", words), words
+    assert all(kind in words for kind in ("cpu", "memory", "io")), words
 
 
 def test_live_decode_streams_text_and_draws_the_tree(page, tmp_path):
