@@ -27,6 +27,7 @@ from components.dp_explorer import dp_tab
 from components.live import live_tab
 from components.loopback import serve_here
 from sequoia.core.trees.sglang_family import best_launch
+from sequoia.runtime.memory import human, machine_available_bytes
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -171,10 +172,8 @@ def _click_decode(page) -> None:
 def machine_pressure() -> str:
     """This machine's load now, in one line: load average, memory available, and the kernel's pressure stall
     figures (the share of the last 10 s that some task waited for a core, memory or I/O)."""
-    words = [f"load {Path('/proc/loadavg').read_text().split()[0]}"]
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            words.append(f"{int(line.split()[1]) / 2**20:.1f} GB available")
+    available = machine_available_bytes()
+    words = [f"load {os.getloadavg()[0]:.2f}", f"{human(available) if available is not None else 'unknown'} available"]
     for kind in ("cpu", "memory", "io"):
         try:
             some = Path(f"/proc/pressure/{kind}").read_text().split()[1]     # "avg10=26.87"
